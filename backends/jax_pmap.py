@@ -1,0 +1,175 @@
+"""`jax`: a Flax MLP trained with optax Adam, data-parallel through `jax.pmap` with a
+`lax.pmean` all-reduce of the gradients over the device axis.
+
+Runs on jax 0.10 and 0.11+: inputs are placed with `jax.device_put` and a `NamedSharding`
+(the old `device_put_replicated`/`device_put_sharded` helpers are gone, pitfall 1).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, ClassVar
+
+import numpy as np
+
+from xbench.contract import (
+    Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Trial, Work, hash_arrays,
+    probe_distributions,
+)
+
+AXIS = "d"
+SIMULATED_DEVICE_LIMIT = 8
+# The spec's precision, spelled as jax_default_matmul_precision values.
+MATMUL_PRECISION = {"fp32": "float32", "tf32": "tensorfloat32"}
+
+
+@dataclass
+class JaxPrepared:
+    info: PreparedInfo
+    step: Any  # the pmapped function: (state, xs, ys) -> (state, loss)
+    state: Any
+    xs: Any
+    ys: Any
+    steps_per_call: int
+
+
+class JaxPmapBackend:
+    name: ClassVar[str] = "jax"
+    install_hint: ClassVar[str] = "pip install 'xbench[jax]'"
+
+    def __init__(self) -> None:
+        self.devices: list[Any] = []
+
+    def probe(self) -> Availability:
+        return probe_distributions("jax", ("jax", "jaxlib", "flax", "optax"), self.install_hint)
+
+    def setup(self, devices: int, platform: str) -> DeviceInfo:
+        import jax
+
+        if platform == "cpu":
+            jax.config.update("jax_platforms", "cpu")
+        # Only the CPU client reads this; it splits the host into `devices` logical devices.
+        jax.config.update("jax_num_cpu_devices", devices)
+        try:
+            found = jax.devices("gpu") if platform == "gpu" else jax.devices()
+        except RuntimeError as err:
+            raise DeviceUnavailable(f"jax finds no {platform} devices: {err}") from None
+        kind = found[0].platform
+        simulated = kind == "cpu"
+        if simulated and devices > SIMULATED_DEVICE_LIMIT:
+            raise DeviceUnavailable(f"asked for {devices} simulated CPU devices; xbench allows {SIMULATED_DEVICE_LIMIT}")
+        if len(found) < devices:
+            raise DeviceUnavailable(f"asked for {devices} devices; jax sees {len(found)} {kind} device(s)")
+        self.devices = found[:devices]
+        return DeviceInfo(
+            framework="jax",
+            framework_version=jax.__version__,
+            platform=kind,
+            device_names=tuple(f"{d.platform}:{d.id} {d.device_kind}" for d in self.devices),
+            simulated=simulated,
+            available=SIMULATED_DEVICE_LIMIT if simulated else len(found),
+            details={"jaxlib": metadata.version("jaxlib"), "flax": metadata.version("flax"),
+                     "optax": metadata.version("optax")},
+        )
+
+    def prepare(self, trial: Trial, work: Work) -> JaxPrepared:
+        import jax
+
+        jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[trial.precision])
+        mesh = jax.sharding.Mesh(np.array(self.devices), (AXIS,))
+        sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
+        n = len(self.devices)
+
+        params = {f"Dense_{i}": {"kernel": k, "bias": b} for i, (k, b) in enumerate(work.weights)}
+        tx = _optimizer(trial.learning_rate)
+        state = (params, tx.init(params), np.int32(0), jax.random.key_data(jax.random.key(trial.seed)))
+        replicated = jax.tree.map(lambda a: jax.device_put(np.broadcast_to(a, (n, *np.shape(a))), sharded),
+                                  state)
+        xs, ys = (jax.device_put(a, sharded) for a in work.shards(trial.global_batch, n))
+
+        step = jax.pmap(
+            _train_steps(trial, work, tx, xs.shape[1]),
+            axis_name=AXIS, devices=self.devices, donate_argnums=(0,),
+        )
+        on_device = replicated[0]
+        readback = [np.asarray(on_device[f"Dense_{i}"][part][0])
+                    for i in range(len(work.weights)) for part in ("kernel", "bias")]
+        info = PreparedInfo(
+            params=sum(int(np.prod(a.shape[1:])) for a in jax.tree.leaves(on_device)),
+            weights_hash=hash_arrays(readback),
+            precision={"jax_default_matmul_precision": jax.config.jax_default_matmul_precision},
+            # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
+            sync_every_call=self.devices[0].platform == "cpu",
+        )
+        return JaxPrepared(info, step, replicated, xs, ys, trial.protocol.steps_per_call)
+
+    def run(self, prepared: JaxPrepared, steps: int) -> None:
+        import jax
+
+        for _ in range(steps // prepared.steps_per_call):
+            prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
+            if prepared.info.sync_every_call:
+                loss.block_until_ready()
+        jax.block_until_ready(prepared.state)
+
+
+def _optimizer(learning_rate: float):
+    import optax
+
+    return optax.adam(learning_rate)
+
+
+@functools.lru_cache(maxsize=None)
+def _mlp_class():
+    import flax.linen as nn
+
+    class MLP(nn.Module):
+        widths: tuple[int, ...]
+        outputs: int
+        dropout: float
+
+        @nn.compact
+        def __call__(self, x, train: bool):
+            for width in self.widths:
+                x = nn.relu(nn.Dense(width)(x))
+                x = nn.Dropout(self.dropout, deterministic=not train)(x)
+            return nn.Dense(self.outputs)(x)
+
+    return MLP
+
+
+def _train_steps(trial: Trial, work: Work, tx, batches: int):
+    """`steps_per_call` training steps fused into one function of one device's shard."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    model = _mlp_class()(widths=work.model.widths, outputs=work.model.outputs, dropout=work.model.dropout)
+
+    def one_step(state, xs, ys):
+        params, opt_state, step, key = state
+        index = step % batches
+        x = lax.dynamic_index_in_dim(xs, index, keepdims=False)
+        y = lax.dynamic_index_in_dim(ys, index, keepdims=False)
+        rng = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(key), step),
+                                 lax.axis_index(AXIS))
+
+        def loss_fn(p):
+            pred = model.apply({"params": p}, x, train=True, rngs={"dropout": rng})
+            return jnp.mean((pred - y) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        grads = lax.pmean(grads, AXIS)  # the all-reduce: mean gradient over devices
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = jax.tree.map(lambda p, u: p + u, params, updates)
+        return (params, opt_state, step + 1, key), lax.pmean(loss, AXIS)
+
+    def train_steps(state, xs, ys):
+        state, losses = lax.scan(lambda s, _: one_step(s, xs, ys), state, None,
+                                 length=trial.protocol.steps_per_call)
+        return state, losses[-1]
+
+    return train_steps
+

@@ -1,0 +1,190 @@
+"""`tf`: a Keras 3 MLP trained with Adam in a custom loop under
+`tf.distribute.MirroredStrategy`; `strategy.run` inside a `tf.function`.
+
+Keras 3's `apply_gradients` sum-reduces gradients across replicas, so the per-replica loss is
+scaled with `tf.nn.compute_average_loss(..., global_batch_size=GB)` (pitfall 5), and the
+optimizer's slots are built inside the strategy scope before the loop (pitfall 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from xbench.contract import (
+    Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Trial, Work, hash_arrays,
+    probe_distributions,
+)
+
+SIMULATED_DEVICE_LIMIT = 8
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical", "reduce-to-one")
+OPTIONS = {"cross_device_ops": CROSS_DEVICE_OPS}
+
+
+@dataclass
+class TfPrepared:
+    info: PreparedInfo
+    train: Any  # tf.function: (start step) -> None
+    sync_variables: list[Any]  # one per replica; reading them waits for the devices
+    steps_per_call: int
+    next_step: int = 0
+
+
+class TfMirroredBackend:
+    name: ClassVar[str] = "tf"
+    install_hint: ClassVar[str] = "pip install 'xbench[tf]'"
+
+    def __init__(self) -> None:
+        self.device_names: list[str] = []
+        self.platform = ""
+
+    def probe(self) -> Availability:
+        # tensorflow-cpu and tensorflow both provide the module; accept either distribution.
+        for dist in ("tensorflow", "tensorflow-cpu"):
+            availability = probe_distributions(dist, (dist, "keras"), self.install_hint)
+            if availability.installed:
+                return availability
+        return availability
+
+    def validate_options(self, options: dict[str, Any]) -> None:
+        for key, value in options.items():
+            if key not in OPTIONS:
+                raise ValueError(f"unknown option {key!r}; known: {', '.join(OPTIONS)}")
+            if value not in OPTIONS[key]:
+                raise ValueError(f"{key} must be one of {', '.join(OPTIONS[key])}, got {value!r}")
+
+    def setup(self, devices: int, platform: str) -> DeviceInfo:
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+        if platform == "gpu" and not gpus:
+            raise DeviceUnavailable("tensorflow finds no GPU")
+        if gpus and platform != "cpu":
+            if devices > len(gpus):
+                raise DeviceUnavailable(f"asked for {devices} devices; tensorflow sees {len(gpus)} GPU(s)")
+            for gpu in gpus:
+                tf.config.experimental.set_memory_growth(gpu, True)  # pitfall 6
+            self.platform, available = "gpu", len(gpus)
+            names = [d.name for d in tf.config.list_logical_devices("GPU")]
+        else:
+            if devices > SIMULATED_DEVICE_LIMIT:
+                raise DeviceUnavailable(
+                    f"asked for {devices} simulated CPU devices; xbench allows {SIMULATED_DEVICE_LIMIT}")
+            if gpus:
+                tf.config.set_visible_devices([], "GPU")
+            # Must happen before the runtime starts (pitfall 5).
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(devices)])
+            self.platform, available = "cpu", SIMULATED_DEVICE_LIMIT
+            names = [d.name for d in tf.config.list_logical_devices("CPU")]
+        self.device_names = names[:devices]
+        import keras
+
+        return DeviceInfo(
+            framework="tensorflow",
+            framework_version=tf.__version__,
+            platform=self.platform,
+            device_names=tuple(self.device_names),
+            simulated=self.platform == "cpu",
+            available=available,
+            details={"keras": keras.__version__},
+        )
+
+    def prepare(self, trial: Trial, work: Work) -> TfPrepared:
+        import tensorflow as tf
+
+        # Explicit, never the default: TF allows TF32 on GPUs unless told otherwise (pitfall 9).
+        tf.config.experimental.enable_tensor_float_32_execution(trial.precision == "tf32")
+        strategy = tf.distribute.MirroredStrategy(
+            devices=self.device_names,
+            cross_device_ops=self._cross_device_ops(trial.options.get("cross_device_ops", "auto")),
+        )
+        with strategy.scope():
+            model = _build_model(work)
+            model.set_weights(work.flat_weights)
+            optimizer = _optimizer(trial.learning_rate)
+            optimizer.build(model.trainable_variables)
+        x_all, y_all = (_per_replica(strategy, shards) for shards in work.shards(trial.global_batch, len(self.device_names)))
+        train = _train_function(strategy, model, optimizer, x_all, y_all, trial,
+                                batches=work.x.shape[0] // trial.global_batch)
+        variables = model.trainable_variables
+        info = PreparedInfo(
+            params=sum(int(np.prod(v.shape)) for v in variables),
+            weights_hash=hash_arrays([v.numpy() for v in variables]),
+            precision={"tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled()},
+            notes=(f"cross_device_ops={type(strategy.extended._cross_device_ops).__name__}",),
+        )
+        sync = list(strategy.experimental_local_results(variables[-1]))
+        return TfPrepared(info, train, sync, trial.protocol.steps_per_call)
+
+    def run(self, prepared: TfPrepared, steps: int) -> None:
+        import tensorflow as tf
+
+        for _ in range(steps // prepared.steps_per_call):
+            prepared.train(tf.constant(prepared.next_step, dtype=tf.int64))
+            prepared.next_step += prepared.steps_per_call
+        for variable in prepared.sync_variables:
+            variable.numpy()  # waits for the last update on that replica's device
+
+    def _cross_device_ops(self, choice: str):
+        import tensorflow as tf
+
+        if choice == "auto":
+            return None  # TensorFlow's own choice (ReductionToOneDevice on CPU)
+        if choice == "nccl" and self.platform != "gpu":
+            raise ValueError("cross_device_ops 'nccl' needs GPUs; use 'auto' or 'reduce-to-one' on CPU")
+        return {
+            "nccl": tf.distribute.NcclAllReduce,
+            "hierarchical": tf.distribute.HierarchicalCopyAllReduce,
+            "reduce-to-one": tf.distribute.ReductionToOneDevice,
+        }[choice]()
+
+
+def _build_model(work: Work):
+    import keras
+
+    layers: list[Any] = [keras.Input(shape=(work.model.inputs,))]
+    for width in work.model.widths:
+        layers += [keras.layers.Dense(width, activation="relu"), keras.layers.Dropout(work.model.dropout)]
+    layers.append(keras.layers.Dense(work.model.outputs))
+    return keras.Sequential(layers)
+
+
+def _optimizer(learning_rate: float):
+    import keras
+
+    return keras.optimizers.Adam(learning_rate=learning_rate)
+
+
+def _per_replica(strategy, shards: np.ndarray):
+    """Each replica's data [batches, per_device_batch, features], resident on its device."""
+    import tensorflow as tf
+
+    def on_replica(context):
+        return tf.identity(tf.constant(shards[context.replica_id_in_sync_group]))
+
+    return strategy.experimental_distribute_values_from_function(on_replica)
+
+
+def _train_function(strategy, model, optimizer, x_all, y_all, trial: Trial, batches: int):
+    import tensorflow as tf
+
+    def replica_step(xs, ys, index):
+        x, y = tf.gather(xs, index), tf.gather(ys, index)
+        with tf.GradientTape() as tape:
+            pred = model(x, training=True)
+            per_example = tf.reduce_mean(tf.square(pred - y), axis=-1)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=trial.global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces (SUM)
+        return loss
+
+    @tf.function
+    def train(start):
+        for i in tf.range(trial.protocol.steps_per_call, dtype=tf.int64):
+            strategy.run(replica_step, args=(x_all, y_all, (start + i) % batches))
+
+    return train

@@ -1,0 +1,1 @@
+"""The `xbench` command line: one module per command, thin over library calls."""

@@ -1,0 +1,46 @@
+"""`xbench backends`: which backend plugins exist, their versions and devices, or why not."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from xbench import launcher
+from xbench.cli.compare_cmd import Platform
+from xbench.registry import discover
+
+
+def backends(
+    devices: Annotated[bool, typer.Option(help="Start each installed backend briefly to list its devices.")] = True,
+    platform: Annotated[Platform, typer.Option(help="Platform to look for devices on.")] = Platform.auto,
+) -> int:
+    """List registered backends: name, framework version, devices, or why unavailable."""
+    table = Table(title="xbench backends (entry-point group xbench.backends)", title_justify="left")
+    for column in ("backend", "status", "version", "devices", "plugin"):
+        table.add_column(column)
+    err = Console(stderr=True)
+    with tempfile.TemporaryDirectory() as tmp, err.status("starting each backend to find its devices…"):
+        for entry in discover().values():
+            if not entry.usable:
+                table.add_row(entry.name, "[red]unavailable[/]", "", entry.availability.reason or "", entry.target)
+                continue
+            seen = _devices(entry.target, platform.value, Path(tmp)) if devices else "(not probed)"
+            table.add_row(entry.name, "[green]available[/]", entry.availability.version or "", seen, entry.target)
+    Console().print(table)
+    return 0
+
+
+def _devices(target: str, platform: str, tmp: Path) -> str:
+    answer = launcher.describe(target, platform, tmp / "describe.log")
+    if "reason" in answer:
+        return f"[red]{answer['reason']}[/]"
+    info = answer["device_info"]
+    if info["simulated"]:
+        return f"CPU, up to {info['available']} simulated devices (no GPU found)"
+    names = sorted(set(n.split(" ", 1)[-1] for n in info["device_names"]))
+    return f"{info['available']} {info['platform'].upper()}(s): {', '.join(names)}"

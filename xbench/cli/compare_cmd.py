@@ -1,0 +1,152 @@
+"""`xbench compare`: time backends on identical work and print a table per model."""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from xbench import compare as comparison
+from xbench.errors import SpecError
+from xbench.render import devices_line, model_tables
+from xbench.spec import load_spec
+from xbench.summary import rows_from_records
+
+
+class Scaling(str, Enum):
+    strong = "strong"
+    weak = "weak"
+
+
+class Precision(str, Enum):
+    fp32 = "fp32"
+    tf32 = "tf32"
+
+
+class Platform(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+def compare(
+    backends: Annotated[Optional[list[str]], typer.Option(help="Backends to compare, e.g. --backends tf jax.")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="Experiment spec (TOML); default: the quick CPU-friendly spec.")] = None,
+    model: Annotated[Optional[list[str]], typer.Option(help="Models to run: names from the config or presets (medium, large).")] = None,
+    batch_sizes: Annotated[Optional[list[str]], typer.Option(help="Batch sizes for every selected model, e.g. 32,128 (global under strong scaling, per device under weak).")] = None,
+    devices: Annotated[Optional[list[str]], typer.Option(help="Device counts, e.g. 1,2.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Run directory for records (default results/<timestamp>).")] = None,
+    scaling: Annotated[Optional[Scaling], typer.Option(help="strong: split the global batch; weak: fixed per-device batch.")] = None,
+    precision: Annotated[Optional[Precision], typer.Option(help="Matmul precision, set explicitly in every backend.")] = None,
+    platform: Annotated[Optional[Platform], typer.Option(help="auto: GPUs when present, else simulated CPU devices.")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed windows per trial.")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps per timed window.")] = None,
+    warmup_steps: Annotated[Optional[int], typer.Option(help="Untimed steps after the first call.")] = None,
+    steps_per_call: Annotated[Optional[int], typer.Option(help="Steps fused into one compiled call.")] = None,
+    trial_timeout: Annotated[Optional[float], typer.Option(help="Seconds before a trial is stopped.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data.")] = None,
+    option: Annotated[Optional[list[str]], typer.Option(help="Backend option BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl.")] = None,
+) -> int:
+    """Time each backend on 1..N devices on the same weights and data; print a table per model."""
+    overrides = {
+        "backends": _names(backends), "models": _names(model),
+        "batch_sizes": _integers(batch_sizes, "--batch-sizes"), "devices": _integers(devices, "--devices"),
+        "scaling": _value(scaling), "precision": _value(precision), "platform": _value(platform),
+        "repeats": repeats, "steps": steps, "warmup_steps": warmup_steps, "steps_per_call": steps_per_call,
+        "trial_timeout_s": trial_timeout, "seed": seed, "options": _options(option),
+    }
+    spec = load_spec(config, overrides)
+    err = Console(stderr=True, highlight=False)
+    with err.status("finding devices for each backend…"):
+        plan = comparison.prepare(spec, out, strict_devices=devices is not None)
+    for name, info in plan.devices.items():
+        err.print(devices_line(name, info))
+    started = time.monotonic()
+    with _ProgressListener(err, comparison.trial_count(plan), spec.protocol.repeats) as listener:
+        records = comparison.execute(plan, listener)
+    console = Console()
+    for table in model_tables(rows_from_records(records)):
+        console.print(table)
+    if any(info["simulated"] for info in plan.devices.values()):
+        err.print("note: simulated CPU devices share this machine's cores; these numbers test the "
+                  "harness and the frameworks' CPU paths, not multi-GPU scaling.")
+    failed = [r for r in records if r["status"] not in ("ok", "skipped")]
+    err.print(f"{len(records)} trials in {time.monotonic() - started:.0f} s; "
+              f"records: {plan.run_dir / 'records.jsonl'}")
+    if failed:
+        err.print(f"[red]{len(failed)} trial(s) did not finish[/]; reasons in the table and in "
+                  f"{plan.run_dir / 'workers.log'}")
+        return 1
+    return 0
+
+
+class _ProgressListener:
+    """A progress bar over timed windows, on stderr."""
+
+    def __init__(self, console: Console, trials: int, repeats: int) -> None:
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, transient=True)
+        self.trials = trials
+        self.task = self.progress.add_task("starting", total=trials * repeats)
+        self.repeats = repeats
+        self.finished = 0
+        self.windows = 0
+
+    def __enter__(self) -> _ProgressListener:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def trial_started(self, trial) -> None:
+        self.windows = 0
+        self.progress.update(self.task, description=f"[{self.finished + 1}/{self.trials}] {trial.id}")
+
+    def window_done(self, trial, done: int) -> None:
+        self.progress.advance(self.task, done - self.windows)
+        self.windows = done
+
+    def trial_finished(self, trial, record) -> None:
+        self.progress.advance(self.task, self.repeats - self.windows)
+        self.finished += 1
+        if record["status"] != "ok":
+            self.progress.console.print(f"{trial.id}: {record['status']}: {record.get('reason')}")
+
+
+def _value(choice: Enum | None) -> str | None:
+    return None if choice is None else choice.value
+
+
+def _names(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [name for value in values for name in value.split(",") if name]
+
+
+def _integers(values: list[str] | None, flag: str) -> list[int] | None:
+    names = _names(values)
+    if names is None:
+        return None
+    try:
+        return [int(v) for v in names]
+    except ValueError:
+        raise SpecError(f"{flag} takes integers such as 1,2; got {' '.join(values)}") from None
+
+
+def _options(values: list[str] | None) -> dict[str, dict[str, str]] | None:
+    if not values:
+        return None
+    options: dict[str, dict[str, str]] = {}
+    for value in values:
+        target, sep, setting = value.partition("=")
+        backend, dot, key = target.partition(".")
+        if not (sep and dot and backend and key):
+            raise SpecError(f"--option takes BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl; got {value!r}")
+        options.setdefault(backend, {})[key] = setting
+    return options

@@ -1,0 +1,76 @@
+"""Entry point: `xbench COMMAND ...`. Errors the user can fix print one line, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+import xbench
+from xbench.cli import backends_cmd, compare_cmd
+from xbench.errors import XbenchError
+
+app = typer.Typer(
+    name="xbench",
+    help="Which framework trains fastest on my model and batch, and do more devices help?",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("compare")(compare_cmd.compare)
+app.command("backends")(backends_cmd.backends)
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: bool = typer.Option(False, "--version", help="Print xbench's version and exit.")) -> None:
+    if version:
+        typer.echo(f"xbench {xbench.__version__}")
+        raise typer.Exit()
+
+
+# typer >= 0.29 vendors click; find its base exception without importing click by name.
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+# Options that take several values, written the natural way: `--backends tf jax`.
+VARIADIC = {"--backends", "--model", "--batch-sizes", "--devices"}
+
+
+def expand_variadic(argv: list[str]) -> list[str]:
+    """Rewrite `--backends tf jax` as `--backends tf --backends jax` for the parser."""
+    out: list[str] = []
+    option = None
+    for token in argv:
+        if token.startswith("-"):
+            option = token if token in VARIADIC else None
+            out.append(token)
+        elif option and out[-1] != option:
+            out += [option, token]
+        else:
+            out.append(token)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code (0 ok, 1 trials failed, 2 bad input, 130 Ctrl-C)."""
+    errors = Console(stderr=True, highlight=False)
+    args = expand_variadic(list(sys.argv[1:] if argv is None else argv))
+    try:
+        code = app(args=args, prog_name="xbench", standalone_mode=False)
+    except XbenchError as err:
+        errors.print(f"[red]error:[/] {err}", soft_wrap=True)
+        return 2
+    except typer.Abort:
+        errors.print("interrupted")
+        return 130
+    except _CLICK_ERROR as err:
+        errors.print(f"[red]error:[/] {err.format_message()}", soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        errors.print("interrupted")
+        return 130
+    return code if isinstance(code, int) else 0
+
+
+def run() -> None:
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Run a comparison: the short orchestrator over spec x backends x launcher.
+
+The CLI parses and prints; this module decides what runs and writes the run directory:
+`run.json` (spec, command, environment, devices each backend sees) first, then one record per
+trial in `records.jsonl` as each trial ends.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from xbench import launcher
+from xbench.environment import command_line, host_environment
+from xbench.errors import BackendError, XbenchError
+from xbench.plan import group_trials, plan_trials
+from xbench.records import RUN_FILE, RecordWriter, prepare_run_dir, write_json
+from xbench.registry import BackendEntry, resolve
+from xbench.spec import Spec
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Everything decided before the first trial runs."""
+
+    spec: Spec
+    entries: tuple[BackendEntry, ...]
+    devices: dict[str, dict[str, Any]]  # backend name -> DeviceInfo as a dict
+    run_dir: Path
+    run_id: str
+
+
+def new_run_id() -> str:
+    return datetime.now().strftime("%Y-%m-%dT%H-%M-%S")
+
+
+def default_run_dir(run_id: str, root: Path = Path("results")) -> Path:
+    return root / run_id
+
+
+def check_options(spec: Spec, entries: list[BackendEntry]) -> None:
+    """Each backend validates its own [options.NAME] table, when it has a validator."""
+    for entry in entries:
+        validate = getattr(entry.backend, "validate_options", None)
+        options = dict(spec.options.get(entry.name, {}))
+        if validate is None:
+            if options:
+                raise BackendError(f"backend {entry.name!r} takes no options, got {', '.join(options)}")
+            continue
+        try:
+            validate(options)
+        except ValueError as err:
+            raise BackendError(f"[options.{entry.name}]: {err}") from None
+
+
+def probe_devices(entries: list[BackendEntry], platform: str, log_path: Path) -> dict[str, dict[str, Any]]:
+    """Start one short worker per backend, in parallel, to learn which devices it sees."""
+    with ThreadPoolExecutor(max_workers=max(1, len(entries))) as pool:
+        answers = pool.map(lambda e: launcher.describe(e.target, platform, log_path), entries)
+        results = dict(zip((e.name for e in entries), answers))
+    for name, answer in results.items():
+        if "reason" in answer:
+            raise BackendError(f"backend {name!r} cannot start on platform {platform!r}: {answer['reason']}")
+    return {name: answer["device_info"] for name, answer in results.items()}
+
+
+def check_device_counts(spec: Spec, devices: dict[str, dict[str, Any]]) -> None:
+    """More devices than a backend can use is an error the user fixes with --devices."""
+    for name, info in devices.items():
+        too_many = [n for n in spec.devices if n > info["available"]]
+        if too_many:
+            kind = "simulated CPU" if info["simulated"] else info["platform"].upper()
+            usable = [n for n in spec.devices if n <= info["available"]] or [1]
+            raise XbenchError(
+                f"{max(too_many)} devices asked, but backend {name!r} has {info['available']} "
+                f"{kind} device(s); use --devices {','.join(map(str, usable))}")
+
+
+def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True) -> Comparison:
+    """Resolve backends, check options and devices, create the run directory."""
+    entries = resolve(spec.backends)
+    check_options(spec, entries)
+    run_id = new_run_id()
+    run_dir = prepare_run_dir(run_dir or default_run_dir(run_id))
+    devices = probe_devices(entries, spec.platform, run_dir / launcher.LOG_FILE)
+    if strict_devices:
+        check_device_counts(spec, devices)
+    return Comparison(spec, tuple(entries), devices, run_dir, run_id)
+
+
+def execute(comparison: Comparison, listener: launcher.Listener | None = None) -> list[dict[str, Any]]:
+    """Run every trial; returns the records, each already appended to records.jsonl."""
+    spec = comparison.spec
+    environment = host_environment()
+    write_json(comparison.run_dir / RUN_FILE, {
+        "run_id": comparison.run_id,
+        "command": command_line(),
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "spec": asdict(spec),
+        "environment": environment,
+        "devices": comparison.devices,
+    })
+    trials = plan_trials(spec, [e.name for e in comparison.entries])
+    groups = group_trials(trials, {e.name: e.target for e in comparison.entries})
+    ctx = launcher.Context(
+        run_id=comparison.run_id,
+        run_dir=comparison.run_dir,
+        environment=environment,
+        write=RecordWriter(comparison.run_dir).append,
+    )
+    if listener is not None:
+        ctx.listener = listener
+    return launcher.run_groups(groups, ctx)
+
+
+def trial_count(comparison: Comparison) -> int:
+    return len(plan_trials(comparison.spec, [e.name for e in comparison.entries]))

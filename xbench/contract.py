@@ -1,0 +1,156 @@
+"""The public contract between xbench and a backend plugin.
+
+A plugin is any class, registered under the entry-point group `xbench.backends`, that has the
+attributes and methods of `Backend` below; it needs no base class. It may import this module
+and `xbench.work` (for `Work` and `hash_arrays`) and nothing else from xbench.
+
+Life of a backend inside one worker process (one backend, one device count):
+
+    backend = Backend()
+    info = backend.setup(devices, platform)       # first: configure devices, import framework
+    for trial in trials:
+        prepared = backend.prepare(trial, work)   # model from work.weights, data on devices
+        backend.run(prepared, steps)              # timed by the core, many times
+
+The core does all timing, repetition and statistics, so every framework is timed by the same
+code. `probe` runs in the xbench process itself and must not import the framework.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from xbench.spec import ModelSpec
+from xbench.spec import Protocol as TimingProtocol
+from xbench.work import Work, hash_arrays
+
+__all__ = [
+    "Availability", "Backend", "DeviceInfo", "DeviceUnavailable", "Prepared", "PreparedInfo",
+    "Trial", "Work", "hash_arrays", "probe_distributions",
+]
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run here, without importing its framework."""
+
+    installed: bool
+    version: str | None = None
+    reason: str | None = None  # why not, and what to install
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What `setup` found: the devices a worker will use, and the framework behind them."""
+
+    framework: str
+    framework_version: str
+    platform: str  # "gpu", "cpu", ...
+    device_names: tuple[str, ...]
+    simulated: bool  # True when one CPU is split into logical devices
+    available: int  # how many devices of this platform the framework can use
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class DeviceUnavailable(Exception):
+    """Raised by `setup` when the devices asked for do not exist; the message says why."""
+
+
+@dataclass(frozen=True)
+class PreparedInfo:
+    """Facts a backend reports about a prepared trial; they go into the record."""
+
+    params: int  # counted from the framework's own variables
+    weights_hash: str  # hash_arrays of the initial weights read back from the framework
+    precision: dict[str, Any]  # the matmul-precision settings as read back from the framework
+    sync_every_call: bool = False  # True when each compiled call is waited for (see pitfalls)
+    notes: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class Prepared(Protocol):
+    """Whatever `prepare` returns; the core only reads `info`."""
+
+    info: PreparedInfo
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One timed configuration: backend x model x devices x batch, plus how to time it."""
+
+    backend: str
+    model: ModelSpec
+    devices: int
+    global_batch: int
+    scaling: str
+    precision: str
+    platform: str
+    learning_rate: float
+    seed: int
+    samples: int
+    protocol: TimingProtocol
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def per_device_batch(self) -> int:
+        return self.global_batch // self.devices
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend}/{self.model.name}/d{self.devices}/b{self.global_batch}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Trial:
+        model = dict(raw["model"])
+        for key in ("widths", "batch_sizes"):
+            model[key] = tuple(model[key])
+        return cls(**{**raw, "model": ModelSpec(**model), "protocol": TimingProtocol(**raw["protocol"])})
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A framework's data-parallel training step, as xbench times it."""
+
+    name: ClassVar[str]
+    """The name users type (`--backends NAME`); equals the entry-point name."""
+
+    install_hint: ClassVar[str]
+    """What to install when `probe` finds the framework missing, e.g. "pip install 'xbench[jax]'"."""
+
+    def probe(self) -> Availability:
+        """Is the framework installed, and which version? Cheap; must not import it."""
+
+    def setup(self, devices: int, platform: str) -> DeviceInfo:
+        """Configure `devices` devices on `platform` ("auto", "cpu" or "gpu") in this fresh
+        process, before anything else; raise `DeviceUnavailable` if they do not exist."""
+
+    def prepare(self, trial: Trial, work: Work) -> Prepared:
+        """Build the model from `work.weights`, place `work.shards(...)` on the devices, apply
+        `trial.precision` explicitly, build the optimizer (Adam, `trial.learning_rate`) and
+        the compiled step. Must not run training steps: the core times the first call."""
+
+    def run(self, prepared: Prepared, steps: int) -> None:
+        """Run `steps` training steps (a multiple of `trial.protocol.steps_per_call`) and
+        return only after the devices have finished them."""
+
+
+def probe_distributions(framework: str, names: tuple[str, ...], hint: str) -> Availability:
+    """Availability from installed distributions, without importing them.
+
+    `names` are the distributions a backend needs; `framework` is the one whose version is
+    reported; `hint` says what to install when one is missing.
+    """
+    missing = []
+    for name in names:
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+    if missing:
+        return Availability(False, reason=f"{', '.join(missing)} not installed; {hint}")
+    return Availability(True, version=metadata.version(framework))

@@ -1,0 +1,49 @@
+"""The measurement protocol, shared by every backend.
+
+One trial: the first call (compilation plus `steps_per_call` steps) is timed on its own, then
+warmup steps run untimed, then `repeats` windows of `steps` steps are timed with a monotonic
+clock. `Backend.run` returns only after a device sync, so each window ends with one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from xbench.contract import Backend, Prepared
+from xbench.spec import Protocol
+
+
+@dataclass(frozen=True)
+class Measurement:
+    first_call_s: float  # compile + first `steps_per_call` steps, reported separately
+    window_s: tuple[float, ...]  # one per repeat
+    steps_per_window: int
+
+    @property
+    def step_s(self) -> tuple[float, ...]:
+        return tuple(w / self.steps_per_window for w in self.window_s)
+
+
+def measure(
+    backend: Backend,
+    prepared: Prepared,
+    protocol: Protocol,
+    on_window: Callable[[int], None] = lambda done: None,
+) -> Measurement:
+    """Time one prepared trial; `on_window(k)` is called after the k-th timed window."""
+    first_call_s = _timed(backend, prepared, protocol.steps_per_call)
+    if protocol.warmup_steps:
+        backend.run(prepared, protocol.warmup_steps)
+    windows = []
+    for done in range(1, protocol.repeats + 1):
+        windows.append(_timed(backend, prepared, protocol.steps))
+        on_window(done)
+    return Measurement(first_call_s, tuple(windows), protocol.steps)
+
+
+def _timed(backend: Backend, prepared: Prepared, steps: int) -> float:
+    start = time.perf_counter()
+    backend.run(prepared, steps)
+    return time.perf_counter() - start

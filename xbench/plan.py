@@ -1,0 +1,55 @@
+"""From a spec to the list of trials, grouped by the worker process that will run them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xbench.contract import Trial
+from xbench.spec import Spec
+
+
+@dataclass(frozen=True)
+class Group:
+    """Trials one worker process runs in turn: one backend, one device count."""
+
+    backend: str
+    target: str  # the backend's entry-point value, imported by the worker
+    devices: int
+    trials: tuple[Trial, ...]
+
+
+def plan_trials(spec: Spec, backends: Sequence[str]) -> list[Trial]:
+    """Every backend x device count x model x batch size, in the order they will run."""
+    return [
+        Trial(
+            backend=backend,
+            model=model,
+            devices=devices,
+            global_batch=spec.global_batch(batch, devices),
+            scaling=spec.scaling,
+            precision=spec.precision,
+            platform=spec.platform,
+            learning_rate=spec.learning_rate,
+            seed=spec.seed,
+            samples=spec.data.samples,
+            protocol=spec.protocol,
+            options=dict(spec.options.get(backend, {})),
+        )
+        for backend in backends
+        for devices in spec.devices
+        for model in spec.models
+        for batch in model.batch_sizes
+    ]
+
+
+def group_trials(trials: Sequence[Trial], targets: dict[str, str]) -> list[Group]:
+    """Consecutive trials of one backend and device count share a worker process."""
+    groups: list[Group] = []
+    for trial in trials:
+        last = groups[-1] if groups else None
+        if last and (last.backend, last.devices) == (trial.backend, trial.devices):
+            groups[-1] = Group(last.backend, last.target, last.devices, (*last.trials, trial))
+        else:
+            groups.append(Group(trial.backend, targets[trial.backend], trial.devices, (trial,)))
+    return groups

@@ -1,0 +1,81 @@
+"""Result records: one JSON line per trial in `<run dir>/records.jsonl`, appended as each
+trial ends, so a crash, timeout or Ctrl-C loses nothing already measured.
+
+Every record carries `schema`; `read_records` refuses a schema newer than this code knows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from xbench.errors import XbenchError
+
+SCHEMA_VERSION = 1
+RECORDS_FILE = "records.jsonl"
+RUN_FILE = "run.json"
+
+
+def prepare_run_dir(path: Path) -> Path:
+    """Create the run directory and prove it is writable, before any trial runs."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise XbenchError(f"cannot write results to {path}: {reason}; choose another --out") from None
+    records = path / RECORDS_FILE
+    if records.exists() and records.stat().st_size:
+        raise XbenchError(f"{path} already holds records; choose a new --out directory")
+    return path
+
+
+def write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    """Write a whole JSON file atomically (a reader never sees half of it)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class RecordWriter:
+    """Appends records to a run directory, one complete line per write, synced to disk."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / RECORDS_FILE
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        line = json.dumps({"schema": SCHEMA_VERSION, **record}, sort_keys=True) + "\n"
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    """All records of a run directory, oldest first."""
+    return list(iter_records(Path(run_dir) / RECORDS_FILE))
+
+
+def iter_records(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.exists():
+        raise XbenchError(f"no {RECORDS_FILE} in {path.parent}; is it an xbench run directory?")
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                raise XbenchError(f"{path}:{number} is not a JSON record; the file was edited or damaged") from None
+            schema = record.get("schema")
+            if not isinstance(schema, int) or schema > SCHEMA_VERSION:
+                raise XbenchError(
+                    f"{path}:{number} has record schema {schema!r}, newer than this xbench "
+                    f"understands ({SCHEMA_VERSION}); upgrade xbench")
+            yield record

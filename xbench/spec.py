@@ -1,0 +1,346 @@
+"""The experiment spec: one frozen description of what to run, validated in one place.
+
+A spec comes from a TOML file (or the built-in defaults, which equal `configs/quick.toml`)
+plus command-line overrides. `build_spec` turns that raw mapping into a `Spec` or raises a
+`SpecError` whose one-line message names the key and what to change.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xbench.errors import SpecError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+PRECISIONS = ("fp32", "tf32")
+SCALINGS = ("strong", "weak")
+PLATFORMS = ("auto", "cpu", "gpu")
+
+# The seed study's two MLPs (input 50, output 3, ReLU); batch sizes are the seed's grid.
+PRESETS: dict[str, dict[str, Any]] = {
+    "medium": {"widths": (256, 128, 64), "dropout": 0.2, "batch_sizes": (8, 16, 32, 64, 128)},
+    "large": {
+        "widths": (1024, 1024, 512, 512, 256),
+        "dropout": 0.3,
+        "batch_sizes": (4, 8, 16, 32, 64),
+    },
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """An MLP: inputs -> widths (ReLU, dropout) -> outputs, and the batch sizes to time."""
+
+    name: str
+    widths: tuple[int, ...]
+    dropout: float
+    batch_sizes: tuple[int, ...]
+    inputs: int = 50
+    outputs: int = 3
+
+    @property
+    def layer_sizes(self) -> tuple[int, ...]:
+        return (self.inputs, *self.widths, self.outputs)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Synthetic regression data: `samples` rows, the seed's generator."""
+
+    samples: int = 4096
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How each trial is timed; see `xbench.measure`."""
+
+    warmup_steps: int = 5
+    steps: int = 20
+    repeats: int = 10
+    steps_per_call: int = 1
+    trial_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Spec:
+    models: tuple[ModelSpec, ...]
+    backends: tuple[str, ...] = ("tf", "jax")
+    devices: tuple[int, ...] = (1, 2)
+    scaling: str = "strong"
+    precision: str = "fp32"
+    platform: str = "auto"
+    learning_rate: float = 1e-3
+    seed: int = 0
+    data: DataSpec = DataSpec()
+    protocol: Protocol = Protocol()
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def global_batch(self, batch: int, devices: int) -> int:
+        """The batch one step processes over all devices."""
+        return batch if self.scaling == "strong" else batch * devices
+
+
+# Built-in defaults: a CPU-friendly quick comparison. configs/quick.toml spells out the same.
+DEFAULT_RAW: dict[str, Any] = {
+    "models": [
+        {"preset": "medium", "batch_sizes": [32, 256]},
+        {"preset": "large", "batch_sizes": [32, 256]},
+    ],
+}
+
+_TOP_KEYS = {
+    "models", "backends", "devices", "scaling", "precision", "platform",
+    "learning_rate", "seed", "data", "protocol", "options",
+}
+_MODEL_KEYS = {"name", "preset", "widths", "dropout", "batch_sizes", "inputs", "outputs"}
+
+
+def load_raw(path: Path | None) -> dict[str, Any]:
+    """Read a TOML spec file into a plain mapping (the defaults when `path` is None)."""
+    if path is None:
+        return {key: value for key, value in DEFAULT_RAW.items()}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise SpecError(f"cannot read config {path}: {err.strerror}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{path} is not valid TOML: {err}") from None
+
+
+def load_spec(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Spec:
+    """Load a spec file, apply command-line overrides, validate, and freeze."""
+    raw = load_raw(path)
+    source = str(path) if path is not None else "the built-in defaults"
+    return build_spec(apply_overrides(raw, overrides or {}), source)
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a copy of `raw` with command-line overrides applied (None means 'not given').
+
+    Keys: the top-level spec keys, `models` (names or presets to keep), `batch_sizes`
+    (for every selected model), and protocol keys (`repeats`, `steps`, ...).
+    """
+    merged = dict(raw)
+    protocol = dict(merged.get("protocol", {}))
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "models":
+            merged["models"] = _select_models(merged.get("models", []), value)
+        elif key == "batch_sizes":
+            merged["models"] = [{**_as_table(m, "models"), "batch_sizes": list(value)}
+                                for m in merged.get("models", [])]
+        elif key in Protocol.__dataclass_fields__:
+            protocol[key] = value
+        elif key == "options":
+            merged["options"] = _merge_options(merged.get("options", {}), value)
+        else:
+            merged[key] = value
+    if protocol:
+        merged["protocol"] = protocol
+    return merged
+
+
+def _select_models(tables: Any, wanted: list[str]) -> list[dict[str, Any]]:
+    by_name = {}
+    for table in tables if isinstance(tables, list) else []:
+        table = _as_table(table, "models")
+        by_name[table.get("name", table.get("preset"))] = table
+    chosen = []
+    for name in wanted:
+        if name in by_name:
+            chosen.append(by_name[name])
+        elif name in PRESETS:
+            chosen.append({"preset": name})
+        else:
+            known = sorted(set(PRESETS) | {str(n) for n in by_name})
+            raise SpecError(f"unknown model {name!r}; choose one of: {', '.join(known)}")
+    return chosen
+
+
+def _merge_options(base: Any, extra: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    merged = {name: dict(table) for name, table in (base or {}).items()}
+    for name, table in extra.items():
+        merged.setdefault(name, {}).update(table)
+    return merged
+
+
+def build_spec(raw: Mapping[str, Any], source: str = "spec") -> Spec:
+    """Validate a raw mapping and return the frozen `Spec`; the single validation point."""
+    _reject_unknown(raw, _TOP_KEYS, "the top level", source)
+    defaults = Spec(models=())
+    spec = Spec(
+        models=_models(raw.get("models"), source),
+        backends=tuple(_str_list(raw, "backends", defaults.backends, source)),
+        devices=tuple(_positive_list(raw, "devices", defaults.devices, source)),
+        scaling=_choice(raw, "scaling", SCALINGS, defaults.scaling, source),
+        precision=_choice(raw, "precision", PRECISIONS, defaults.precision, source),
+        platform=_choice(raw, "platform", PLATFORMS, defaults.platform, source),
+        learning_rate=_positive_number(raw, "learning_rate", defaults.learning_rate, source),
+        seed=_integer(raw, "seed", defaults.seed, source, minimum=0),
+        data=_data(raw.get("data", {}), source),
+        protocol=_protocol(raw.get("protocol", {}), source),
+        options=_options(raw.get("options", {}), source),
+    )
+    _check_batches(spec)
+    return spec
+
+
+def _models(value: Any, source: str) -> tuple[ModelSpec, ...]:
+    if value is None:
+        value = DEFAULT_RAW["models"]
+    if not isinstance(value, list) or not value:
+        raise SpecError(f"'models' in {source} must be a non-empty list of [[models]] tables")
+    models = tuple(_model(_as_table(table, "models"), source) for table in value)
+    names = [m.name for m in models]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SpecError(f"model name {duplicates[0]!r} appears twice in {source}; give each a distinct 'name'")
+    return models
+
+
+def _model(table: dict[str, Any], source: str) -> ModelSpec:
+    where = f"[[models]] of {source}"
+    _reject_unknown(table, _MODEL_KEYS, where, source)
+    preset_name = table.get("preset")
+    if preset_name is not None and preset_name not in PRESETS:
+        raise SpecError(f"unknown model preset {preset_name!r} in {where}; choose one of: {', '.join(PRESETS)}")
+    if preset_name is None and "widths" not in table:
+        raise SpecError(f"each model in {source} needs 'preset' ({', '.join(PRESETS)}) or 'widths'")
+    preset = PRESETS.get(preset_name, {})
+    name = table.get("name", preset_name)
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"a model with explicit 'widths' in {source} needs a 'name'")
+    widths = _positive_list(table, "widths", preset.get("widths"), where)
+    dropout = table.get("dropout", preset.get("dropout", 0.0))
+    if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
+        raise SpecError(f"'dropout' in {where} must be a number in [0, 1), got {dropout!r}")
+    return ModelSpec(
+        name=name,
+        widths=tuple(widths),
+        dropout=float(dropout),
+        batch_sizes=tuple(_positive_list(table, "batch_sizes", preset.get("batch_sizes"), where)),
+        inputs=_integer(table, "inputs", 50, where, minimum=3),
+        outputs=_integer(table, "outputs", 3, where, minimum=1),
+    )
+
+
+def _data(table: Any, source: str) -> DataSpec:
+    table = _as_table(table, "data")
+    _reject_unknown(table, set(DataSpec.__dataclass_fields__), "[data]", source)
+    return DataSpec(samples=_integer(table, "samples", DataSpec.samples, f"[data] of {source}", minimum=1))
+
+
+def _protocol(table: Any, source: str) -> Protocol:
+    table = _as_table(table, "protocol")
+    where = f"[protocol] of {source}"
+    _reject_unknown(table, set(Protocol.__dataclass_fields__), "[protocol]", source)
+    d = Protocol()
+    protocol = Protocol(
+        warmup_steps=_integer(table, "warmup_steps", d.warmup_steps, where, minimum=0),
+        steps=_integer(table, "steps", d.steps, where, minimum=1),
+        repeats=_integer(table, "repeats", d.repeats, where, minimum=2),
+        steps_per_call=_integer(table, "steps_per_call", d.steps_per_call, where, minimum=1),
+        trial_timeout_s=_positive_number(table, "trial_timeout_s", d.trial_timeout_s, where),
+    )
+    for key in ("steps", "warmup_steps"):
+        if getattr(protocol, key) % protocol.steps_per_call:
+            raise SpecError(
+                f"'{key}' ({getattr(protocol, key)}) in {where} must be a multiple of "
+                f"steps_per_call ({protocol.steps_per_call})"
+            )
+    return protocol
+
+
+def _options(table: Any, source: str) -> dict[str, dict[str, Any]]:
+    table = _as_table(table, "options")
+    return {str(name): dict(_as_table(opts, f"options.{name}")) for name, opts in table.items()}
+
+
+def _check_batches(spec: Spec) -> None:
+    """Strong scaling splits each global batch evenly; the data must hold one global batch."""
+    for model in spec.models:
+        for batch in model.batch_sizes:
+            for devices in spec.devices:
+                if spec.scaling == "strong" and batch % devices:
+                    raise SpecError(
+                        f"global batch {batch} of model {model.name!r} is not divisible by "
+                        f"{devices} devices; use batch sizes divisible by every device count, "
+                        "or --scaling weak"
+                    )
+                global_batch = spec.global_batch(batch, devices)
+                if global_batch > spec.data.samples:
+                    raise SpecError(
+                        f"global batch {global_batch} of model {model.name!r} exceeds "
+                        f"data.samples ({spec.data.samples}); raise [data] samples"
+                    )
+
+
+# -- small validators: each returns a clean value or raises a one-line SpecError ----------
+
+def _as_table(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SpecError(f"'{name}' must be a table, got {type(value).__name__}")
+    return dict(value)
+
+
+def _reject_unknown(table: Mapping[str, Any], known: set[str], where: str, source: str) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise SpecError(
+            f"unknown key {unknown[0]!r} in {where} of {source}; known keys: {', '.join(sorted(known))}"
+        )
+
+
+def _integer(table: Mapping[str, Any], key: str, default: int, where: str, minimum: int) -> int:
+    value = table.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise SpecError(f"'{key}' in {where} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _positive_number(table: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    value = table.get(key, default)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise SpecError(f"'{key}' in {where} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _positive_list(table: Mapping[str, Any], key: str, default: Any, where: str) -> list[int]:
+    value = table.get(key, default)
+    if isinstance(value, tuple):
+        value = list(value)
+    if (not isinstance(value, list) or not value
+            or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in value)):
+        raise SpecError(f"'{key}' in {where} must be a non-empty list of positive integers, got {value!r}")
+    if len(set(value)) != len(value):
+        raise SpecError(f"'{key}' in {where} lists a value twice: {value!r}")
+    return value
+
+
+def _str_list(table: Mapping[str, Any], key: str, default: Any, where: str) -> list[str]:
+    value = table.get(key, default)
+    if isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, list) or not value or any(not isinstance(v, str) or not v for v in value):
+        raise SpecError(f"'{key}' in {where} must be a non-empty list of names, got {value!r}")
+    if len(set(value)) != len(value):
+        raise SpecError(f"'{key}' in {where} lists a name twice: {value!r}")
+    return value
+
+
+def _choice(table: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str, where: str) -> str:
+    value = table.get(key, default)
+    if value not in choices:
+        raise SpecError(f"'{key}' in {where} must be one of {', '.join(choices)}, got {value!r}")
+    return value

@@ -1,0 +1,85 @@
+"""From records to result rows: statistics per trial and scaling against 1 device.
+
+Pure functions over record dicts; computed on demand from the raw timing windows stored in
+the records, so nothing cached can go stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from xbench import stats
+
+
+@dataclass(frozen=True)
+class Row:
+    """One trial as a table shows it."""
+
+    backend: str
+    model: str
+    devices: int
+    global_batch: int
+    per_device_batch: int
+    scaling_mode: str  # "strong" or "weak"
+    status: str
+    reason: str | None
+    params: int | None
+    throughput: stats.Summary | None  # samples/s, outliers removed
+    kept: tuple[float, ...]  # the throughput values the summary used
+    step_ms: float | None  # global batch / median throughput
+    first_call_s: float | None
+    scaling: stats.Scaling | None
+
+
+def throughput_samples(record: Mapping[str, Any]) -> np.ndarray:
+    """Samples/s for each timed window of an ok record."""
+    timing = record["timing"]
+    step_s = np.asarray(timing["window_s"], dtype=float) / timing["steps_per_window"]
+    return record["trial"]["global_batch"] / step_s
+
+
+def rows_from_records(records: Sequence[Mapping[str, Any]]) -> list[Row]:
+    rows = [_row(record) for record in records]
+    return [_with_scaling(row, rows) for row in rows]
+
+
+def _row(record: Mapping[str, Any]) -> Row:
+    trial = record["trial"]
+    common = dict(
+        backend=trial["backend"],
+        model=trial["model"]["name"],
+        devices=trial["devices"],
+        global_batch=trial["global_batch"],
+        per_device_batch=trial["global_batch"] // trial["devices"],
+        scaling_mode=trial["scaling"],
+        status=record["status"],
+        reason=record.get("reason"),
+        params=record.get("work", {}).get("params"),
+        scaling=None,
+    )
+    if record["status"] != "ok":
+        return Row(**common, throughput=None, kept=(), step_ms=None, first_call_s=None)
+    samples = throughput_samples(record)
+    summary = stats.summarize(samples)
+    kept, _ = stats.remove_outliers(samples)
+    return Row(**common, throughput=summary, kept=tuple(kept),
+               step_ms=1e3 * trial["global_batch"] / summary.median,
+               first_call_s=record["timing"]["first_call_s"])
+
+
+def _with_scaling(row: Row, rows: list[Row]) -> Row:
+    """Attach speedup against the same backend's 1-device row with the same work per step:
+    the same global batch under strong scaling, the same per-device batch under weak."""
+    if row.throughput is None or row.devices == 1:
+        return row
+    for base in rows:
+        same_work = (base.global_batch == row.global_batch if row.scaling_mode == "strong"
+                     else base.per_device_batch == row.per_device_batch)
+        if (base.devices == 1 and base.throughput is not None and same_work
+                and (base.backend, base.model) == (row.backend, row.model)):
+            return replace(row, scaling=stats.scaling(row.kept, base.kept, row.devices))
+    return row
