@@ -39,6 +39,7 @@ class TfMirroredBackend:
     def __init__(self) -> None:
         self.device_names: list[str] = []
         self.platform = ""
+        self.strategies: dict[str, Any] = {}
 
     def probe(self) -> Availability:
         # tensorflow-cpu and tensorflow both provide the module; accept either distribution.
@@ -98,10 +99,7 @@ class TfMirroredBackend:
 
         # Explicit, never the default: TF allows TF32 on GPUs unless told otherwise (pitfall 9).
         tf.config.experimental.enable_tensor_float_32_execution(trial.precision == "tf32")
-        strategy = tf.distribute.MirroredStrategy(
-            devices=self.device_names,
-            cross_device_ops=self._cross_device_ops(trial.options.get("cross_device_ops", "auto")),
-        )
+        strategy = self._strategy(trial.options.get("cross_device_ops", "auto"))
         with strategy.scope():
             model = _build_model(work)
             model.set_weights(work.flat_weights)
@@ -128,6 +126,16 @@ class TfMirroredBackend:
             prepared.next_step += prepared.steps_per_call
         for variable in prepared.sync_variables:
             variable.numpy()  # waits for the last update on that replica's device
+
+    def _strategy(self, cross_device_ops: str):
+        """One strategy per worker and choice: two MirroredStrategy objects in one process
+        reuse collective instance keys, and a later trial's all-reduce then fails."""
+        import tensorflow as tf
+
+        if cross_device_ops not in self.strategies:
+            self.strategies[cross_device_ops] = tf.distribute.MirroredStrategy(
+                devices=self.device_names, cross_device_ops=self._cross_device_ops(cross_device_ops))
+        return self.strategies[cross_device_ops]
 
     def _cross_device_ops(self, choice: str):
         import tensorflow as tf

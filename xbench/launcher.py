@@ -86,7 +86,8 @@ class Worker:
         self.log_path = log_path
         self.log_offset = log_offset
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     @classmethod
     def start(cls, target: str, devices: int, platform: str, trials: list[Trial], log_path: Path,
@@ -108,11 +109,12 @@ class Worker:
         return cls(process, log_path, offset)
 
     def _read(self) -> None:
-        for line in self.process.stdout:
-            try:
-                self.events.put(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # not an event; the worker keeps its event stream clean
+        with self.process.stdout as stream:
+            for line in stream:
+                try:
+                    self.events.put(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # not an event; the worker keeps its event stream clean
         self.events.put(None)
 
     def next_event(self, deadline: float) -> dict[str, Any] | None | str:
@@ -201,6 +203,7 @@ class Worker:
             except ProcessLookupError:
                 pass
         self.process.wait()
+        self.reader.join(timeout=10)
 
 
 def worker_environment() -> dict[str, str]:

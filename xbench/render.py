@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from xbench import stats
@@ -22,11 +23,11 @@ def _model_table(model: str, rows: list[Row]) -> Table:
     title = f"model {model}" + (f" — {params:,} parameters" if params else "")
     table = Table(title=title, title_justify="left", caption=_caption(rows), caption_justify="left")
     for header, justify in [
-        ("backend", "left"), ("devices", "right"), ("global batch", "right"),
-        ("samples/s (mean ± 95% CI)", "right"), ("step ms", "right"), ("first call s", "right"),
-        ("speedup", "right"), ("efficiency", "right"), ("vs 1 device", "left"), ("outliers", "right"),
+        ("backend", "left"), ("dev", "right"), ("batch", "right"), ("samples/s", "right"),
+        ("±95%", "right"), ("step ms", "right"), ("1st call s", "right"), ("speedup", "right"),
+        ("eff.", "right"), ("vs 1 dev", "left"), ("outl.", "right"),
     ]:
-        table.add_column(header, justify=justify)
+        table.add_column(header, justify=justify, no_wrap=header != "backend")
     for row in rows:
         table.add_row(*_cells(row))
     return table
@@ -35,11 +36,12 @@ def _model_table(model: str, rows: list[Row]) -> Table:
 def _cells(row: Row) -> list[str]:
     head = [row.backend, str(row.devices), str(row.global_batch)]
     if row.throughput is None:
-        return [*head, f"[red]{row.status}[/]: {row.reason or ''}", "", "", "", "", "", ""]
+        return [*head, f"[red]{row.status}[/]", "", "", "", "", "", "", ""]
     t = row.throughput
     return [
         *head,
-        f"{t.mean:,.0f} ± {t.ci_half_width:,.0f}",
+        f"{t.mean:,.0f}",
+        f"{t.ci_half_width:,.0f}",
         f"{row.step_ms:.3f}",
         f"{row.first_call_s:.2f}",
         *_scaling_cells(row.scaling, row.devices),
@@ -52,26 +54,32 @@ def _scaling_cells(scaling: stats.Scaling | None, devices: int) -> list[str]:
         return ["1.00×", "", "baseline"]
     if scaling is None:
         return ["", "", "no 1-device result"]
-    verdict = ("faster" if scaling.speedup > 1 else "slower") if scaling.significant else "no significant difference"
-    return [f"{scaling.speedup:.2f}×", f"{scaling.efficiency:.0%}", f"{verdict} (p={_p(scaling.p_value)})"]
+    verdict = ("faster" if scaling.speedup > 1 else "slower") if scaling.significant else "n.s."
+    return [f"{scaling.speedup:.2f}×", f"{scaling.efficiency:.0%}", f"{verdict} {_p(scaling.p_value)}"]
 
 
 def _p(p: float) -> str:
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
 
 
 def _caption(rows: list[Row]) -> str:
-    modes = sorted({r.scaling_mode for r in rows})
-    return (f"{' and '.join(modes)} scaling; speedup = mean throughput over the same backend's "
-            f"1-device mean; p from Welch's t-test, significant below {stats.SIGNIFICANCE}; "
-            f"outliers: |modified z| > {stats.OUTLIER_THRESHOLD}")
+    modes = " and ".join(sorted({r.scaling_mode for r in rows}))
+    lines = [
+        f"{modes} scaling; samples/s: mean of timed windows, ±95%: t-interval half-width; "
+        "speedup: mean over the same backend's 1-device mean (eff. = speedup / dev); "
+        f"vs 1 dev: Welch's t-test, n.s. = not significant at {stats.SIGNIFICANCE}; "
+        f"outl.: windows dropped at |modified z| > {stats.OUTLIER_THRESHOLD}",
+    ]
+    lines += [f"{r.backend} dev={r.devices} batch={r.global_batch}: {r.status}: {escape(str(r.reason))}"
+              for r in rows if r.throughput is None]
+    return "\n".join(lines)
 
 
 def devices_line(backend: str, info: Mapping[str, Any]) -> str:
-    """e.g. 'jax 0.10.2 on 2 simulated CPU devices (no GPU used)'."""
-    count = len(info["device_names"])
+    """What a backend runs on, e.g. 'jax (jax 0.10.2): simulated CPU devices ...'."""
     version = f"{info['framework']} {info['framework_version']}"
     if info["simulated"]:
-        return f"{backend}: {version} on {count} simulated CPU device(s) — one CPU split, no GPU used"
+        return (f"{backend} ({version}): no GPU found; simulated CPU devices "
+                f"(one CPU split into up to {info['available']})")
     names = ", ".join(dict.fromkeys(n.split(" ", 1)[-1] for n in info["device_names"]))
-    return f"{backend}: {version} on {count} {info['platform'].upper()}(s): {names}"
+    return f"{backend} ({version}): {info['available']} {info['platform'].upper()}(s): {names}"

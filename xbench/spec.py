@@ -221,7 +221,7 @@ def _model(table: dict[str, Any], source: str) -> ModelSpec:
     name = table.get("name", preset_name)
     if not isinstance(name, str) or not name:
         raise SpecError(f"a model with explicit 'widths' in {source} needs a 'name'")
-    widths = _positive_list(table, "widths", preset.get("widths"), where)
+    widths = _positive_list(table, "widths", preset.get("widths"), where, unique=False)
     dropout = table.get("dropout", preset.get("dropout", 0.0))
     if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
         raise SpecError(f"'dropout' in {where} must be a number in [0, 1), got {dropout!r}")
@@ -316,14 +316,15 @@ def _positive_number(table: Mapping[str, Any], key: str, default: float, where: 
     return float(value)
 
 
-def _positive_list(table: Mapping[str, Any], key: str, default: Any, where: str) -> list[int]:
+def _positive_list(table: Mapping[str, Any], key: str, default: Any, where: str,
+                   unique: bool = True) -> list[int]:
     value = table.get(key, default)
     if isinstance(value, tuple):
         value = list(value)
     if (not isinstance(value, list) or not value
             or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in value)):
         raise SpecError(f"'{key}' in {where} must be a non-empty list of positive integers, got {value!r}")
-    if len(set(value)) != len(value):
+    if unique and len(set(value)) != len(value):
         raise SpecError(f"'{key}' in {where} lists a value twice: {value!r}")
     return value
 

@@ -8,6 +8,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+
+from xbench.cli.consoles import data_console, status_console
+from rich.markup import escape
 from rich.table import Table
 
 from xbench import launcher
@@ -23,22 +26,22 @@ def backends(
     table = Table(title="xbench backends (entry-point group xbench.backends)", title_justify="left")
     for column in ("backend", "status", "version", "devices", "plugin"):
         table.add_column(column)
-    err = Console(stderr=True)
+    err = status_console()
     with tempfile.TemporaryDirectory() as tmp, err.status("starting each backend to find its devices…"):
         for entry in discover().values():
             if not entry.usable:
-                table.add_row(entry.name, "[red]unavailable[/]", "", entry.availability.reason or "", entry.target)
+                table.add_row(entry.name, "[red]unavailable[/]", "", escape(entry.availability.reason or ""), entry.target)
                 continue
             seen = _devices(entry.target, platform.value, Path(tmp)) if devices else "(not probed)"
             table.add_row(entry.name, "[green]available[/]", entry.availability.version or "", seen, entry.target)
-    Console().print(table)
+    data_console().print(table)
     return 0
 
 
 def _devices(target: str, platform: str, tmp: Path) -> str:
     answer = launcher.describe(target, platform, tmp / "describe.log")
     if "reason" in answer:
-        return f"[red]{answer['reason']}[/]"
+        return f"[red]{escape(answer['reason'])}[/]"
     info = answer["device_info"]
     if info["simulated"]:
         return f"CPU, up to {info['available']} simulated devices (no GPU found)"

@@ -9,6 +9,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+
+from xbench.cli.consoles import data_console, status_console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xbench import compare as comparison
@@ -61,7 +64,7 @@ def compare(
         "trial_timeout_s": trial_timeout, "seed": seed, "options": _options(option),
     }
     spec = load_spec(config, overrides)
-    err = Console(stderr=True, highlight=False)
+    err = status_console()
     with err.status("finding devices for each backend…"):
         plan = comparison.prepare(spec, out, strict_devices=devices is not None)
     for name, info in plan.devices.items():
@@ -69,7 +72,7 @@ def compare(
     started = time.monotonic()
     with _ProgressListener(err, comparison.trial_count(plan), spec.protocol.repeats) as listener:
         records = comparison.execute(plan, listener)
-    console = Console()
+    console = data_console()
     for table in model_tables(rows_from_records(records)):
         console.print(table)
     if any(info["simulated"] for info in plan.devices.values()):
@@ -116,7 +119,7 @@ class _ProgressListener:
         self.progress.advance(self.task, self.repeats - self.windows)
         self.finished += 1
         if record["status"] != "ok":
-            self.progress.console.print(f"{trial.id}: {record['status']}: {record.get('reason')}")
+            self.progress.console.print(f"{trial.id}: {record['status']}: {escape(str(record.get('reason')))}")
 
 
 def _value(choice: Enum | None) -> str | None:

@@ -6,6 +6,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 import xbench
 from xbench.cli import backends_cmd, compare_cmd
@@ -58,13 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = app(args=args, prog_name="xbench", standalone_mode=False)
     except XbenchError as err:
-        errors.print(f"[red]error:[/] {err}", soft_wrap=True)
+        errors.print(f"[red]error:[/] {escape(str(err))}", soft_wrap=True)
         return 2
     except typer.Abort:
         errors.print("interrupted")
         return 130
     except _CLICK_ERROR as err:
-        errors.print(f"[red]error:[/] {err.format_message()}", soft_wrap=True)
+        errors.print(f"[red]error:[/] {escape(err.format_message())}", soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         errors.print("interrupted")

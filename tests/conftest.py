@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+
+from xbench import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def entry_point(name: str, value: str) -> EntryPoint:
+    return EntryPoint(name=name, value=value, group=registry.GROUP)
+
+
+FAKES = [
+    entry_point("numpy", "tests.fakes:NumpyBackend"),
+    entry_point("missing", "tests.fakes:MissingFrameworkBackend"),
+]
+
+
+@pytest.fixture
+def fake_backends(monkeypatch):
+    """The installed backends plus test fakes; workers can import `tests.fakes`."""
+    installed = registry.list_entry_points()
+    monkeypatch.setattr(registry, "list_entry_points", lambda: installed + FAKES)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    registry.refresh()
+    yield
+    registry.refresh()
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run `xbench ARGS...` in-process; returns (exit code, stdout, stderr)."""
+    from xbench.cli.main import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run

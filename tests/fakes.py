@@ -1,0 +1,85 @@
+"""Backends for tests: a numpy one that really computes, and plugins that misbehave.
+
+The numpy backend can be told, through its options, to crash, hang or fail on one global
+batch size, so tests can check that the launcher loses nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from xbench.contract import Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Trial, Work
+
+FAKE_DEVICES = 4
+ACTIONS = ("crash_batch", "hang_batch", "fail_batch")
+
+
+@dataclass
+class NumpyPrepared:
+    info: PreparedInfo
+    trial: Trial
+    x: np.ndarray
+    kernel: np.ndarray
+
+
+class NumpyBackend:
+    """Forward passes of the first layer in numpy: real work, no framework."""
+
+    name: ClassVar[str] = "numpy"
+    install_hint: ClassVar[str] = "nothing to install"
+
+    def probe(self) -> Availability:
+        return Availability(True, version=np.__version__)
+
+    def validate_options(self, options: dict[str, Any]) -> None:
+        unknown = set(options) - set(ACTIONS)
+        if unknown:
+            raise ValueError(f"unknown option {sorted(unknown)[0]!r}")
+
+    def setup(self, devices: int, platform: str) -> DeviceInfo:
+        if devices > FAKE_DEVICES:
+            raise DeviceUnavailable(f"asked for {devices} devices; numpy fakes {FAKE_DEVICES}")
+        return DeviceInfo("numpy", np.__version__, "cpu", tuple(f"fake:{i}" for i in range(devices)),
+                          simulated=True, available=FAKE_DEVICES)
+
+    def prepare(self, trial: Trial, work: Work) -> NumpyPrepared:
+        info = PreparedInfo(params=work.params, weights_hash=work.weights_hash,
+                            precision={"numpy": trial.precision})
+        return NumpyPrepared(info, trial, work.x[: trial.global_batch], work.weights[0][0])
+
+    def run(self, prepared: NumpyPrepared, steps: int) -> None:
+        batch = prepared.trial.global_batch
+        options = {k: int(v) for k, v in prepared.trial.options.items()}
+        if options.get("crash_batch") == batch:
+            os._exit(3)
+        if options.get("hang_batch") == batch:
+            time.sleep(3600)
+        if options.get("fail_batch") == batch:
+            raise RuntimeError("planned failure")
+        for _ in range(steps):
+            np.maximum(prepared.x @ prepared.kernel, 0)
+
+
+class MissingFrameworkBackend(NumpyBackend):
+    name: ClassVar[str] = "missing"
+    install_hint: ClassVar[str] = "pip install 'xbench[missing]'"
+
+    def probe(self) -> Availability:
+        return Availability(False, reason=f"missingframework not installed; {self.install_hint}")
+
+
+class IncompleteBackend:
+    """Lacks `run`: must show as unavailable, not crash the tool."""
+
+    name: ClassVar[str] = "incomplete"
+
+    def probe(self) -> Availability:
+        return Availability(True, version="0")
+
+    def setup(self, devices: int, platform: str) -> DeviceInfo: ...
+    def prepare(self, trial: Trial, work: Work) -> Any: ...

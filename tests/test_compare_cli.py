@@ -1,0 +1,127 @@
+"""`xbench compare` end to end with the numpy test backend: records, failures, bad input."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from xbench.records import read_records
+
+FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0")
+
+
+def records_of(run_dir: Path) -> dict[str, dict]:
+    return {r["trial_id"]: r for r in read_records(run_dir)}
+
+
+def test_compare_writes_a_record_per_trial(fake_backends, run_cli, tmp_path):
+    code, out, err = run_cli("compare", "--backends", "numpy", *FAST, "--batch-sizes", "16", "32",
+                             "--devices", "1,2", "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    records = records_of(tmp_path / "run")
+    assert set(records) == {f"numpy/medium/d{d}/b{b}" for d in (1, 2) for b in (16, 32)}
+    assert all(r["status"] == "ok" and len(r["timing"]["window_s"]) == 3 for r in records.values())
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["spec"]["devices"] == [1, 2] and run["environment"]["cpu_count"] == os.cpu_count()
+    assert "model medium — 54,403 parameters" in out and "numpy" in out
+    assert "simulated CPU devices" in err
+
+
+def test_a_crashing_trial_loses_nothing_else(fake_backends, run_cli, tmp_path):
+    config = tmp_path / "crash.toml"
+    config.write_text('devices = [1]\n[options.numpy]\ncrash_batch = 32\n'
+                      '[[models]]\npreset = "medium"\nbatch_sizes = [16, 32, 64]\n')
+    code, out, err = run_cli("compare", "--backends", "numpy", "--config", str(config), *FAST[2:],
+                             "--out", str(tmp_path / "run"))
+    assert code == 1
+    records = records_of(tmp_path / "run")
+    assert records["numpy/medium/d1/b16"]["status"] == "ok"
+    assert records["numpy/medium/d1/b32"]["status"] == "crashed"
+    assert "exit code 3" in records["numpy/medium/d1/b32"]["reason"]
+    assert records["numpy/medium/d1/b64"]["status"] == "ok"  # ran in a fresh worker
+
+
+def test_a_hanging_trial_times_out_and_the_rest_run(fake_backends, run_cli, tmp_path):
+    code, out, err = run_cli("compare", "--backends", "numpy", *FAST, "--batch-sizes", "16,32,64",
+                             "--devices", "1", "--option", "numpy.hang_batch=16", "--trial-timeout", "3",
+                             "--out", str(tmp_path / "run"))
+    assert code == 1
+    records = records_of(tmp_path / "run")
+    assert records["numpy/medium/d1/b16"]["status"] == "timeout"
+    assert "timed out after 3 s" in records["numpy/medium/d1/b16"]["reason"]
+    assert [records[f"numpy/medium/d1/b{b}"]["status"] for b in (32, 64)] == ["ok", "ok"]
+
+
+def test_an_exception_in_a_trial_is_a_failed_record(fake_backends, run_cli, tmp_path):
+    code, _, _ = run_cli("compare", "--backends", "numpy", *FAST, "--batch-sizes", "16,32",
+                         "--devices", "1", "--option", "numpy.fail_batch=16", "--out", str(tmp_path / "run"))
+    records = records_of(tmp_path / "run")
+    assert code == 1
+    assert records["numpy/medium/d1/b16"]["reason"] == "RuntimeError: planned failure"
+    assert records["numpy/medium/d1/b32"]["status"] == "ok"
+
+
+def test_devices_from_a_config_beyond_the_machine_are_skipped(fake_backends, run_cli, tmp_path):
+    config = tmp_path / "wide.toml"
+    config.write_text('devices = [1, 8]\n[[models]]\npreset = "medium"\nbatch_sizes = [16]\n')
+    code, _, _ = run_cli("compare", "--backends", "numpy", "--config", str(config), *FAST[2:],
+                         "--out", str(tmp_path / "run"))
+    records = records_of(tmp_path / "run")
+    assert code == 0
+    assert records["numpy/medium/d8/b16"]["status"] == "skipped"
+    assert "numpy fakes 4" in records["numpy/medium/d8/b16"]["reason"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--backends", "nope"), "unknown backend 'nope'; available:"),
+    (("--backends", "missing"), "backend 'missing' cannot run here: missingframework not installed"),
+    (("--backends", "numpy", "--model", "xl"), "unknown model 'xl'"),
+    (("--backends", "numpy", "--steps", "0"), "'steps' in [protocol] of the built-in defaults must be an integer >= 1, got 0"),
+    (("--backends", "numpy", "--repeats", "-3"), "'repeats'"),
+    (("--backends", "numpy", "--batch-sizes", "33", "--devices", "1,2"), "not divisible by 2 devices"),
+    (("--backends", "numpy", "--devices", "1,16"), "16 devices asked, but backend 'numpy' has 4"),
+    (("--backends", "numpy", "--devices", "one"), "--devices takes integers"),
+    (("--backends", "numpy", "--option", "numpy.bogus=1"), "[options.numpy]: unknown option 'bogus'"),
+    (("--backends", "numpy", "--precision", "fp8"), "fp8"),
+])
+def test_bad_input_is_one_line_and_exit_2(fake_backends, run_cli, tmp_path, args, message):
+    out_dir = tmp_path / "run"
+    code, out, err = run_cli("compare", *args, "--out", str(out_dir))
+    assert code == 2
+    assert message in " ".join(err.split()), err
+    assert "Traceback" not in err and err.strip().count("\n") <= 2, err
+    assert not (out_dir / "records.jsonl").exists()
+
+
+def test_config_errors_are_one_line(fake_backends, run_cli, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("devices = [1,\n")
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[protocol]\nwarmup = 3\n")
+    for path, message in ((bad, "is not valid TOML"), (unknown, "unknown key 'warmup' in [protocol]")):
+        code, _, err = run_cli("compare", "--backends", "numpy", "--config", str(path))
+        assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_unwritable_output_directory(fake_backends, run_cli, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, _, err = run_cli("compare", "--backends", "numpy", *FAST, "--out", str(blocker / "run"))
+    assert code == 2 and "cannot write results to" in err and "choose another --out" in err
+
+
+def test_existing_records_are_never_overwritten(fake_backends, run_cli, tmp_path):
+    args = ("compare", "--backends", "numpy", *FAST, "--batch-sizes", "16", "--devices", "1",
+            "--out", str(tmp_path / "run"))
+    assert run_cli(*args)[0] == 0
+    before = (tmp_path / "run" / "records.jsonl").read_text()
+    code, _, err = run_cli(*args)
+    assert code == 2 and "already holds records" in err
+    assert (tmp_path / "run" / "records.jsonl").read_text() == before
+
+
+def test_backends_command_lists_plugins_and_reasons(fake_backends, run_cli):
+    code, out, _ = run_cli("backends", "--no-devices")
+    assert code == 0
+    assert "numpy" in out and "missing" in out and "missingframework not installed" in " ".join(out.split())
