@@ -66,3 +66,15 @@ def test_tf32_policy_is_applied(tmp_path):
     assert code == 0
     assert records["jax"]["backend"]["precision"] == {"jax_default_matmul_precision": "tensorfloat32"}
     assert records["tf"]["backend"]["precision"] == {"tensor_float_32_execution": True}
+
+
+def test_fused_steps_per_call(tmp_path):
+    """Several steps inside one compiled call (lax.scan in jax, a tf.range loop in tf)."""
+    from xbench.cli.main import main
+
+    code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "--devices", "2",
+                 "--batch-sizes", "16", "--repeats", "2", "--steps", "4", "--warmup-steps", "2",
+                 "--steps-per-call", "2", "--samples", "64", "--out", str(tmp_path / "run")])
+    records = read_records(tmp_path / "run")
+    assert code == 0 and len(records) == 2
+    assert all(r["status"] == "ok" and r["trial"]["protocol"]["steps_per_call"] == 2 for r in records)

@@ -125,3 +125,41 @@ def test_backends_command_lists_plugins_and_reasons(fake_backends, run_cli):
     code, out, _ = run_cli("backends", "--no-devices")
     assert code == 0
     assert "numpy" in out and "missing" in out and "missingframework not installed" in " ".join(out.split())
+
+
+def test_ctrl_c_keeps_finished_records_and_leaves_no_worker(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    out_dir = tmp_path / "run"
+    script = (
+        "import sys\n"
+        "from importlib.metadata import EntryPoint\n"
+        "from xbench import registry\n"
+        "registry.list_entry_points = lambda: [EntryPoint('numpy', 'tests.fakes:NumpyBackend', registry.GROUP)]\n"
+        "from xbench.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, "compare", "--backends", "numpy", *FAST, "--batch-sizes", "16,32",
+         "--devices", "1", "--option", "numpy.hang_batch=32", "--out", str(out_dir)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    records = out_dir / "records.jsonl"
+    deadline = time.monotonic() + 60
+    while not (records.exists() and records.read_text().count("\n") == 1):
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    time.sleep(1.0)  # the second trial is now hanging
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert "1 finished trial record(s) kept" in err and "Traceback" not in err
+    assert [r["status"] for r in read_records(out_dir)] == ["ok"]
+    pids = [int(line.split("worker pid ")[1].split(",")[0])
+            for line in (out_dir / "workers.log").read_text().splitlines() if "worker pid" in line]
+    assert pids and not any(Path(f"/proc/{pid}").exists() for pid in pids)

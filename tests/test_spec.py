@@ -81,3 +81,14 @@ def test_malformed_toml(tmp_path):
 def test_missing_config_file(tmp_path):
     with pytest.raises(SpecError, match="cannot read config"):
         load_spec(tmp_path / "nope.toml")
+
+
+def test_samples_override():
+    assert load_spec(None, {"samples": 999, "batch_sizes": [8]}).data.samples == 999
+
+
+def test_warmup_rounds_up_to_whole_calls():
+    from xbench.measure import warmup_steps
+
+    spec = build_spec({"protocol": {"steps": 10, "steps_per_call": 5, "warmup_steps": 1}})
+    assert warmup_steps(spec.protocol) == 5

@@ -73,10 +73,10 @@ def check_device_counts(spec: Spec, devices: dict[str, dict[str, Any]]) -> None:
         too_many = [n for n in spec.devices if n > info["available"]]
         if too_many:
             kind = "simulated CPU" if info["simulated"] else info["platform"].upper()
-            usable = [n for n in spec.devices if n <= info["available"]] or [1]
-            raise XbenchError(
-                f"{max(too_many)} devices asked, but backend {name!r} has {info['available']} "
-                f"{kind} device(s); use --devices {','.join(map(str, usable))}")
+            most = info["available"]
+            hint = f"--devices 1,{most}" if most > 1 else "--devices 1"
+            raise XbenchError(f"{max(too_many)} devices asked, but backend {name!r} has {most} "
+                              f"{kind} device(s); use at most {most}, e.g. {hint}")
 
 
 def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True) -> Comparison:

@@ -94,16 +94,14 @@ class Worker:
               label: str) -> Worker:
         job = {"target": target, "devices": devices, "platform": platform,
                "trials": [t.to_dict() for t in trials]}
-        log = open(log_path, "ab")
-        offset = log.tell()
-        log.write(f"=== {label}, {_now()}\n".encode())
-        log.flush()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "xbench.worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-            env=worker_environment(), start_new_session=True,
-        )
-        log.close()
+        with open(log_path, "ab") as log:
+            offset = log.seek(0, os.SEEK_END)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "xbench.worker"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                env=worker_environment(), start_new_session=True,
+            )
+            log.write(f"=== {label}, worker pid {process.pid}, {_now()}\n".encode())
         process.stdin.write(json.dumps(job).encode())
         process.stdin.close()
         return cls(process, log_path, offset)

@@ -35,7 +35,7 @@ def measure(
     """Time one prepared trial; `on_window(k)` is called after the k-th timed window."""
     first_call_s = _timed(backend, prepared, protocol.steps_per_call)
     if protocol.warmup_steps:
-        backend.run(prepared, protocol.warmup_steps)
+        backend.run(prepared, warmup_steps(protocol))
     windows = []
     for done in range(1, protocol.repeats + 1):
         windows.append(_timed(backend, prepared, protocol.steps))
@@ -47,3 +47,9 @@ def _timed(backend: Backend, prepared: Prepared, steps: int) -> float:
     start = time.perf_counter()
     backend.run(prepared, steps)
     return time.perf_counter() - start
+
+
+def warmup_steps(protocol: Protocol) -> int:
+    """`warmup_steps` rounded up to whole compiled calls."""
+    calls = -(-protocol.warmup_steps // protocol.steps_per_call)
+    return calls * protocol.steps_per_call

@@ -60,10 +60,11 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class Protocol:
-    """How each trial is timed; see `xbench.measure`."""
+    """How each trial is timed; see `xbench.measure`. Warmup runs whole calls: at least
+    `warmup_steps` steps, rounded up to a multiple of `steps_per_call`."""
 
     warmup_steps: int = 5
-    steps: int = 20
+    steps: int = 40
     repeats: int = 10
     steps_per_call: int = 1
     trial_timeout_s: float = 300.0
@@ -128,7 +129,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
     """Return a copy of `raw` with command-line overrides applied (None means 'not given').
 
     Keys: the top-level spec keys, `models` (names or presets to keep), `batch_sizes`
-    (for every selected model), and protocol keys (`repeats`, `steps`, ...).
+    (for every selected model), `samples` (data size), and protocol keys (`repeats`, ...).
     """
     merged = dict(raw)
     protocol = dict(merged.get("protocol", {}))
@@ -142,6 +143,8 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
                                 for m in merged.get("models", [])]
         elif key in Protocol.__dataclass_fields__:
             protocol[key] = value
+        elif key == "samples":
+            merged["data"] = {**_as_table(merged.get("data", {}), "data"), "samples": value}
         elif key == "options":
             merged["options"] = _merge_options(merged.get("options", {}), value)
         else:
@@ -253,12 +256,11 @@ def _protocol(table: Any, source: str) -> Protocol:
         steps_per_call=_integer(table, "steps_per_call", d.steps_per_call, where, minimum=1),
         trial_timeout_s=_positive_number(table, "trial_timeout_s", d.trial_timeout_s, where),
     )
-    for key in ("steps", "warmup_steps"):
-        if getattr(protocol, key) % protocol.steps_per_call:
-            raise SpecError(
-                f"'{key}' ({getattr(protocol, key)}) in {where} must be a multiple of "
-                f"steps_per_call ({protocol.steps_per_call})"
-            )
+    if protocol.steps % protocol.steps_per_call:
+        raise SpecError(
+            f"'steps' ({protocol.steps}) in {where} must be a multiple of "
+            f"steps_per_call ({protocol.steps_per_call})"
+        )
     return protocol
 
 

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from xbench import compare as comparison
 from xbench.errors import SpecError
+from xbench.records import RECORDS_FILE, read_records
 from xbench.render import devices_line, model_tables
 from xbench.spec import load_spec
 from xbench.summary import rows_from_records
@@ -53,6 +54,7 @@ def compare(
     steps_per_call: Annotated[Optional[int], typer.Option(help="Steps fused into one compiled call.")] = None,
     trial_timeout: Annotated[Optional[float], typer.Option(help="Seconds before a trial is stopped.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data.")] = None,
+    samples: Annotated[Optional[int], typer.Option(help="Rows of synthetic data (at least one global batch).")] = None,
     option: Annotated[Optional[list[str]], typer.Option(help="Backend option BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl.")] = None,
 ) -> int:
     """Time each backend on 1..N devices on the same weights and data; print a table per model."""
@@ -61,7 +63,7 @@ def compare(
         "batch_sizes": _integers(batch_sizes, "--batch-sizes"), "devices": _integers(devices, "--devices"),
         "scaling": _value(scaling), "precision": _value(precision), "platform": _value(platform),
         "repeats": repeats, "steps": steps, "warmup_steps": warmup_steps, "steps_per_call": steps_per_call,
-        "trial_timeout_s": trial_timeout, "seed": seed, "options": _options(option),
+        "trial_timeout_s": trial_timeout, "seed": seed, "samples": samples, "options": _options(option),
     }
     spec = load_spec(config, overrides)
     err = status_console()
@@ -70,8 +72,13 @@ def compare(
     for name, info in plan.devices.items():
         err.print(devices_line(name, info))
     started = time.monotonic()
-    with _ProgressListener(err, comparison.trial_count(plan), spec.protocol.repeats) as listener:
-        records = comparison.execute(plan, listener)
+    try:
+        with _ProgressListener(err, comparison.trial_count(plan), spec.protocol.repeats) as listener:
+            records = comparison.execute(plan, listener)
+    except KeyboardInterrupt:
+        kept = len(read_records(plan.run_dir)) if (plan.run_dir / RECORDS_FILE).exists() else 0
+        err.print(f"interrupted; {kept} finished trial record(s) kept in {plan.run_dir / RECORDS_FILE}")
+        return 130
     console = data_console()
     for table in model_tables(rows_from_records(records)):
         console.print(table)

@@ -1,0 +1,5 @@
+"""`python -m xbench` is the `xbench` command."""
+
+from xbench.cli.main import run
+
+run()
