@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import (
-    Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Trial, Work, hash_arrays,
+    ADAM, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Trial, Work, hash_arrays,
     probe_distributions,
 )
 
@@ -28,11 +28,13 @@ MATMUL_PRECISION = {"fp32": "float32", "tf32": "tensorfloat32"}
 @dataclass
 class JaxPrepared:
     info: PreparedInfo
-    step: Any  # the pmapped function: (state, xs, ys) -> (state, loss)
-    state: Any
+    step: Any  # pmapped: (state, xs, ys) -> (state, per-device loss of the last step)
+    grads: Any  # pmapped: (state, xs, ys) -> (per-device loss, all-reduced gradients)
+    state: Any  # (params, opt_state, step, key), each leaf with a leading device axis
     xs: Any
     ys: Any
     steps_per_call: int
+    layers: int
 
 
 class JaxPmapBackend:
@@ -89,21 +91,19 @@ class JaxPmapBackend:
                                   state)
         xs, ys = (jax.device_put(a, sharded) for a in work.shards(trial.global_batch, n))
 
-        step = jax.pmap(
-            _train_steps(trial, work, tx, xs.shape[1]),
-            axis_name=AXIS, devices=self.devices, donate_argnums=(0,),
-        )
-        on_device = replicated[0]
-        readback = [np.asarray(on_device[f"Dense_{i}"][part][0])
-                    for i in range(len(work.weights)) for part in ("kernel", "bias")]
+        step_fn, grads_fn = _programs(trial, work, tx, xs.shape[1], self.reduce_gradients)
+        step = jax.pmap(step_fn, axis_name=AXIS, devices=self.devices, donate_argnums=(0,))
+        grads = jax.pmap(grads_fn, axis_name=AXIS, devices=self.devices)
+        readback = _layer_arrays(replicated[0], len(work.weights), replica=0)
         info = PreparedInfo(
-            params=sum(int(np.prod(a.shape[1:])) for a in jax.tree.leaves(on_device)),
+            params=sum(int(np.prod(a.shape[1:])) for a in jax.tree.leaves(replicated[0])),
             weights_hash=hash_arrays(readback),
             precision={"jax_default_matmul_precision": jax.config.jax_default_matmul_precision},
             # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
             sync_every_call=self.devices[0].platform == "cpu",
         )
-        return JaxPrepared(info, step, replicated, xs, ys, trial.protocol.steps_per_call)
+        return JaxPrepared(info, step, grads, replicated, xs, ys, trial.protocol.steps_per_call,
+                           len(work.weights))
 
     def run(self, prepared: JaxPrepared, steps: int) -> None:
         import jax
@@ -114,11 +114,34 @@ class JaxPmapBackend:
                 loss.block_until_ready()
         jax.block_until_ready(prepared.state)
 
+    def reduce_gradients(self, grads):
+        """The data-parallel all-reduce: the mean gradient over the device axis."""
+        from jax import lax
+
+        return lax.pmean(grads, AXIS)
+
+    # -- verification capability (xbench verify) -------------------------------------------
+
+    def gradients(self, prepared: JaxPrepared) -> tuple[float, list[np.ndarray]]:
+        loss, grads = prepared.grads(prepared.state, prepared.xs, prepared.ys)
+        return float(np.mean(np.asarray(loss))), _layer_arrays(grads, prepared.layers, replica=0)
+
+    def train(self, prepared: JaxPrepared, steps: int) -> list[float]:
+        losses = []
+        for _ in range(steps // prepared.steps_per_call):
+            prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
+            losses.append(float(np.mean(np.asarray(loss))))  # equal shards: mean of means
+        return losses
+
+    def replica_weights(self, prepared: JaxPrepared) -> list[list[np.ndarray]]:
+        n = len(self.devices)
+        return [_layer_arrays(prepared.state[0], prepared.layers, replica=r) for r in range(n)]
+
 
 def _optimizer(learning_rate: float):
     import optax
 
-    return optax.adam(learning_rate)
+    return optax.adam(learning_rate, b1=ADAM.b1, b2=ADAM.b2, eps=ADAM.eps)
 
 
 @functools.lru_cache(maxsize=None)
@@ -140,16 +163,17 @@ def _mlp_class():
     return MLP
 
 
-def _train_steps(trial: Trial, work: Work, tx, batches: int):
-    """`steps_per_call` training steps fused into one function of one device's shard."""
+def _programs(trial: Trial, work: Work, tx, batches: int, reduce_gradients):
+    """Per-device functions for pmap: `steps_per_call` fused training steps, and the loss and
+    all-reduced gradients at the current state, both through the same `loss_and_grads`."""
     import jax
     import jax.numpy as jnp
     from jax import lax
 
     model = _mlp_class()(widths=work.model.widths, outputs=work.model.outputs, dropout=work.model.dropout)
 
-    def one_step(state, xs, ys):
-        params, opt_state, step, key = state
+    def loss_and_grads(state, xs, ys):
+        params, _, step, key = state
         index = step % batches
         x = lax.dynamic_index_in_dim(xs, index, keepdims=False)
         y = lax.dynamic_index_in_dim(ys, index, keepdims=False)
@@ -161,15 +185,23 @@ def _train_steps(trial: Trial, work: Work, tx, batches: int):
             return jnp.mean((pred - y) ** 2)
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
-        grads = lax.pmean(grads, AXIS)  # the all-reduce: mean gradient over devices
+        return loss, reduce_gradients(grads)
+
+    def one_step(state, xs, ys):
+        params, opt_state, step, key = state
+        loss, grads = loss_and_grads(state, xs, ys)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = jax.tree.map(lambda p, u: p + u, params, updates)
-        return (params, opt_state, step + 1, key), lax.pmean(loss, AXIS)
+        return (params, opt_state, step + 1, key), loss
 
     def train_steps(state, xs, ys):
         state, losses = lax.scan(lambda s, _: one_step(s, xs, ys), state, None,
                                  length=trial.protocol.steps_per_call)
-        return state, losses[-1]
+        return state, losses[-1]  # this device's loss; no extra collective in the timed step
 
-    return train_steps
+    return train_steps, loss_and_grads
 
+
+def _layer_arrays(params, layers: int, replica: int) -> list[np.ndarray]:
+    """Kernels and biases in layer order, from one replica of device-stacked params."""
+    return [np.asarray(params[f"Dense_{i}"][part][replica]) for i in range(layers) for part in ("kernel", "bias")]

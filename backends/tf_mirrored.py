@@ -8,13 +8,14 @@ optimizer's slots are built inside the strategy scope before the loop (pitfall 4
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from xbench.contract import (
-    Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Trial, Work, hash_arrays,
+    ADAM, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Trial, Work, hash_arrays,
     probe_distributions,
 )
 
@@ -26,8 +27,11 @@ OPTIONS = {"cross_device_ops": CROSS_DEVICE_OPS}
 @dataclass
 class TfPrepared:
     info: PreparedInfo
-    train: Any  # tf.function: (start step) -> None
-    sync_variables: list[Any]  # one per replica; reading them waits for the devices
+    train: Any  # tf.function: (start step) -> None; `steps_per_call` steps
+    one_step: Any  # tf.function: (step) -> per-replica losses; the same replica step
+    gradients: Any  # tf.function: (step) -> per-replica (loss, all-reduced gradients)
+    strategy: Any
+    variables: list[Any]
     steps_per_call: int
     next_step: int = 0
 
@@ -106,8 +110,8 @@ class TfMirroredBackend:
             optimizer = _optimizer(trial.learning_rate)
             optimizer.build(model.trainable_variables)
         x_all, y_all = (_per_replica(strategy, shards) for shards in work.shards(trial.global_batch, len(self.device_names)))
-        train = _train_function(strategy, model, optimizer, x_all, y_all, trial,
-                                batches=work.x.shape[0] // trial.global_batch)
+        programs = _programs(strategy, model, optimizer, x_all, y_all, trial,
+                             batches=work.x.shape[0] // trial.global_batch)
         variables = model.trainable_variables
         info = PreparedInfo(
             params=sum(int(np.prod(v.shape)) for v in variables),
@@ -115,8 +119,7 @@ class TfMirroredBackend:
             precision={"tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled()},
             notes=(f"cross_device_ops={type(strategy.extended._cross_device_ops).__name__}",),
         )
-        sync = list(strategy.experimental_local_results(variables[-1]))
-        return TfPrepared(info, train, sync, trial.protocol.steps_per_call)
+        return TfPrepared(info, *programs, strategy, variables, trial.protocol.steps_per_call)
 
     def run(self, prepared: TfPrepared, steps: int) -> None:
         import tensorflow as tf
@@ -124,8 +127,35 @@ class TfMirroredBackend:
         for _ in range(steps // prepared.steps_per_call):
             prepared.train(tf.constant(prepared.next_step, dtype=tf.int64))
             prepared.next_step += prepared.steps_per_call
-        for variable in prepared.sync_variables:
+        last = prepared.variables[-1]
+        for variable in prepared.strategy.experimental_local_results(getattr(last, "value", last)):
             variable.numpy()  # waits for the last update on that replica's device
+
+    # -- verification capability (xbench verify) -------------------------------------------
+
+    def gradients(self, prepared: TfPrepared) -> tuple[float, list[np.ndarray]]:
+        import tensorflow as tf
+
+        losses, grads = prepared.gradients(tf.constant(prepared.next_step, dtype=tf.int64))
+        local = prepared.strategy.experimental_local_results
+        loss = sum(float(v.numpy()) for v in local(losses))  # losses are pre-scaled by 1/GB
+        return loss, [local(g)[0].numpy() for g in grads]
+
+    def train(self, prepared: TfPrepared, steps: int) -> list[float]:
+        import tensorflow as tf
+
+        result = []
+        for _ in range(steps):
+            losses = prepared.one_step(tf.constant(prepared.next_step, dtype=tf.int64))
+            prepared.next_step += 1
+            result.append(sum(float(v.numpy()) for v in prepared.strategy.experimental_local_results(losses)))
+        return result
+
+    def replica_weights(self, prepared: TfPrepared) -> list[list[np.ndarray]]:
+        # Keras variables wrap the strategy's mirrored tf.Variable in `.value`.
+        per_variable = [prepared.strategy.experimental_local_results(getattr(v, "value", v))
+                        for v in prepared.variables]
+        return [[values[r].numpy() for values in per_variable] for r in range(len(per_variable[0]))]
 
     def _strategy(self, cross_device_ops: str):
         """One strategy per worker and choice: two MirroredStrategy objects in one process
@@ -162,9 +192,32 @@ def _build_model(work: Work):
 
 
 def _optimizer(learning_rate: float):
-    import keras
+    return _paper_adam()(learning_rate=learning_rate, beta_1=ADAM.b1, beta_2=ADAM.b2, epsilon=ADAM.eps)
 
-    return keras.optimizers.Adam(learning_rate=learning_rate)
+
+@functools.lru_cache(maxsize=None)
+def _paper_adam():
+    import keras
+    from keras import ops
+
+    class PaperAdam(keras.optimizers.Adam):
+        """Keras's Adam with the update of the contract's `Adam`: eps added to sqrt(v_hat).
+        (Keras adds it to sqrt(v) and folds the bias correction into the step size.)"""
+
+        def update_step(self, gradient, variable, learning_rate):
+            dtype = variable.dtype
+            lr, g = ops.cast(learning_rate, dtype), ops.cast(gradient, dtype)
+            t = ops.cast(self.iterations + 1, dtype)
+            b1, b2 = ops.cast(self.beta_1, dtype), ops.cast(self.beta_2, dtype)
+            m = self._momentums[self._get_variable_index(variable)]
+            v = self._velocities[self._get_variable_index(variable)]
+            self.assign(m, b1 * m + (1 - b1) * g)
+            self.assign(v, b2 * v + (1 - b2) * ops.square(g))
+            m_hat = m / (1 - ops.power(b1, t))
+            v_hat = v / (1 - ops.power(b2, t))
+            self.assign_sub(variable, lr * m_hat / (ops.sqrt(v_hat) + self.epsilon))
+
+    return PaperAdam
 
 
 def _per_replica(strategy, shards: np.ndarray):
@@ -177,22 +230,41 @@ def _per_replica(strategy, shards: np.ndarray):
     return strategy.experimental_distribute_values_from_function(on_replica)
 
 
-def _train_function(strategy, model, optimizer, x_all, y_all, trial: Trial, batches: int):
+def _programs(strategy, model, optimizer, x_all, y_all, trial: Trial, batches: int):
+    """The timed loop, one step of it, and the gradients it applies, as tf.functions."""
     import tensorflow as tf
 
-    def replica_step(xs, ys, index):
+    def scaled_loss(xs, ys, index):
         x, y = tf.gather(xs, index), tf.gather(ys, index)
+        pred = model(x, training=True)
+        per_example = tf.reduce_mean(tf.square(pred - y), axis=-1)
+        return tf.nn.compute_average_loss(per_example, global_batch_size=trial.global_batch)
+
+    def replica_step(xs, ys, index):
         with tf.GradientTape() as tape:
-            pred = model(x, training=True)
-            per_example = tf.reduce_mean(tf.square(pred - y), axis=-1)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=trial.global_batch)
+            loss = scaled_loss(xs, ys, index)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces (SUM)
         return loss
+
+    def replica_gradients(xs, ys, index):
+        with tf.GradientTape() as tape:
+            loss = scaled_loss(xs, ys, index)
+        grads = tape.gradient(loss, model.trainable_variables)
+        # What Keras 3's apply_gradients does first under a strategy: a SUM all-reduce.
+        return loss, tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
 
     @tf.function
     def train(start):
         for i in tf.range(trial.protocol.steps_per_call, dtype=tf.int64):
             strategy.run(replica_step, args=(x_all, y_all, (start + i) % batches))
 
-    return train
+    @tf.function
+    def one_step(step):
+        return strategy.run(replica_step, args=(x_all, y_all, step % batches))
+
+    @tf.function
+    def gradients(step):
+        return strategy.run(replica_gradients, args=(x_all, y_all, step % batches))
+
+    return train, one_step, gradients

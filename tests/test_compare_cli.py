@@ -8,7 +8,7 @@ import pytest
 
 from xbench.records import read_records
 
-FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0")
+FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0", "--no-verify")
 
 
 def records_of(run_dir: Path) -> dict[str, dict]:

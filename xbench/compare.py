@@ -7,6 +7,7 @@ trial in `records.jsonl` as each trial ends.
 
 from __future__ import annotations
 
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -20,6 +21,9 @@ from xbench.plan import group_trials, plan_trials
 from xbench.records import RUN_FILE, RecordWriter, prepare_run_dir, write_json
 from xbench.registry import BackendEntry, resolve
 from xbench.spec import Spec
+from xbench.verification import Verification, checks_as_dicts, verify
+
+VERIFY_FILE = "verify.json"
 
 
 @dataclass(frozen=True)
@@ -91,29 +95,64 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True) -> Co
     return Comparison(spec, tuple(entries), devices, run_dir, run_id)
 
 
-def execute(comparison: Comparison, listener: launcher.Listener | None = None) -> list[dict[str, Any]]:
-    """Run every trial; returns the records, each already appended to records.jsonl."""
-    spec = comparison.spec
+def start_run(comparison: Comparison) -> dict[str, Any]:
+    """Write run.json before anything runs; returns the host environment it recorded."""
     environment = host_environment()
     write_json(comparison.run_dir / RUN_FILE, {
         "run_id": comparison.run_id,
         "command": command_line(),
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "spec": asdict(spec),
+        "spec": asdict(comparison.spec),
         "environment": environment,
         "devices": comparison.devices,
     })
-    trials = plan_trials(spec, [e.name for e in comparison.entries])
-    groups = group_trials(trials, {e.name: e.target for e in comparison.entries})
+    return environment
+
+
+def verify_backends(comparison: Comparison, environment: dict[str, Any]) -> Verification:
+    """Check identical work and real all-reduces for the backends and device counts about to
+    be timed; writes verify.json. Arrays stay in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
+        result = verify(comparison.spec, comparison.entries, comparison.spec.devices, Path(tmp),
+                        environment, log_dir=comparison.run_dir)
+    write_json(comparison.run_dir / VERIFY_FILE, {
+        "checks": checks_as_dicts(result.checks),
+        "problems": result.problems,
+        "failed_backends": sorted(result.failed),
+    })
+    return result
+
+
+def unverified(reason: str) -> dict[str, Any]:
+    return {"status": "skipped", "reason": reason}
+
+
+def execute(comparison: Comparison, environment: dict[str, Any], verification: dict[str, dict[str, Any]],
+            listener: launcher.Listener | None = None) -> list[dict[str, Any]]:
+    """Time every trial of the backends whose verification did not fail; the others get a
+    skipped record with the reason. Returns the records, each already in records.jsonl."""
+    writer = RecordWriter(comparison.run_dir)
     ctx = launcher.Context(
         run_id=comparison.run_id,
         run_dir=comparison.run_dir,
         environment=environment,
-        write=RecordWriter(comparison.run_dir).append,
+        write=writer.append,
+        annotate=lambda trial: {"verification": verification[trial.backend]},
     )
     if listener is not None:
         ctx.listener = listener
-    return launcher.run_groups(groups, ctx)
+    records = []
+    trials = plan_trials(comparison.spec, [e.name for e in comparison.entries])
+    for trial in trials:
+        if verification[trial.backend]["status"] == "failed":
+            record = launcher.skipped_record(trial, ctx, "verification failed: " + "; ".join(
+                verification[trial.backend]["failed"]))
+            writer.append(record)
+            ctx.listener.trial_finished(trial, record)
+            records.append(record)
+    runnable = [t for t in trials if verification[t.backend]["status"] != "failed"]
+    groups = group_trials(runnable, {e.name: e.target for e in comparison.entries})
+    return records + launcher.run_groups(groups, ctx)
 
 
 def trial_count(comparison: Comparison) -> int:

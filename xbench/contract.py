@@ -27,9 +27,24 @@ from xbench.spec import Protocol as TimingProtocol
 from xbench.work import Work, hash_arrays
 
 __all__ = [
-    "Availability", "Backend", "DeviceInfo", "DeviceUnavailable", "Prepared", "PreparedInfo",
-    "Trial", "Work", "hash_arrays", "probe_distributions",
+    "ADAM", "Adam", "Availability", "Backend", "DeviceInfo", "DeviceUnavailable", "Prepared", "PreparedInfo",
+    "Trial", "Unsupported", "Work", "hash_arrays", "probe_distributions",
 ]
+
+
+@dataclass(frozen=True)
+class Adam:
+    """The optimizer every backend implements, with these constants: Adam as in Kingma and
+    Ba's Algorithm 1, update = lr * m_hat / (sqrt(v_hat) + eps) with bias-corrected m_hat and
+    v_hat (optax's and torch's form). Keras computes eps outside the bias correction, which
+    changes the steps (verify catches it), so the tf backend overrides its update."""
+
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+
+
+ADAM = Adam()
 
 
 @dataclass(frozen=True)
@@ -52,6 +67,10 @@ class DeviceInfo:
     simulated: bool  # True when one CPU is split into logical devices
     available: int  # how many devices of this platform the framework can use
     details: dict[str, Any] = field(default_factory=dict)
+
+
+class Unsupported(Exception):
+    """The backend lacks an optional capability an action needs (e.g. verification)."""
 
 
 class DeviceUnavailable(Exception):
@@ -137,6 +156,19 @@ class Backend(Protocol):
     def run(self, prepared: Prepared, steps: int) -> None:
         """Run `steps` training steps (a multiple of `trial.protocol.steps_per_call`) and
         return only after the devices have finished them."""
+
+    # Optional capabilities. A backend without them is timed but marked unverifiable.
+    #
+    # def validate_options(self, options: dict) -> None:
+    #     """Raise ValueError naming a bad key or value of [options.NAME]."""
+    # def gradients(self, prepared) -> tuple[float, list[np.ndarray]]:
+    #     """Global-batch loss and the gradient the data-parallel step applies after its
+    #     all-reduce, at the current weights on the current step's batch; kernels and biases
+    #     in layer order (replica 0)."""
+    # def train(self, prepared, steps: int) -> list[float]:
+    #     """Run `steps` training steps of the timed program; the global loss of each."""
+    # def replica_weights(self, prepared) -> list[list[np.ndarray]]:
+    #     """The weights held by each replica, kernels and biases in layer order."""
 
 
 def probe_distributions(framework: str, names: tuple[str, ...], hint: str) -> Availability:

@@ -53,6 +53,8 @@ class Context:
     write: Callable[[dict[str, Any]], None]
     listener: Listener = field(default_factory=_Silent)
     startup_timeout_s: float = STARTUP_TIMEOUT_S
+    job_extra: dict[str, Any] = field(default_factory=dict)  # e.g. {"mode": "verify", ...}
+    annotate: Callable[[Trial], dict[str, Any]] = lambda trial: {}  # extra record fields
 
 
 def run_groups(groups: list[Group], ctx: Context) -> list[dict[str, Any]]:
@@ -68,7 +70,8 @@ def run_group(group: Group, ctx: Context) -> list[dict[str, Any]]:
     pending = list(group.trials)
     while pending:
         worker = Worker.start(group.target, group.devices, pending[0].platform, pending,
-                              ctx.run_dir / LOG_FILE, label=f"{group.backend} on {group.devices} device(s)")
+                              ctx.run_dir / LOG_FILE, label=f"{group.backend} on {group.devices} device(s)",
+                              extra=ctx.job_extra)
         try:
             finished = worker.drive(pending, ctx)
         finally:
@@ -91,9 +94,9 @@ class Worker:
 
     @classmethod
     def start(cls, target: str, devices: int, platform: str, trials: list[Trial], log_path: Path,
-              label: str) -> Worker:
+              label: str, extra: Mapping[str, Any] | None = None) -> Worker:
         job = {"target": target, "devices": devices, "platform": platform,
-               "trials": [t.to_dict() for t in trials]}
+               "trials": [t.to_dict() for t in trials], **(extra or {})}
         with open(log_path, "ab") as log:
             offset = log.seek(0, os.SEEK_END)
             process = subprocess.Popen(
@@ -160,7 +163,7 @@ class Worker:
             elif kind == "window":
                 ctx.listener.window_done(trial, event["done"])
             elif kind == "result":
-                extra = {k: event[k] for k in ("work", "backend", "timing") if k in event}
+                extra = {k: event[k] for k in ("work", "backend", "timing", "arrays") if k in event}
                 return _record(trial, ctx, event["status"], event.get("reason"), devices, started, extra)
 
     def _unstarted_record(self, trial: Trial, event: Any, ctx: Context) -> dict[str, Any]:
@@ -204,6 +207,11 @@ class Worker:
         self.reader.join(timeout=10)
 
 
+def skipped_record(trial: Trial, ctx: Context, reason: str) -> dict[str, Any]:
+    """The record of a trial that was not run, and why."""
+    return _record(trial, ctx, "skipped", reason, None, _now())
+
+
 def worker_environment() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep framework chatter out of the log
@@ -223,6 +231,7 @@ def _record(trial: Trial, ctx: Context, status: str, reason: str | None, devices
         "environment": ctx.environment,
         "started_at": started,
         "finished_at": _now(),
+        **ctx.annotate(trial),
         **(extra or {}),
     }
 

@@ -83,3 +83,26 @@ def devices_line(backend: str, info: Mapping[str, Any]) -> str:
                 f"(one CPU split into up to {info['available']})")
     names = ", ".join(dict.fromkeys(n.split(" ", 1)[-1] for n in info["device_names"]))
     return f"{backend} ({version}): {info['available']} {info['platform'].upper()}(s): {names}"
+
+
+def checks_table(checks: Sequence[Any]) -> Table:
+    """One row per verification check (see xbench.verify)."""
+    table = Table(title="xbench verify", title_justify="left")
+    for header, justify in [("check", "left"), ("compared", "left"), ("max abs err", "right"),
+                            ("max rel err", "right"), ("rel err (norm)", "right"), ("tolerance", "right"),
+                            ("result", "left")]:
+        table.add_column(header, justify=justify)
+    for c in checks:
+        table.add_row(c.check, c.subject, f"{c.max_abs:.2e}", f"{c.max_rel:.2e}", f"{c.norm_rel:.2e}",
+                      f"{c.tolerance:.0e}", "[green]pass[/]" if c.passed else "[red]FAIL[/]")
+    return table
+
+
+def verify_caption(spec: Any, reference: str) -> str:
+    from xbench.verify import VERIFY_STEPS, verification_batch
+
+    batch = verification_batch(sorted(set(spec.devices) | {1}))
+    return (f"dropout off, strict fp32, global batch {batch}, {VERIFY_STEPS} Adam steps "
+            f"(lr {spec.learning_rate:g}) from the core's weights (seed {spec.seed}); reference backend: "
+            f"{reference}. rel err (norm) = ||a-b|| / ||b|| decides; max rel err divides by "
+            "max(|b|, 1e-3 max|b|).")

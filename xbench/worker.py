@@ -13,11 +13,14 @@ import sys
 import traceback
 from dataclasses import asdict
 from datetime import datetime, timezone
+from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
-from xbench.contract import Backend, DeviceUnavailable, Trial
+from xbench.contract import Backend, DeviceUnavailable, Trial, Unsupported
 from xbench.measure import measure
 from xbench.registry import load_target
+from xbench.verify import reference_run, save_reference
 from xbench.work import Work, build_work
 
 
@@ -37,14 +40,18 @@ def main() -> int:
         return 1
     emit("ready", device_info=asdict(info))
     works: dict[tuple, Work] = {}
+    action = _verification(Path(job["arrays_dir"])) if job.get("mode") == "verify" else _timing
     for raw in job.get("trials", []):
-        run_trial(backend, Trial.from_dict(raw), works, emit)
+        run_trial(backend, Trial.from_dict(raw), works, emit, action)
     emit("done")
     return 0
 
 
-def run_trial(backend: Backend, trial: Trial, works: dict[tuple, Work], emit) -> None:
-    """Prepare and time one trial; any exception becomes a failed result, not a crash."""
+Action = Callable[[Backend, Any, Trial, Work, Callable[..., None]], dict[str, Any]]
+
+
+def run_trial(backend: Backend, trial: Trial, works: dict[tuple, Work], emit, action: Action) -> None:
+    """Prepare one trial and apply `action` to it; any exception becomes a failed result."""
     emit("start", trial=trial.id, at=_now())
     try:
         key = (trial.model, trial.samples, trial.seed)
@@ -52,22 +59,32 @@ def run_trial(backend: Backend, trial: Trial, works: dict[tuple, Work], emit) ->
             works[key] = build_work(trial.model, trial.samples, trial.seed)
         work = works[key]
         prepared = backend.prepare(trial, work)
-        result = measure(backend, prepared, trial.protocol,
-                         on_window=lambda done: emit("window", trial=trial.id, done=done))
+        fields = action(backend, prepared, trial, work, emit)
+    except Unsupported as err:
+        emit("result", trial=trial.id, status="unsupported", reason=str(err), at=_now())
+        return
     except Exception as err:
         traceback.print_exc()
         emit("result", trial=trial.id, status="failed", reason=_one_line(err), at=_now())
         return
-    emit(
-        "result",
-        trial=trial.id,
-        status="ok",
-        at=_now(),
-        work={"params": work.params, "weights_hash": work.weights_hash, "data_hash": work.data_hash},
-        backend=asdict(prepared.info),
-        timing={"first_call_s": result.first_call_s, "window_s": list(result.window_s),
-                "steps_per_window": result.steps_per_window},
-    )
+    emit("result", trial=trial.id, status="ok", at=_now(),
+         work={"params": work.params, "weights_hash": work.weights_hash, "data_hash": work.data_hash},
+         backend=asdict(prepared.info), **fields)
+
+
+def _timing(backend: Backend, prepared: Any, trial: Trial, work: Work, emit) -> dict[str, Any]:
+    result = measure(backend, prepared, trial.protocol,
+                     on_window=lambda done: emit("window", trial=trial.id, done=done))
+    return {"timing": {"first_call_s": result.first_call_s, "window_s": list(result.window_s),
+                       "steps_per_window": result.steps_per_window}}
+
+
+def _verification(arrays_dir: Path) -> Action:
+    def capture(backend: Backend, prepared: Any, trial: Trial, work: Work, emit) -> dict[str, Any]:
+        path = arrays_dir / f"{trial.id.replace('/', '_')}.npz"
+        save_reference(path, reference_run(backend, prepared, trial.protocol.steps))
+        return {"arrays": str(path)}
+    return capture
 
 
 def _claim_stdout() -> IO[str]:

@@ -56,6 +56,7 @@ def compare(
     seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data.")] = None,
     samples: Annotated[Optional[int], typer.Option(help="Rows of synthetic data (at least one global batch).")] = None,
     option: Annotated[Optional[list[str]], typer.Option(help="Backend option BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl.")] = None,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the identical-work check before timing (records say so).")] = False,
 ) -> int:
     """Time each backend on 1..N devices on the same weights and data; print a table per model."""
     overrides = {
@@ -72,9 +73,17 @@ def compare(
     for name, info in plan.devices.items():
         err.print(devices_line(name, info))
     started = time.monotonic()
+    environment = comparison.start_run(plan)
     try:
+        if no_verify:
+            outcome = {e.name: comparison.unverified("--no-verify") for e in plan.entries}
+        else:
+            with err.status("verifying identical work and all-reduce (skip with --no-verify)…"):
+                verification = comparison.verify_backends(plan, environment)
+            outcome = {e.name: verification.outcome(e.name) for e in plan.entries}
+            _report_verification(err, outcome)
         with _ProgressListener(err, comparison.trial_count(plan), spec.protocol.repeats) as listener:
-            records = comparison.execute(plan, listener)
+            records = comparison.execute(plan, environment, outcome, listener)
     except KeyboardInterrupt:
         kept = len(read_records(plan.run_dir)) if (plan.run_dir / RECORDS_FILE).exists() else 0
         err.print(f"interrupted; {kept} finished trial record(s) kept in {plan.run_dir / RECORDS_FILE}")
@@ -85,14 +94,27 @@ def compare(
     if any(info["simulated"] for info in plan.devices.values()):
         err.print("note: simulated CPU devices share this machine's cores; these numbers test the "
                   "harness and the frameworks' CPU paths, not multi-GPU scaling.")
-    failed = [r for r in records if r["status"] not in ("ok", "skipped")]
+    failed = [r for r in records if r["status"] not in ("ok", "skipped")
+              or r.get("verification", {}).get("status") == "failed"]
     err.print(f"{len(records)} trials in {time.monotonic() - started:.0f} s; "
               f"records: {plan.run_dir / 'records.jsonl'}")
     if failed:
-        err.print(f"[red]{len(failed)} trial(s) did not finish[/]; reasons in the table and in "
-                  f"{plan.run_dir / 'workers.log'}")
+        err.print(f"[red]{len(failed)} trial(s) failed or did not pass verification[/]; reasons in the "
+                  f"table, verify.json and {plan.run_dir / 'workers.log'}")
         return 1
     return 0
+
+
+def _report_verification(err: Console, outcome: dict[str, dict]) -> None:
+    for backend, result in outcome.items():
+        if result["status"] == "passed":
+            err.print(f"verify {backend}: [green]passed[/] ({result['checks']} checks; details in verify.json)")
+        elif result["status"] == "unverifiable":
+            err.print(f"verify {backend}: [yellow]not verifiable[/] ({escape(result['reason'])}); timing it anyway")
+        else:
+            err.print(f"verify {backend}: [red]FAILED[/], its trials are skipped:")
+            for line in result["failed"]:
+                err.print(f"  {escape(line)}")
 
 
 class _ProgressListener:

@@ -1,0 +1,56 @@
+"""`xbench verify`: prove that every backend does the same work and really all-reduces."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from xbench import compare as comparison
+from xbench.cli.compare_cmd import Platform, _integers, _names, _value
+from xbench.cli.consoles import data_console, status_console
+from xbench.environment import host_environment
+from xbench.registry import resolve
+from xbench.render import checks_table, verify_caption
+from xbench.spec import load_spec
+from xbench.verification import verify as run_verification
+
+
+def verify(
+    backends: Annotated[Optional[list[str]], typer.Option(help="Backends to check; the first is the reference.")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="Experiment spec (TOML) for models, seed, options.")] = None,
+    model: Annotated[Optional[list[str]], typer.Option(help="Models to check (default: all in the spec).")] = None,
+    devices: Annotated[Optional[list[str]], typer.Option(help="Device counts to check against 1 device, e.g. 2.")] = None,
+    platform: Annotated[Optional[Platform], typer.Option(help="auto: GPUs when present, else simulated CPU devices.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data.")] = None,
+) -> int:
+    """Check identical initial loss and gradients across backends, N-device = 1-device
+    gradients, and agreeing 10-step training, with dropout off and strict fp32."""
+    spec = load_spec(config, {"backends": _names(backends), "models": _names(model),
+                              "devices": _integers(devices, "--devices"), "platform": _value(platform),
+                              "seed": seed})
+    entries = resolve(spec.backends)
+    comparison.check_options(spec, entries)
+    err = status_console()
+    with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
+        with err.status("finding devices for each backend…"):
+            found = comparison.probe_devices(entries, spec.platform, Path(tmp) / "workers.log")
+        comparison.check_device_counts(spec, found)
+        with err.status("running each backend's reference steps…"):
+            result = run_verification(spec, entries, spec.devices, Path(tmp), host_environment())
+    console = data_console()
+    console.print(checks_table(result.checks))
+    err.print(verify_caption(spec, entries[0].name))
+    for trial_id, why in result.problems.items():
+        err.print(f"[red]{trial_id}[/]: {escape(why)}")
+    for backend, why in result.unverifiable.items():
+        err.print(f"[yellow]{backend} cannot be verified[/]: {escape(why)}")
+    if result.failed or result.unverifiable:
+        bad = sorted(result.failed | set(result.unverifiable))
+        err.print(f"[red]verification failed[/] for: {', '.join(bad)}")
+        return 1
+    err.print(f"[green]all {len(result.checks)} checks passed[/]")
+    return 0

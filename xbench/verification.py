@@ -1,0 +1,74 @@
+"""Run verification through worker processes and gather the checks (see xbench.verify)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from xbench import launcher
+from xbench.plan import group_trials
+from xbench.registry import BackendEntry
+from xbench.spec import Spec
+from xbench.verify import Check, failed_backends, load_reference, run_checks, verification_trials
+
+
+@dataclass(frozen=True)
+class Verification:
+    checks: tuple[Check, ...]
+    problems: dict[str, str]  # trial id -> why it produced no reference
+    problem_backends: frozenset[str]  # a verification trial failed, crashed or timed out
+    unverifiable: dict[str, str]  # backend -> which capability it lacks
+
+    @property
+    def failed(self) -> set[str]:
+        """Backends a failed check or a failed verification trial implicates."""
+        return failed_backends(self.checks) | set(self.problem_backends)
+
+    def outcome(self, backend: str) -> dict[str, Any]:
+        """The verification summary stored in each of the backend's records."""
+        mine = [c for c in self.checks if backend in c.backends]
+        if backend in self.unverifiable and backend not in self.failed:
+            return {"status": "unverifiable", "reason": self.unverifiable[backend], "checks": 0, "failed": []}
+        return {
+            "status": "failed" if backend in self.failed else "passed",
+            "checks": len(mine),
+            "failed": [f"{c.check} ({c.subject}): rel {c.norm_rel:.2e} > {c.tolerance:.0e}"
+                       for c in mine if not c.passed]
+                      + [f"{tid}: {why}" for tid, why in self.problems.items() if tid.startswith(f"{backend}/")],
+        }
+
+
+def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], work_dir: Path,
+           environment: dict[str, Any], listener: launcher.Listener | None = None,
+           log_dir: Path | None = None) -> Verification:
+    """Run every backend's reference steps on 1 and each of `devices` devices, then check.
+
+    Arrays go to `work_dir` (tens of MB for large models: use a temporary directory);
+    worker output goes to `log_dir`/workers.log (default `work_dir`)."""
+    names = [e.name for e in entries]
+    trials = verification_trials(spec, names, devices)
+    records: list[dict[str, Any]] = []
+    ctx = launcher.Context(run_id="verify", run_dir=log_dir or work_dir, environment=environment,
+                           write=records.append, job_extra={"mode": "verify", "arrays_dir": str(work_dir)})
+    if listener is not None:
+        ctx.listener = listener
+    launcher.run_groups(group_trials(trials, {e.name: e.target for e in entries}), ctx)
+    refs, problems, unverifiable = {}, {}, {}
+    for record in records:
+        trial = record["trial"]
+        key = (trial["backend"], trial["devices"], trial["model"]["name"])
+        if record["status"] == "ok":
+            refs[key] = load_reference(Path(record["arrays"]))
+        elif record["status"] == "unsupported":
+            unverifiable[trial["backend"]] = record["reason"]
+        else:
+            problems[record["trial_id"]] = f"{record['status']}: {record['reason']}"
+    reference = next((n for n in names if n not in unverifiable), names[0])
+    return Verification(tuple(run_checks(refs, reference_backend=reference)), problems,
+                        frozenset(tid.split("/")[0] for tid in problems), unverifiable)
+
+
+def checks_as_dicts(checks: Sequence[Check]) -> list[dict[str, Any]]:
+    return [{**asdict(c), "passed": c.passed} for c in checks]

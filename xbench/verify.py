@@ -1,0 +1,189 @@
+"""Proof of identical work: same start, same gradients, a real all-reduce.
+
+Each backend runs its own data-parallel program from the core's weights, with dropout off
+and strict fp32, and reports (through the optional capability methods `gradients`, `train`
+and `replica_weights`, see `xbench.contract`):
+
+- the loss and the gradient its step applies after the all-reduce, at the initial weights;
+- the losses of `VERIFY_STEPS` training steps and the weights on every replica afterwards.
+
+The checks then compare, within tolerances derived from fp32 rounding:
+
+1. N devices against 1 device of the same backend (a missing all-reduce, or one that sums
+   instead of averaging, shows here: the gradient is off by O(1));
+2. each backend's initial loss and gradients against the reference backend's;
+3. each backend's loss curve and final weights, on every device count, against the
+   reference backend on 1 device;
+4. the replicas' weights against each other after training (they drift apart when
+   gradients are not all-reduced).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xbench.contract import Backend, Trial, Unsupported
+from xbench.spec import Protocol, Spec
+
+VERIFY_STEPS = 10
+VERIFY_BATCHES = VERIFY_STEPS  # distinct batches, so every step sees new data
+CAPABILITIES = ("gradients", "train", "replica_weights")
+
+# fp32 unit roundoff u = 2**-24 = 6.0e-8. Reordering a sum of K terms (a split batch, another
+# matmul kernel) moves a result by about sqrt(K)*u relative in practice and K*u at worst; with
+# K up to about 1e3 that is 2e-6 to 6e-5, so gradients get 1e-4. Ten Adam steps divide each
+# gradient by its own running RMS, which amplifies such differences where a gradient is near
+# zero; correct backends measured at most 4e-6 after ten steps (seed models, CPU), so training
+# gets 1e-4: tight enough to catch another Adam formula (Keras's own placement of eps gave
+# 8e-4 and 3e-2). Broken all-reduces give gradient errors of order 1 (0.5 for a missing
+# reduction on 2 devices, 1.0 for a sum instead of a mean). Replicas must agree exactly.
+TOLERANCES = {
+    "gradients": 1e-4,  # loss and gradients, normwise relative
+    "training": 1e-4,  # loss curve and final weights after VERIFY_STEPS steps
+    "replicas": 1e-6,  # replicas should hold identical weights
+}
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What one (backend, devices, model) produced from the common start."""
+
+    loss: float
+    gradients: list[np.ndarray]
+    losses: list[float]
+    replicas: list[list[np.ndarray]]  # per replica: kernels and biases in layer order
+
+
+@dataclass(frozen=True)
+class Check:
+    check: str
+    subject: str  # what was compared with what
+    backends: tuple[str, ...]  # the backends a failure implicates
+    max_abs: float
+    max_rel: float
+    norm_rel: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.norm_rel <= self.tolerance)
+
+
+def reference_run(backend: Backend, prepared: Any, steps: int) -> Reference:
+    """Gradients at the start, then `steps` training steps; run inside a worker."""
+    missing = [name for name in CAPABILITIES if not callable(getattr(backend, name, None))]
+    if missing:
+        raise Unsupported(f"backend {backend.name!r} lacks {', '.join(missing)}; it cannot be verified")
+    loss, gradients = backend.gradients(prepared)
+    losses = backend.train(prepared, steps)
+    return Reference(float(loss), [np.asarray(g) for g in gradients], [float(x) for x in losses],
+                     [[np.asarray(w) for w in r] for r in backend.replica_weights(prepared)])
+
+
+def save_reference(path: Path, ref: Reference) -> None:
+    arrays = {"loss": np.float64(ref.loss), "losses": np.asarray(ref.losses, np.float64)}
+    arrays.update({f"grad_{i}": g for i, g in enumerate(ref.gradients)})
+    for r, weights in enumerate(ref.replicas):
+        arrays.update({f"replica_{r}_{i}": w for i, w in enumerate(weights)})
+    np.savez(path, **arrays)
+
+
+def load_reference(path: Path) -> Reference:
+    with np.load(path) as data:
+        grads = _numbered(data, "grad_")
+        replicas = []
+        while f"replica_{len(replicas)}_0" in data:
+            replicas.append(_numbered(data, f"replica_{len(replicas)}_"))
+        return Reference(float(data["loss"]), grads, list(data["losses"]), replicas)
+
+
+def _numbered(data: Mapping[str, np.ndarray], prefix: str) -> list[np.ndarray]:
+    out = []
+    while f"{prefix}{len(out)}" in data:
+        out.append(data[f"{prefix}{len(out)}"])
+    return out
+
+
+def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[int]) -> list[Trial]:
+    """One trial per backend x device count (1 always included) x model: dropout off,
+    strict fp32, one step per call, a global batch that every device count divides."""
+    counts = sorted(set(devices) | {1})
+    batch = verification_batch(counts)
+    protocol = Protocol(warmup_steps=0, steps=VERIFY_STEPS, repeats=2, steps_per_call=1,
+                        trial_timeout_s=spec.protocol.trial_timeout_s)
+    return [
+        Trial(backend=backend, model=replace(model, dropout=0.0, batch_sizes=(batch,)), devices=n,
+              global_batch=batch, scaling="strong", precision="fp32", platform=spec.platform,
+              learning_rate=spec.learning_rate, seed=spec.seed, samples=batch * VERIFY_BATCHES,
+              protocol=protocol, options=dict(spec.options.get(backend, {})))
+        for backend in backends for n in counts for model in spec.models
+    ]
+
+
+def verification_batch(devices: Sequence[int], minimum: int = 32) -> int:
+    """The smallest multiple of every device count that is at least `minimum`."""
+    step = math.lcm(*devices)
+    return step * math.ceil(minimum / step)
+
+
+def errors(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> tuple[float, float, float]:
+    """Max absolute, max elementwise relative, and normwise relative error of `actual`.
+
+    Elementwise relative errors divide by max(|expected|, 1e-3 * max|expected|), so entries
+    near zero do not dominate; the normwise error decides pass or fail.
+    """
+    a = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in actual])
+    e = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in expected])
+    if a.shape != e.shape:
+        return math.inf, math.inf, math.inf
+    diff = np.abs(a - e)
+    scale = np.max(np.abs(e)) if e.size else 0.0
+    floor = max(1e-3 * scale, np.finfo(np.float32).tiny)
+    norm = np.linalg.norm(e)
+    norm_rel = float(np.linalg.norm(a - e) / norm) if norm > 0 else float(np.linalg.norm(a - e))
+    if not np.all(np.isfinite(a)):
+        return math.inf, math.inf, math.inf
+    return float(diff.max(initial=0.0)), float(np.max(diff / np.maximum(np.abs(e), floor), initial=0.0)), norm_rel
+
+
+Key = tuple[str, int, str]  # (backend, devices, model)
+
+
+def run_checks(refs: Mapping[Key, Reference], reference_backend: str) -> list[Check]:
+    """All four kinds of check over whatever references exist."""
+    checks: list[Check] = []
+    for (backend, devices, model), ref in refs.items():
+        single = refs.get((backend, 1, model))
+        base = refs.get((reference_backend, 1, model))
+        tag = f"{model}: {backend} d{devices}"
+        if devices > 1 and single is not None:
+            checks.append(_check("gradients: N devices = 1 device", f"{tag} vs {backend} d1", (backend,),
+                                 [ref.loss, *ref.gradients], [single.loss, *single.gradients], "gradients"))
+        if devices == 1 and backend != reference_backend and base is not None:
+            checks.append(_check("initial loss and gradients across backends",
+                                 f"{tag} vs {reference_backend} d1", (backend, reference_backend),
+                                 [ref.loss, *ref.gradients], [base.loss, *base.gradients], "gradients"))
+        if (backend, devices) != (reference_backend, 1) and base is not None:
+            checks.append(_check(f"{VERIFY_STEPS} steps: losses and final weights", f"{tag} vs {reference_backend} d1",
+                                 tuple(dict.fromkeys((backend, reference_backend))),
+                                 [np.asarray(ref.losses), *ref.replicas[0]],
+                                 [np.asarray(base.losses), *base.replicas[0]], "training"))
+        if len(ref.replicas) > 1:
+            worst = max((errors(r, ref.replicas[0]) for r in ref.replicas[1:]), key=lambda e: e[2])
+            checks.append(Check("replicas hold the same weights", f"{tag}: replicas 1.. vs 0", (backend,),
+                                *worst, TOLERANCES["replicas"]))
+    return checks
+
+
+def _check(name: str, subject: str, backends: tuple[str, ...], actual, expected, kind: str) -> Check:
+    return Check(name, subject, backends, *errors(actual, expected), TOLERANCES[kind])
+
+
+def failed_backends(checks: Sequence[Check]) -> set[str]:
+    return {backend for check in checks if not check.passed for backend in check.backends}
