@@ -44,3 +44,18 @@ def run_cli(capsys):
         return code, captured.out, captured.err
 
     return run
+
+
+TINY = ("--batch-sizes", "16", "--repeats", "3", "--steps", "2", "--warmup-steps", "0")
+
+
+@pytest.fixture(scope="session")
+def real_run(tmp_path_factory):
+    """One small real comparison of tf and jax on 1 and 2 simulated CPU devices, both seed
+    models, verification included; (exit code, run directory). Tests must not modify it."""
+    from xbench.cli.main import main
+
+    out = tmp_path_factory.mktemp("real") / "run"
+    code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "large",
+                 "--devices", "1,2", *TINY, "--out", str(out)])
+    return code, out

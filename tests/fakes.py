@@ -16,7 +16,7 @@ import numpy as np
 from xbench.contract import Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Trial, Work
 
 FAKE_DEVICES = 4
-ACTIONS = ("crash_batch", "hang_batch", "fail_batch")
+ACTIONS = ("crash_batch", "hang_batch", "fail_batch", "work_factor")
 
 
 @dataclass
@@ -61,7 +61,7 @@ class NumpyBackend:
             time.sleep(3600)
         if options.get("fail_batch") == batch:
             raise RuntimeError("planned failure")
-        for _ in range(steps):
+        for _ in range(steps * options.get("work_factor", 1)):  # work_factor: a planned slowdown
             np.maximum(prepared.x @ prepared.kernel, 0)
 
 

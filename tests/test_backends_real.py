@@ -9,17 +9,12 @@ import pytest
 from xbench.records import read_records
 
 pytestmark = pytest.mark.slow
-TINY = ("--batch-sizes", "16", "--repeats", "2", "--steps", "2", "--warmup-steps", "0")
+from tests.conftest import TINY
 
 
 @pytest.fixture(scope="module")
-def fp32_run(tmp_path_factory):
-    from xbench.cli.main import main
-
-    out = tmp_path_factory.mktemp("real") / "run"
-    code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "large",
-                 "--devices", "1,2", *TINY, "--out", str(out)])
-    return code, read_records(out)
+def fp32_run(real_run):
+    return real_run[0], read_records(real_run[1])
 
 
 def test_every_trial_ran(fp32_run):

@@ -163,3 +163,16 @@ def test_ctrl_c_keeps_finished_records_and_leaves_no_worker(tmp_path):
     pids = [int(line.split("worker pid ")[1].split(",")[0])
             for line in (out_dir / "workers.log").read_text().splitlines() if "worker pid" in line]
     assert pids and not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+def test_schema_1_records_are_migrated_and_newer_ones_refused(tmp_path):
+    from xbench.errors import XbenchError
+    from tests.conftest import ROOT
+
+    old = read_records(ROOT / "results" / "2026-11-22-h200x2-jax-quick")  # written with schema 1
+    assert old and all(r["schema"] == 2 for r in old)
+    assert old[0]["verification"]["status"] == "skipped"
+    newer = tmp_path / "records.jsonl"
+    newer.write_text(json.dumps({"schema": 99}) + "\n")
+    with pytest.raises(XbenchError, match="schema 99, newer than this xbench understands"):
+        read_records(tmp_path)

@@ -19,7 +19,7 @@ from xbench.environment import command_line, host_environment
 from xbench.errors import BackendError, XbenchError
 from xbench.plan import group_trials, plan_trials
 from xbench.records import RUN_FILE, RecordWriter, prepare_run_dir, write_json
-from xbench.registry import BackendEntry, resolve
+from xbench.registry import BackendEntry, discover, resolve
 from xbench.spec import Spec
 from xbench.verification import Verification, checks_as_dicts, verify
 
@@ -42,11 +42,21 @@ def new_run_id() -> str:
 
 
 def default_run_dir(run_id: str, root: Path = Path("results")) -> Path:
-    return root / run_id
+    """results/<run id>, with a suffix when a run started in the same second."""
+    path, n = root / run_id, 1
+    while path.exists():
+        n += 1
+        path = root / f"{run_id}-{n}"
+    return path
 
 
 def check_options(spec: Spec, entries: list[BackendEntry]) -> None:
-    """Each backend validates its own [options.NAME] table, when it has a validator."""
+    """Each backend validates its own [options.NAME] table, when it has a validator; a table
+    for a backend that is not registered at all is a typo."""
+    registered = discover()
+    for name in spec.options:
+        if name not in registered:
+            raise BackendError(f"[options.{name}] names no registered backend; registered: {', '.join(registered)}")
     for entry in entries:
         validate = getattr(entry.backend, "validate_options", None)
         options = dict(spec.options.get(entry.name, {}))
@@ -60,11 +70,14 @@ def check_options(spec: Spec, entries: list[BackendEntry]) -> None:
             raise BackendError(f"[options.{entry.name}]: {err}") from None
 
 
-def probe_devices(entries: list[BackendEntry], platform: str, log_path: Path) -> dict[str, dict[str, Any]]:
-    """Start one short worker per backend, in parallel, to learn which devices it sees."""
+def probe_devices(entries: list[BackendEntry], platform: str, log_dir: Path) -> dict[str, dict[str, Any]]:
+    """Start one short worker per backend, in parallel, to learn which devices it sees; each
+    writes its output to log_dir/describe-NAME.log."""
+    def describe(entry: BackendEntry) -> dict[str, Any]:
+        return launcher.describe(entry.target, platform, log_dir / f"describe-{entry.name}.log")
+
     with ThreadPoolExecutor(max_workers=max(1, len(entries))) as pool:
-        answers = pool.map(lambda e: launcher.describe(e.target, platform, log_path), entries)
-        results = dict(zip((e.name for e in entries), answers))
+        results = dict(zip((e.name for e in entries), pool.map(describe, entries)))
     for name, answer in results.items():
         if "reason" in answer:
             raise BackendError(f"backend {name!r} cannot start on platform {platform!r}: {answer['reason']}")
@@ -83,15 +96,30 @@ def check_device_counts(spec: Spec, devices: dict[str, dict[str, Any]]) -> None:
                               f"{kind} device(s); use at most {most}, e.g. {hint}")
 
 
+def check_same_platform(devices: dict[str, dict[str, Any]]) -> None:
+    """A comparison across frameworks means something only on the same kind of device."""
+    kinds = {name: ("simulated CPU" if info["simulated"] else info["platform"]) for name, info in devices.items()}
+    if len(set(kinds.values())) > 1:
+        found = ", ".join(f"{name}: {kind}" for name, kind in kinds.items())
+        raise XbenchError(f"the backends would run on different devices ({found}); use --platform cpu, "
+                          "or install each framework's GPU build")
+
+
 def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True) -> Comparison:
-    """Resolve backends, check options and devices, create the run directory."""
+    """Resolve backends, check options and devices, then create the run directory (only once
+    the input is known to be good, so bad input leaves nothing behind)."""
     entries = resolve(spec.backends)
     check_options(spec, entries)
-    run_id = new_run_id()
-    run_dir = prepare_run_dir(run_dir or default_run_dir(run_id))
-    devices = probe_devices(entries, spec.platform, run_dir / launcher.LOG_FILE)
-    if strict_devices:
-        check_device_counts(spec, devices)
+    with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
+        devices = probe_devices(entries, spec.platform, Path(tmp))
+        if strict_devices:
+            check_device_counts(spec, devices)
+        check_same_platform(devices)
+        run_id = new_run_id()
+        run_dir = prepare_run_dir(run_dir or default_run_dir(run_id))
+        with open(run_dir / launcher.LOG_FILE, "a", encoding="utf-8") as log:
+            for path in sorted(Path(tmp).iterdir()):
+                log.write(path.read_text(encoding="utf-8", errors="replace"))
     return Comparison(spec, tuple(entries), devices, run_dir, run_id)
 
 

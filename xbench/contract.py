@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol
 
 from xbench.spec import ModelSpec
 from xbench.spec import Protocol as TimingProtocol
@@ -88,7 +88,6 @@ class PreparedInfo:
     notes: tuple[str, ...] = ()
 
 
-@runtime_checkable
 class Prepared(Protocol):
     """Whatever `prepare` returns; the core only reads `info`."""
 
@@ -131,7 +130,6 @@ class Trial:
         return cls(**{**raw, "model": ModelSpec(**model), "protocol": TimingProtocol(**raw["protocol"])})
 
 
-@runtime_checkable
 class Backend(Protocol):
     """A framework's data-parallel training step, as xbench times it."""
 

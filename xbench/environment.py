@@ -68,4 +68,5 @@ def nvidia_gpus() -> list[dict[str, str]]:
 
 
 def command_line() -> str:
-    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    """The command as a user would retype it (also when started as `python -m xbench`)."""
+    return " ".join(["xbench", *sys.argv[1:]])

@@ -18,12 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from xbench.contract import Trial
 from xbench.plan import Group
+from xbench.records import utc_now as _now
 
 STARTUP_TIMEOUT_S = 300.0  # importing a framework and finding devices
 LOG_FILE = "workers.log"
@@ -193,16 +193,15 @@ class Worker:
                 lines = log.read().decode(errors="replace").splitlines()
         except OSError:
             return "(no log)"
-        meaningful = [line.strip() for line in lines[1:] if line.strip()]
+        meaningful = [line.strip() for line in lines if line.strip() and not line.startswith("=== ")]
         return meaningful[-1][:300] if meaningful else "(none)"
 
     def stop(self) -> None:
         """End the worker and anything it started (it leads its own process group)."""
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        try:  # also when the leader has exited: its children may live on
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         self.process.wait()
         self.reader.join(timeout=10)
 
@@ -236,8 +235,6 @@ def _record(trial: Trial, ctx: Context, status: str, reason: str | None, devices
     }
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def describe(target: str, platform: str, log_path: Path,

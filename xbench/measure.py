@@ -21,10 +21,6 @@ class Measurement:
     window_s: tuple[float, ...]  # one per repeat
     steps_per_window: int
 
-    @property
-    def step_s(self) -> tuple[float, ...]:
-        return tuple(w / self.steps_per_window for w in self.window_s)
-
 
 def measure(
     backend: Backend,

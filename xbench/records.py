@@ -1,7 +1,12 @@
 """Result records: one JSON line per trial in `<run dir>/records.jsonl`, appended as each
 trial ends, so a crash, timeout or Ctrl-C loses nothing already measured.
 
-Every record carries `schema`; `read_records` refuses a schema newer than this code knows.
+Every record carries `schema`. `read_records` upgrades older records one version at a time
+(`MIGRATIONS`) and refuses a schema newer than this code knows.
+
+Schema history:
+1. the first release.
+2. adds `verification` (the identical-work check before timing; `xbench verify`).
 """
 
 from __future__ import annotations
@@ -9,15 +14,21 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from datetime import datetime, timezone
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from xbench.errors import XbenchError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RECORDS_FILE = "records.jsonl"
 RUN_FILE = "run.json"
+
+
+def utc_now() -> str:
+    """A timestamp for records: UTC, ISO 8601, seconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def prepare_run_dir(path: Path) -> Path:
@@ -78,4 +89,19 @@ def iter_records(path: Path) -> Iterator[dict[str, Any]]:
                 raise XbenchError(
                     f"{path}:{number} has record schema {schema!r}, newer than this xbench "
                     f"understands ({SCHEMA_VERSION}); upgrade xbench")
-            yield record
+            yield migrate(record)
+
+
+def migrate(record: dict[str, Any]) -> dict[str, Any]:
+    """Upgrade a record to SCHEMA_VERSION, one version at a time."""
+    while record["schema"] < SCHEMA_VERSION:
+        record = MIGRATIONS[record["schema"]](record)
+    return record
+
+
+def _v1_to_v2(record: dict[str, Any]) -> dict[str, Any]:
+    unverified = {"status": "skipped", "reason": "recorded before xbench verified (schema 1)"}
+    return {"verification": unverified, **record, "schema": 2}
+
+
+MIGRATIONS = {1: _v1_to_v2}

@@ -7,6 +7,7 @@ plus command-line overrides. `build_spec` turns that raw mapping into a `Spec` o
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -112,6 +113,8 @@ def load_raw(path: Path | None) -> dict[str, Any]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise SpecError(f"cannot read config {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"config {path} is not UTF-8 text; save it as UTF-8 TOML") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
@@ -313,8 +316,9 @@ def _integer(table: Mapping[str, Any], key: str, default: int, where: str, minim
 
 def _positive_number(table: Mapping[str, Any], key: str, default: float, where: str) -> float:
     value = table.get(key, default)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-        raise SpecError(f"'{key}' in {where} must be a positive number, got {value!r}")
+    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+            or value <= 0):
+        raise SpecError(f"'{key}' in {where} must be a positive finite number, got {value!r}")
     return float(value)
 
 

@@ -71,9 +71,15 @@ def summarize(values: Sequence[float], threshold: float = OUTLIER_THRESHOLD,
               confidence: float = CONFIDENCE) -> Summary:
     """Remove outliers, then describe what is left."""
     kept, removed = remove_outliers(values, threshold)
-    low, high = t_interval(kept, confidence)
-    return Summary(n=int(kept.size), removed=removed, median=float(np.median(kept)),
-                   mean=float(kept.mean()), std=float(kept.std(ddof=1)), ci_low=low, ci_high=high)
+    return describe(kept, removed, confidence)
+
+
+def describe(kept: Sequence[float], removed: int = 0, confidence: float = CONFIDENCE) -> Summary:
+    """Location, spread and interval of values already cleaned of outliers."""
+    x = np.asarray(kept, dtype=float)
+    low, high = t_interval(x, confidence)
+    return Summary(n=int(x.size), removed=removed, median=float(np.median(x)),
+                   mean=float(x.mean()), std=float(x.std(ddof=1)), ci_low=low, ci_high=high)
 
 
 def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float:
@@ -108,3 +114,28 @@ def scaling(multi: Sequence[float], single: Sequence[float], devices: int,
     p_value = welch_p_value(multi, single)
     return Scaling(devices=devices, speedup=speedup, efficiency=speedup / devices,
                    p_value=p_value, significant=p_value < alpha)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """mean(b) / mean(a) with a confidence interval and Welch's test of equal means."""
+
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+
+
+def ratio_interval(b: Sequence[float], a: Sequence[float], confidence: float = CONFIDENCE) -> Ratio:
+    """Interval of mean(b)/mean(a) from the delta method on log means, with Welch's degrees of
+    freedom; each sample needs two or more values."""
+    from scipy import stats as sps
+
+    x, y = np.asarray(b, dtype=float), np.asarray(a, dtype=float)
+    vx, vy = x.var(ddof=1) / x.size / x.mean() ** 2, y.var(ddof=1) / y.size / y.mean() ** 2
+    ratio = float(x.mean() / y.mean())
+    if vx + vy == 0:
+        return Ratio(ratio, ratio, ratio, welch_p_value(b, a))
+    df = (vx + vy) ** 2 / (vx**2 / (x.size - 1) + vy**2 / (y.size - 1))
+    half = sps.t.ppf(0.5 + confidence / 2, df) * math.sqrt(vx + vy)
+    return Ratio(ratio, ratio * math.exp(-half), ratio * math.exp(half), welch_p_value(b, a))

@@ -63,9 +63,8 @@ def _row(record: Mapping[str, Any]) -> Row:
     )
     if record["status"] != "ok":
         return Row(**common, throughput=None, kept=(), step_ms=None, first_call_s=None)
-    samples = throughput_samples(record)
-    summary = stats.summarize(samples)
-    kept, _ = stats.remove_outliers(samples)
+    kept, removed = stats.remove_outliers(throughput_samples(record))
+    summary = stats.describe(kept, removed)
     return Row(**common, throughput=summary, kept=tuple(kept),
                step_ms=1e3 * trial["global_batch"] / summary.median,
                first_call_s=record["timing"]["first_call_s"])
@@ -83,3 +82,25 @@ def _with_scaling(row: Row, rows: list[Row]) -> Row:
                 and (base.backend, base.model) == (row.backend, row.model)):
             return replace(row, scaling=stats.scaling(row.kept, base.kept, row.devices))
     return row
+
+
+# Verdict thresholds on speedup (the seed study's), applied only when Welch's test says the
+# N-device and 1-device throughputs differ; otherwise the difference is not established.
+BENEFICIAL_SPEEDUP = 1.10
+SINGLE_PREFERRED_BELOW = 0.95
+
+
+def verdict(row: Row) -> str:
+    """multi-device beneficial / marginal / single device preferred, or why there is none."""
+    if row.throughput is None:
+        return row.status
+    if row.devices == 1:
+        return "baseline"
+    if row.scaling is None:
+        return "no 1-device result"
+    s = row.scaling
+    if s.significant and s.speedup >= BENEFICIAL_SPEEDUP:
+        return "multi-device beneficial"
+    if s.significant and s.speedup < SINGLE_PREFERRED_BELOW:
+        return "single device preferred"
+    return "marginal"

@@ -12,13 +12,13 @@ import os
 import sys
 import traceback
 from dataclasses import asdict
-from datetime import datetime, timezone
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from xbench.contract import Backend, DeviceUnavailable, Trial, Unsupported
 from xbench.measure import measure
+from xbench.records import utc_now as _now
 from xbench.registry import load_target
 from xbench.verify import reference_run, save_reference
 from xbench.work import Work, build_work
@@ -105,10 +105,6 @@ def _emitter(stream: IO[str]):
 def _one_line(err: BaseException) -> str:
     text = f"{type(err).__name__}: {err}".strip()
     return " ".join(text.split())[:500]
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 if __name__ == "__main__":

@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from xbench.cli.consoles import data_console, status_console
 from rich.markup import escape
 from rich.table import Table
 
 from xbench import launcher
-from xbench.cli.compare_cmd import Platform
+from xbench.cli.options import Platform
 from xbench.registry import discover
 
 
@@ -39,7 +38,7 @@ def backends(
 
 
 def _devices(target: str, platform: str, tmp: Path) -> str:
-    answer = launcher.describe(target, platform, tmp / "describe.log")
+    answer = launcher.describe(target, platform, tmp / "workers.log")
     if "reason" in answer:
         return f"[red]{escape(answer['reason'])}[/]"
     info = answer["device_info"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -12,30 +11,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from xbench.cli.consoles import data_console, status_console
+from xbench.cli.options import Platform, Precision, Scaling, backend_options, integers, names, value
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xbench import compare as comparison
-from xbench.errors import SpecError
 from xbench.records import RECORDS_FILE, read_records
 from xbench.render import devices_line, model_tables
 from xbench.spec import load_spec
 from xbench.summary import rows_from_records
-
-
-class Scaling(str, Enum):
-    strong = "strong"
-    weak = "weak"
-
-
-class Precision(str, Enum):
-    fp32 = "fp32"
-    tf32 = "tf32"
-
-
-class Platform(str, Enum):
-    auto = "auto"
-    cpu = "cpu"
-    gpu = "gpu"
 
 
 def compare(
@@ -60,11 +43,11 @@ def compare(
 ) -> int:
     """Time each backend on 1..N devices on the same weights and data; print a table per model."""
     overrides = {
-        "backends": _names(backends), "models": _names(model),
-        "batch_sizes": _integers(batch_sizes, "--batch-sizes"), "devices": _integers(devices, "--devices"),
-        "scaling": _value(scaling), "precision": _value(precision), "platform": _value(platform),
+        "backends": names(backends), "models": names(model),
+        "batch_sizes": integers(batch_sizes, "--batch-sizes"), "devices": integers(devices, "--devices"),
+        "scaling": value(scaling), "precision": value(precision), "platform": value(platform),
         "repeats": repeats, "steps": steps, "warmup_steps": warmup_steps, "steps_per_call": steps_per_call,
-        "trial_timeout_s": trial_timeout, "seed": seed, "samples": samples, "options": _options(option),
+        "trial_timeout_s": trial_timeout, "seed": seed, "samples": samples, "options": backend_options(option),
     }
     spec = load_spec(config, overrides)
     err = status_console()
@@ -98,6 +81,9 @@ def compare(
               or r.get("verification", {}).get("status") == "failed"]
     err.print(f"{len(records)} trials in {time.monotonic() - started:.0f} s; "
               f"records: {plan.run_dir / 'records.jsonl'}")
+    from xbench.cli.report_cmd import make_report
+
+    err.print(f"report: {make_report(plan.run_dir, html=True)[0]}")
     if failed:
         err.print(f"[red]{len(failed)} trial(s) failed or did not pass verification[/]; reasons in the "
                   f"table, verify.json and {plan.run_dir / 'workers.log'}")
@@ -127,6 +113,7 @@ class _ProgressListener:
         self.task = self.progress.add_task("starting", total=trials * repeats)
         self.repeats = repeats
         self.finished = 0
+        self.current: str | None = None
         self.windows = 0
 
     def __enter__(self) -> _ProgressListener:
@@ -137,7 +124,7 @@ class _ProgressListener:
         self.progress.stop()
 
     def trial_started(self, trial) -> None:
-        self.windows = 0
+        self.current, self.windows = trial.id, 0
         self.progress.update(self.task, description=f"[{self.finished + 1}/{self.trials}] {trial.id}")
 
     def window_done(self, trial, done: int) -> None:
@@ -145,40 +132,9 @@ class _ProgressListener:
         self.windows = done
 
     def trial_finished(self, trial, record) -> None:
-        self.progress.advance(self.task, self.repeats - self.windows)
+        counted = self.windows if self.current == trial.id else 0  # skipped trials never started
+        self.progress.advance(self.task, self.repeats - counted)
+        self.current, self.windows = None, 0
         self.finished += 1
         if record["status"] != "ok":
             self.progress.console.print(f"{trial.id}: {record['status']}: {escape(str(record.get('reason')))}")
-
-
-def _value(choice: Enum | None) -> str | None:
-    return None if choice is None else choice.value
-
-
-def _names(values: list[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    return [name for value in values for name in value.split(",") if name]
-
-
-def _integers(values: list[str] | None, flag: str) -> list[int] | None:
-    names = _names(values)
-    if names is None:
-        return None
-    try:
-        return [int(v) for v in names]
-    except ValueError:
-        raise SpecError(f"{flag} takes integers such as 1,2; got {' '.join(values)}") from None
-
-
-def _options(values: list[str] | None) -> dict[str, dict[str, str]] | None:
-    if not values:
-        return None
-    options: dict[str, dict[str, str]] = {}
-    for value in values:
-        target, sep, setting = value.partition("=")
-        backend, dot, key = target.partition(".")
-        if not (sep and dot and backend and key):
-            raise SpecError(f"--option takes BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl; got {value!r}")
-        options.setdefault(backend, {})[key] = setting
-    return options

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import xbench
-from xbench.cli import backends_cmd, compare_cmd, verify_cmd
+from xbench.cli import backends_cmd, compare_cmd, report_cmd, verify_cmd
 from xbench.errors import XbenchError
 
 app = typer.Typer(
@@ -22,6 +22,9 @@ app = typer.Typer(
 app.command("compare")(compare_cmd.compare)
 app.command("backends")(backends_cmd.backends)
 app.command("verify")(verify_cmd.verify)
+app.command("report")(report_cmd.report)
+app.command("export")(report_cmd.export)
+app.command("diff")(report_cmd.diff)
 
 
 @app.callback(invoke_without_command=True)

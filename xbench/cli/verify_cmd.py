@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from xbench import compare as comparison
-from xbench.cli.compare_cmd import Platform, _integers, _names, _value
+from xbench.cli.options import Platform, integers, names, value
 from xbench.cli.consoles import data_console, status_console
 from xbench.environment import host_environment
 from xbench.registry import resolve
@@ -29,16 +29,17 @@ def verify(
 ) -> int:
     """Check identical initial loss and gradients across backends, N-device = 1-device
     gradients, and agreeing 10-step training, with dropout off and strict fp32."""
-    spec = load_spec(config, {"backends": _names(backends), "models": _names(model),
-                              "devices": _integers(devices, "--devices"), "platform": _value(platform),
+    spec = load_spec(config, {"backends": names(backends), "models": names(model),
+                              "devices": integers(devices, "--devices"), "platform": value(platform),
                               "seed": seed})
     entries = resolve(spec.backends)
     comparison.check_options(spec, entries)
     err = status_console()
     with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
         with err.status("finding devices for each backend…"):
-            found = comparison.probe_devices(entries, spec.platform, Path(tmp) / "workers.log")
+            found = comparison.probe_devices(entries, spec.platform, Path(tmp))
         comparison.check_device_counts(spec, found)
+        comparison.check_same_platform(found)
         with err.status("running each backend's reference steps…"):
             result = run_verification(spec, entries, spec.devices, Path(tmp), host_environment())
     console = data_console()

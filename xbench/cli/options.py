@@ -1,0 +1,48 @@
+"""Option types and parsers shared by the commands."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from xbench.errors import SpecError
+from xbench.spec import PLATFORMS, PRECISIONS, SCALINGS
+
+# Choices come from the spec, so the CLI and the TOML accept the same words.
+Scaling = Enum("Scaling", {name: name for name in SCALINGS}, type=str)
+Precision = Enum("Precision", {name: name for name in PRECISIONS}, type=str)
+Platform = Enum("Platform", {name: name for name in PLATFORMS}, type=str)
+
+
+def value(choice: Enum | None) -> str | None:
+    return None if choice is None else choice.value
+
+
+def names(values: list[str] | None) -> list[str] | None:
+    """`--backends tf jax` and `--backends tf,jax` alike; None when not given."""
+    if not values:
+        return None
+    return [name for v in values for name in v.split(",") if name]
+
+
+def integers(values: list[str] | None, flag: str) -> list[int] | None:
+    words = names(values)
+    if words is None:
+        return None
+    try:
+        return [int(w) for w in words]
+    except ValueError:
+        raise SpecError(f"{flag} takes integers such as 1,2; got {' '.join(values)}") from None
+
+
+def backend_options(values: list[str] | None) -> dict[str, dict[str, str]] | None:
+    """`--option tf.cross_device_ops=nccl` as {"tf": {"cross_device_ops": "nccl"}}."""
+    if not values:
+        return None
+    options: dict[str, dict[str, str]] = {}
+    for v in values:
+        target, sep, setting = v.partition("=")
+        backend, dot, key = target.partition(".")
+        if not (sep and dot and backend and key):
+            raise SpecError(f"--option takes BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl; got {v!r}")
+        options.setdefault(backend, {})[key] = setting
+    return options

@@ -1,0 +1,112 @@
+"""`xbench report`, `xbench export` and `xbench diff`: reading stored runs."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from xbench.cli.consoles import data_console, status_console
+from xbench.diff import diff_runs
+from xbench.errors import XbenchError
+from xbench.records import read_records
+from xbench.report import write_report
+
+REPORT_EXTRA = "pip install 'xbench[report]'"
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (holds records.jsonl).")],
+    html: Annotated[bool, typer.Option("--html", help="Also write a self-contained report.html.")] = False,
+) -> int:
+    """Write report.md (tables, verdicts, plots) into RUN_DIR."""
+    for path in make_report(run_dir, html):
+        data_console().print(str(path))
+    return 0
+
+
+def make_report(run_dir: Path, html: bool) -> list[Path]:
+    """The report with plots when matplotlib is installed, without them (and a note) if not."""
+    plots = importlib.util.find_spec("matplotlib") is not None
+    if not plots:
+        status_console().print(f"matplotlib is not installed: the report has no plots ({REPORT_EXTRA})")
+    try:
+        return write_report(run_dir, html=html, plots=plots)
+    except OSError as err:
+        raise XbenchError(f"cannot write the report into {run_dir}: {err.strerror}") from None
+
+
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (holds records.jsonl).")],
+    csv: Annotated[bool, typer.Option("--csv", help="Write CSV.")] = False,
+    parquet: Annotated[bool, typer.Option("--parquet", help="Write Parquet (needs pyarrow).")] = False,
+    out: Annotated[Optional[Path], typer.Option(help="Output file (default RUN_DIR/records.csv or .parquet).")] = None,
+) -> int:
+    """Write one row per trial, statistics included, through pandas."""
+    if csv == parquet:
+        raise XbenchError("choose one of --csv or --parquet")
+    for module in ("pandas", "pyarrow") if parquet else ("pandas",):
+        if importlib.util.find_spec(module) is None:
+            raise XbenchError(f"{module} is not installed; {REPORT_EXTRA}")
+    from xbench.export import to_frame
+
+    frame = to_frame(read_records(run_dir))
+    target = out or Path(run_dir) / ("records.parquet" if parquet else "records.csv")
+    try:
+        frame.to_parquet(target, index=False) if parquet else frame.to_csv(target, index=False)
+    except OSError as err:
+        raise XbenchError(f"cannot write {target}: {err.strerror}") from None
+    data_console().print(str(target))
+    return 0
+
+
+def diff(
+    a: Annotated[Path, typer.Argument(help="The baseline run directory.")],
+    b: Annotated[Path, typer.Argument(help="The run to compare with it.")],
+    threshold: Annotated[str, typer.Option(help="Slowdown that counts as a regression, e.g. 5% or 0.05.")] = "5%",
+) -> int:
+    """Compare B with A per configuration; exit 1 when B is significantly slower beyond the threshold."""
+    limit = parse_threshold(threshold)
+    result = diff_runs(read_records(a), read_records(b))
+    table = Table(title=f"xbench diff: B = {b} over A = {a}", title_justify="left",
+                  caption=f"B/A: ratio of mean throughputs with its 95% interval; p: Welch's t-test; "
+                          f"regression: significant and B/A < {1 - limit:.3f}", caption_justify="left")
+    for header in ("model", "backend", "dev", "batch", "A samples/s", "B samples/s", "B/A", "95% CI", "p", "change"):
+        table.add_column(header, justify="left" if header in ("model", "backend", "change") else "right")
+    for row in result.rows:
+        backend, model, devices, batch, _, _ = row.key
+        r, change = row.ratio, row.change(limit)
+        style = {"regression": "[red]", "improvement": "[green]"}.get(change, "")
+        table.add_row(model, backend, str(devices), str(batch), f"{row.a_mean:,.0f}", f"{row.b_mean:,.0f}",
+                      f"{r.ratio:.3f}", f"{r.ci_low:.3f}–{r.ci_high:.3f}",
+                      "<0.001" if r.p_value < 0.001 else f"{r.p_value:.3f}",
+                      f"{style}{change}[/]" if style else change)
+    data_console().print(table)
+    err = status_console()
+    for line in result.environment_changes:
+        err.print(f"environment differs: {escape(line)}")
+    for side, keys in (("A", result.only_a), ("B", result.only_b)):
+        if keys:
+            err.print(f"only in {side}: " + ", ".join(f"{k[0]}/{k[1]}/d{k[2]}/b{k[3]}" for k in keys))
+    if not result.rows:
+        raise XbenchError("the runs share no measured configuration; nothing to compare")
+    regressions = result.regressions(limit)
+    if regressions:
+        err.print(f"[red]{len(regressions)} significant slowdown(s) beyond {limit:.1%}[/]")
+        return 1
+    err.print(f"no significant slowdown beyond {limit:.1%}")
+    return 0
+
+
+def parse_threshold(text: str) -> float:
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise XbenchError(f"--threshold takes a fraction such as 5% or 0.05, got {text!r}")
+    return value

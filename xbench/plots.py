@@ -1,0 +1,102 @@
+"""PNG plots of a run, drawn with matplotlib (imported only when a plot is drawn).
+
+Figures have an opaque white background so they read the same in light and dark viewers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from xbench.summary import Row
+
+DPI = 110
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series(rows: Sequence[Row]) -> dict[tuple[str, int], list[Row]]:
+    """Measured rows grouped by (backend, devices), each sorted by global batch."""
+    groups: dict[tuple[str, int], list[Row]] = {}
+    for row in rows:
+        if row.throughput is not None:
+            groups.setdefault((row.backend, row.devices), []).append(row)
+    return {key: sorted(group, key=lambda r: r.global_batch) for key, group in sorted(groups.items())}
+
+
+def _figure(title: str, xlabel: str, ylabel: str):
+    fig, ax = _pyplot().subplots(figsize=(7.5, 4.6), dpi=DPI, facecolor="white")
+    ax.set_facecolor("white")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    return fig, ax
+
+
+def _batch_axis(ax, batches: Sequence[int]) -> None:
+    """Log-2 x axis labelled with the batch sizes themselves."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(batches))
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([f"{b:,}" for b in ticks])
+
+
+def save(fig, path: Path) -> Path:
+    """Write a figure as PNG and free it."""
+    fig.axes[0].legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, facecolor="white")
+    _pyplot().close(fig)
+    return path
+
+
+def throughput_figure(rows: Sequence[Row], model: str):
+    """Samples/s against global batch, log-log, one line per backend and device count, with
+    the 95 % interval of the mean as a band; None when nothing was measured."""
+    series = _series(rows)
+    if not series:
+        return None
+    fig, ax = _figure(f"Throughput, model {model}", "global batch (samples per step)",
+                           "throughput (samples/s, mean ± 95% CI)")
+    for (backend, devices), group in series.items():
+        x = [r.global_batch for r in group]
+        mean = [r.throughput.mean for r in group]
+        line, = ax.plot(x, mean, marker="o", label=f"{backend}, {devices} device{'s' if devices > 1 else ''}",
+                        linestyle="-" if devices == 1 else "--")
+        ax.fill_between(x, [r.throughput.ci_low for r in group], [r.throughput.ci_high for r in group],
+                        color=line.get_color(), alpha=0.2, linewidth=0)
+    _batch_axis(ax, [r.global_batch for group in series.values() for r in group])
+    ax.set_yscale("log")
+    return fig
+
+
+def speedup_figure(rows: Sequence[Row], model: str):
+    """Speedup over the same backend on 1 device against global batch, with the 1.0 line and
+    the ideal line; None without a multi-device result."""
+    series = {key: [r for r in group if r.scaling is not None]
+              for key, group in _series(rows).items() if key[1] > 1}
+    series = {key: group for key, group in series.items() if group}
+    if not series:
+        return None
+    fig, ax = _figure(f"Speedup over 1 device, model {model}", "global batch (samples per step)",
+                           "speedup (× the 1-device throughput)")
+    ax.axhline(1.0, color="black", linewidth=1, label="1.0: no gain")
+    for devices in sorted({key[1] for key in series}):
+        ax.axhline(devices, color="grey", linewidth=0.8, linestyle=":", label=f"ideal on {devices} devices")
+    for (backend, devices), group in series.items():
+        ax.plot([r.global_batch for r in group], [r.scaling.speedup for r in group], marker="o",
+                label=f"{backend}, {devices} devices")
+    _batch_axis(ax, [r.global_batch for group in series.values() for r in group])
+    ax.set_ylim(bottom=0)
+    return fig

@@ -1,0 +1,176 @@
+"""`report.md` and `report.html` for a run directory, built from its records alone."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from xbench import stats
+from xbench.document import Block, Bullets, Heading, Image, Paragraph, TableBlock, to_html, to_markdown
+from xbench.records import RUN_FILE, read_records
+from xbench.summary import BENEFICIAL_SPEEDUP, SINGLE_PREFERRED_BELOW, Row, rows_from_records, verdict
+
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+
+
+def write_report(run_dir: Path, html: bool = True, plots: bool = True) -> list[Path]:
+    """Write report.md (and report.html, plots) into `run_dir`; returns the files written."""
+    run_dir = Path(run_dir)
+    records = read_records(run_dir)
+    run = _read_json(run_dir / RUN_FILE)
+    rows = rows_from_records(records)
+    images = draw_plots(rows, run_dir) if plots else {}
+    blocks = build_report(records, run, rows, images)
+    written = [run_dir / REPORT_MD]
+    written[0].write_text(to_markdown(blocks), encoding="utf-8")
+    if html:
+        written.append(run_dir / REPORT_HTML)
+        written[1].write_text(to_html(blocks, title=_title(records, run)), encoding="utf-8")
+    return written + [image.path for group in images.values() for image in group]
+
+
+def draw_plots(rows: Sequence[Row], run_dir: Path) -> dict[str, list[Image]]:
+    """Per model: throughput and speedup plots beside the report."""
+    from xbench.plots import save, speedup_figure, throughput_figure
+
+    images: dict[str, list[Image]] = {}
+    for model in _models(rows):
+        mine = [r for r in rows if r.model == model]
+        images[model] = []
+        for kind, draw in (("throughput", throughput_figure), ("speedup", speedup_figure)):
+            figure = draw(mine, model)
+            if figure is not None:
+                path = save(figure, run_dir / f"{kind}-{_safe(model)}.png")
+                images[model].append(Image(path, f"{kind} of model {model}"))
+    return images
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def build_report(records: Sequence[Mapping[str, Any]], run: Mapping[str, Any] | None,
+                 rows: Sequence[Row], images: Mapping[str, list[Image]]) -> list[Block]:
+    blocks: list[Block] = [Heading(_title(records, run), 1)]
+    if run:
+        blocks.append(Paragraph(f"Command: `{run.get('command', '?')}` — started {run.get('started_at', '?')}."))
+    blocks += environment_section(records)
+    blocks += verification_section(records)
+    for model in _models(rows):
+        blocks += model_section(model, [r for r in rows if r.model == model], images.get(model, []))
+    blocks += problems_section(rows)
+    blocks += reading_section(rows)
+    return blocks
+
+
+def environment_section(records: Sequence[Mapping[str, Any]]) -> list[Block]:
+    env = records[0]["environment"] if records else {}
+    gpus = env.get("gpus") or []
+    items = [
+        f"Host {env.get('host', '?')}, {env.get('os', '?')}, Python {env.get('python', '?')}, "
+        f"xbench {env.get('xbench', '?')}",
+        f"CPU: {env.get('cpu', '?')} ({env.get('cpu_count', '?')} logical cores), memory {env.get('memory_gib', '?')} GiB",
+        "GPUs: " + ("; ".join(f"{g.get('index')}: {g.get('name')}, driver {g.get('driver_version')}, "
+                              f"{g.get('memory.total')}" for g in gpus) if gpus else "none found by nvidia-smi"),
+    ]
+    for backend, info in _devices_by_backend(records).items():
+        kind = ("simulated CPU devices (one CPU split; not a multi-GPU measurement)" if info["simulated"]
+                else f"{info['platform'].upper()}: {', '.join(info['device_names'])}")
+        items.append(f"Backend `{backend}`: {info['framework']} {info['framework_version']} on {kind}")
+    return [Heading("Environment"), Bullets(tuple(items))]
+
+
+def verification_section(records: Sequence[Mapping[str, Any]]) -> list[Block]:
+    outcome: dict[str, Mapping[str, Any]] = {}
+    for record in records:
+        outcome.setdefault(record["trial"]["backend"], record.get("verification") or {})
+    items = []
+    for backend, result in outcome.items():
+        status = result.get("status", "unknown")
+        detail = {"passed": f"{result.get('checks', 0)} checks passed",
+                  "skipped": result.get("reason", ""),
+                  "unverifiable": result.get("reason", "")}.get(status, "; ".join(result.get("failed", [])))
+        items.append(f"`{backend}`: {status}" + (f" — {detail}" if detail else ""))
+    return [Heading("Identical work"),
+            Paragraph("Before timing, xbench checks that each backend starts from the same weights, computes "
+                      "the same gradients on 1 and N devices, and trains the same way (details in verify.json)."),
+            Bullets(tuple(items))]
+
+
+HEADERS = ("backend", "devices", "global batch", "samples/s", "±95% CI", "step ms", "first call s",
+           "speedup", "efficiency", "p (Welch)", "verdict")
+
+
+def model_section(model: str, rows: Sequence[Row], images: Sequence[Image]) -> list[Block]:
+    params = next((r.params for r in rows if r.params), None)
+    table_rows = tuple(_cells(row) for row in rows if row.throughput is not None)
+    blocks: list[Block] = [Heading(f"Model {model}" + (f" ({params:,} parameters)" if params else ""))]
+    if table_rows:
+        blocks.append(TableBlock(HEADERS, table_rows, right_aligned=frozenset(range(1, 10))))
+    else:
+        blocks.append(Paragraph("No trial of this model finished."))
+    return blocks + list(images)
+
+
+def _cells(row: Row) -> tuple[str, ...]:
+    t = row.throughput
+    s = row.scaling
+    return (row.backend, str(row.devices), str(row.global_batch), f"{t.mean:,.0f}", f"{t.ci_half_width:,.0f}",
+            f"{row.step_ms:.3f}", f"{row.first_call_s:.2f}",
+            f"{s.speedup:.2f}×" if s else ("1.00×" if row.devices == 1 else ""),
+            f"{s.efficiency:.0%}" if s else "", _p(s.p_value) if s else "", verdict(row))
+
+
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def problems_section(rows: Sequence[Row]) -> list[Block]:
+    problems = tuple((f"{r.backend}/{r.model}/d{r.devices}/b{r.global_batch}", r.status, r.reason or "")
+                     for r in rows if r.throughput is None)
+    if not problems:
+        return []
+    return [Heading("Trials without a result"), TableBlock(("trial", "status", "reason"), problems)]
+
+
+def reading_section(rows: Sequence[Row]) -> list[Block]:
+    modes = " and ".join(sorted({r.scaling_mode for r in rows})) or "strong"
+    return [Heading("How to read this"), Bullets((
+        "samples/s is the mean over timed windows (each many steps, ending with a device sync) after "
+        f"removing windows whose modified z-score exceeds {stats.OUTLIER_THRESHOLD}; ±95% CI is the half-width "
+        "of the Student-t interval of that mean. step ms is the global batch over the median throughput; "
+        "first call s is compilation plus the first call, excluded from throughput.",
+        f"Scaling is {modes}: strong splits a fixed global batch across devices; weak keeps the per-device "
+        "batch. speedup is the mean throughput over the same backend's 1-device mean with the same work per "
+        "step; efficiency is speedup / devices.",
+        f"verdict: multi-device beneficial when speedup ≥ {BENEFICIAL_SPEEDUP:.2f} and Welch's t-test finds the "
+        f"difference significant (p < {stats.SIGNIFICANCE}); single device preferred when speedup < "
+        f"{SINGLE_PREFERRED_BELOW:.2f} and significant; marginal otherwise.",
+    ))]
+
+
+def _title(records: Sequence[Mapping[str, Any]], run: Mapping[str, Any] | None) -> str:
+    run_id = (run or {}).get("run_id") or (records[0]["run_id"] if records else "?")
+    return f"xbench report: run {run_id}"
+
+
+def _models(rows: Sequence[Row]) -> list[str]:
+    return list(dict.fromkeys(r.model for r in rows))
+
+
+def _devices_by_backend(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """The widest device set each backend used."""
+    found: dict[str, Mapping[str, Any]] = {}
+    for record in records:
+        info = record.get("devices")
+        backend = record["trial"]["backend"]
+        if info and len(info["device_names"]) > len(found.get(backend, {}).get("device_names", ())):
+            found[backend] = info
+    return found
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
