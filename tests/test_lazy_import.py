@@ -8,7 +8,8 @@ HEAVY = ("jax", "jaxlib", "flax", "optax", "tensorflow", "keras", "torch")
 
 def test_core_imports_no_framework():
     code = (
-        "import sys, xbench, xbench.cli.main, xbench.compare, xbench.registry as r\n"
+        "import sys, xbench, xbench.cli.main, xbench.compare, xbench.report, xbench.diff, xbench.export\n"
+        "import xbench.verification, xbench.registry as r\n"
         "r.discover()\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
     )
