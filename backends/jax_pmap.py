@@ -91,7 +91,8 @@ class JaxPmapBackend:
                                   state)
         xs, ys = (jax.device_put(a, sharded) for a in work.shards(trial.global_batch, n))
 
-        step_fn, grads_fn = _programs(trial, work, tx, xs.shape[1], self.reduce_gradients)
+        reduce = self.reduce_gradients if trial.all_reduce else (lambda grads: grads)
+        step_fn, grads_fn = _programs(trial, work, tx, xs.shape[1], reduce)
         step = jax.pmap(step_fn, axis_name=AXIS, devices=self.devices, donate_argnums=(0,))
         grads = jax.pmap(grads_fn, axis_name=AXIS, devices=self.devices)
         readback = _layer_arrays(replicated[0], len(work.weights), replica=0)

@@ -107,7 +107,7 @@ class TfMirroredBackend:
         with strategy.scope():
             model = _build_model(work)
             model.set_weights(work.flat_weights)
-            optimizer = _optimizer(trial.learning_rate)
+            optimizer = _optimizer(trial.learning_rate, all_reduce=trial.all_reduce)
             optimizer.build(model.trainable_variables)
         x_all, y_all = (_per_replica(strategy, shards) for shards in work.shards(trial.global_batch, len(self.device_names)))
         programs = _programs(strategy, model, optimizer, x_all, y_all, trial,
@@ -189,8 +189,10 @@ def _build_model(work: Work):
     return keras.Sequential(layers)
 
 
-def _optimizer(learning_rate: float):
-    return _paper_adam()(learning_rate=learning_rate, beta_1=ADAM.b1, beta_2=ADAM.b2, epsilon=ADAM.eps)
+def _optimizer(learning_rate: float, all_reduce: bool = True):
+    optimizer = _paper_adam()(learning_rate=learning_rate, beta_1=ADAM.b1, beta_2=ADAM.b2, epsilon=ADAM.eps)
+    optimizer.all_reduce = all_reduce
+    return optimizer
 
 
 @functools.lru_cache(maxsize=None)
@@ -200,7 +202,16 @@ def _paper_adam():
 
     class PaperAdam(keras.optimizers.Adam):
         """Keras's Adam with the update of the contract's `Adam`: eps added to sqrt(v_hat).
-        (Keras adds it to sqrt(v) and folds the bias correction into the step size.)"""
+        (Keras adds it to sqrt(v) and folds the bias correction into the step size.)
+        With `all_reduce` False it skips the cross-replica sum, so each replica applies its
+        own gradient: the compute-only step."""
+
+        all_reduce = True
+
+        def _all_reduce_sum_gradients(self, grads_and_vars):
+            if self.all_reduce:
+                return super()._all_reduce_sum_gradients(grads_and_vars)
+            return list(grads_and_vars)
 
         def update_step(self, gradient, variable, learning_rate):
             dtype = variable.dtype

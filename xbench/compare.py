@@ -35,6 +35,7 @@ class Comparison:
     devices: dict[str, dict[str, Any]]  # backend name -> DeviceInfo as a dict
     run_dir: Path
     run_id: str
+    breakdown: bool = False  # time compute-only twins and the all-reduce too
 
 
 def new_run_id() -> str:
@@ -105,7 +106,7 @@ def check_same_platform(devices: dict[str, dict[str, Any]]) -> None:
                           "or install each framework's GPU build")
 
 
-def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True) -> Comparison:
+def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, breakdown: bool = False) -> Comparison:
     """Resolve backends, check options and devices, then create the run directory (only once
     the input is known to be good, so bad input leaves nothing behind)."""
     entries = resolve(spec.backends)
@@ -120,7 +121,7 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True) -> Co
         with open(run_dir / launcher.LOG_FILE, "a", encoding="utf-8") as log:
             for path in sorted(Path(tmp).iterdir()):
                 log.write(path.read_text(encoding="utf-8", errors="replace"))
-    return Comparison(spec, tuple(entries), devices, run_dir, run_id)
+    return Comparison(spec, tuple(entries), devices, run_dir, run_id, breakdown)
 
 
 def start_run(comparison: Comparison) -> dict[str, Any]:
@@ -170,7 +171,7 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
     if listener is not None:
         ctx.listener = listener
     records = []
-    trials = plan_trials(comparison.spec, [e.name for e in comparison.entries])
+    trials = plan(comparison)
     for trial in trials:
         if verification[trial.backend]["status"] == "failed":
             record = launcher.skipped_record(trial, ctx, "verification failed: " + "; ".join(
@@ -183,5 +184,9 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
     return records + launcher.run_groups(groups, ctx)
 
 
+def plan(comparison: Comparison) -> list:
+    return plan_trials(comparison.spec, [e.name for e in comparison.entries], comparison.breakdown)
+
+
 def trial_count(comparison: Comparison) -> int:
-    return len(plan_trials(comparison.spec, [e.name for e in comparison.entries]))
+    return len(plan(comparison))

@@ -110,6 +110,8 @@ class Trial:
     samples: int
     protocol: TimingProtocol
     options: dict[str, Any] = field(default_factory=dict)
+    all_reduce: bool = True  # False: the compute-only step, the same step without the gradient all-reduce
+
 
     @property
     def per_device_batch(self) -> int:
@@ -117,7 +119,8 @@ class Trial:
 
     @property
     def id(self) -> str:
-        return f"{self.backend}/{self.model.name}/d{self.devices}/b{self.global_batch}"
+        base = f"{self.backend}/{self.model.name}/d{self.devices}/b{self.global_batch}"
+        return base if self.all_reduce else f"{base}/compute-only"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,8 +151,10 @@ class Backend(Protocol):
 
     def prepare(self, trial: Trial, work: Work) -> Prepared:
         """Build the model from `work.weights`, place `work.shards(...)` on the devices, apply
-        `trial.precision` explicitly, build the optimizer (Adam, `trial.learning_rate`) and
-        the compiled step. Must not run training steps: the core times the first call."""
+        `trial.precision` explicitly, build the optimizer (`ADAM`, `trial.learning_rate`) and
+        the compiled step. With `trial.all_reduce` False, build the same step without the
+        gradient all-reduce (each device applies its own gradient), or raise `Unsupported`.
+        Must not run training steps: the core times the first call."""
 
     def run(self, prepared: Prepared, steps: int) -> None:
         """Run `steps` training steps (a multiple of `trial.protocol.steps_per_call`) and

@@ -9,7 +9,7 @@ from typing import Any
 from xbench import stats
 from xbench.summary import Row, rows_from_records
 
-Key = tuple[str, str, int, int, str, str]  # backend, model, devices, global batch, scaling, precision
+Key = tuple[str, str, int, int, str, str, bool]  # backend, model, devices, batch, scaling, precision, all-reduce
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,8 @@ def _by_key(records: Sequence[Mapping[str, Any]]) -> dict[Key, Row]:
     for record, row in zip(records, rows_from_records(records)):
         if row.throughput is not None:
             trial = record["trial"]
-            keyed[(row.backend, row.model, row.devices, row.global_batch, trial["scaling"], trial["precision"])] = row
+            keyed[(row.backend, row.model, row.devices, row.global_batch, trial["scaling"], trial["precision"],
+                   row.all_reduce)] = row
     return keyed
 
 

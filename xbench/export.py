@@ -13,14 +13,14 @@ def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for record, row in zip(records, rows_from_records(records)):
         trial, devices = record["trial"], record.get("devices") or {}
-        t, s = row.throughput, row.scaling
+        t, s, b = row.throughput, row.scaling, row.breakdown
         out.append({
             "run_id": record.get("run_id"), "trial_id": record.get("trial_id"),
             "status": record["status"], "reason": record.get("reason"),
             "backend": row.backend, "model": row.model, "params": row.params,
             "devices": row.devices, "global_batch": row.global_batch, "per_device_batch": row.per_device_batch,
             "scaling": trial["scaling"], "precision": trial["precision"],
-            "steps_per_call": trial["protocol"]["steps_per_call"],
+            "steps_per_call": trial["protocol"]["steps_per_call"], "all_reduce": row.all_reduce,
             "framework": devices.get("framework"), "framework_version": devices.get("framework_version"),
             "platform": devices.get("platform"), "simulated": devices.get("simulated"),
             "samples_per_s_mean": t.mean if t else None, "samples_per_s_median": t.median if t else None,
@@ -29,6 +29,8 @@ def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "step_ms": row.step_ms, "first_call_s": row.first_call_s,
             "speedup": s.speedup if s else None, "efficiency": s.efficiency if s else None,
             "p_value": s.p_value if s else None, "verdict": verdict(row),
+            "compute_ms": b.compute_ms if b else None, "exposed_comm_ms": b.comm_ms if b else None,
+            "comm_fraction": b.comm_fraction if b else None,
             "verification": (record.get("verification") or {}).get("status"),
         })
     return out

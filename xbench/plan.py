@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xbench.contract import Trial
 from xbench.spec import Spec
@@ -19,28 +19,32 @@ class Group:
     trials: tuple[Trial, ...]
 
 
-def plan_trials(spec: Spec, backends: Sequence[str]) -> list[Trial]:
-    """Every backend x device count x model x batch size, in the order they will run."""
-    return [
-        Trial(
-            backend=backend,
-            model=model,
-            devices=devices,
-            global_batch=spec.global_batch(batch, devices),
-            scaling=spec.scaling,
-            precision=spec.precision,
-            platform=spec.platform,
-            learning_rate=spec.learning_rate,
-            seed=spec.seed,
-            samples=spec.data.samples,
-            protocol=spec.protocol,
-            options=dict(spec.options.get(backend, {})),
-        )
-        for backend in backends
-        for devices in spec.devices
-        for model in spec.models
-        for batch in model.batch_sizes
-    ]
+def plan_trials(spec: Spec, backends: Sequence[str], breakdown: bool = False) -> list[Trial]:
+    """Every backend x device count x model x batch size, in the order they will run; with
+    `breakdown`, each multi-device trial is followed by its compute-only twin."""
+    trials = []
+    for backend in backends:
+        for devices in spec.devices:
+            for model in spec.models:
+                for batch in model.batch_sizes:
+                    trial = Trial(
+                        backend=backend,
+                        model=model,
+                        devices=devices,
+                        global_batch=spec.global_batch(batch, devices),
+                        scaling=spec.scaling,
+                        precision=spec.precision,
+                        platform=spec.platform,
+                        learning_rate=spec.learning_rate,
+                        seed=spec.seed,
+                        samples=spec.data.samples,
+                        protocol=spec.protocol,
+                        options=dict(spec.options.get(backend, {})),
+                    )
+                    trials.append(trial)
+                    if breakdown and devices > 1:
+                        trials.append(replace(trial, all_reduce=False))
+    return trials
 
 
 def group_trials(trials: Sequence[Trial], targets: dict[str, str]) -> list[Group]:

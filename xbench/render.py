@@ -9,11 +9,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from xbench import stats
-from xbench.summary import Row
+from xbench.summary import Row, full_rows
 
 
 def model_tables(rows: Sequence[Row]) -> list[Table]:
-    """One table per model, rows in run order."""
+    """One table per model, rows in run order; compute-only twins appear as breakdown columns."""
     models = list(dict.fromkeys(row.model for row in rows))
     return [_model_table(model, [r for r in rows if r.model == model]) for model in models]
 
@@ -28,9 +28,20 @@ def _model_table(model: str, rows: list[Row]) -> Table:
         ("eff.", "right"), ("vs 1 dev", "left"), ("outl.", "right"),
     ]:
         table.add_column(header, justify=justify, no_wrap=header != "backend")
-    for row in rows:
-        table.add_row(*_cells(row))
+    breakdown = any(r.breakdown for r in rows)
+    if breakdown:
+        for header in ("compute ms", "comm ms", "comm %"):
+            table.add_column(header, justify="right", no_wrap=True)
+    for row in full_rows(rows):
+        table.add_row(*_cells(row), *(_breakdown_cells(row) if breakdown else []))
     return table
+
+
+def _breakdown_cells(row: Row) -> list[str]:
+    b = row.breakdown
+    if b is None:
+        return ["", "", ""] if row.devices > 1 else [f"{row.step_ms:.3f}" if row.step_ms else "", "0", "0%"]
+    return [f"{b.compute_ms:.3f}", f"{b.comm_ms:.3f}", f"{b.comm_fraction:.0%}"]
 
 
 def _cells(row: Row) -> list[str]:
@@ -72,6 +83,9 @@ def _caption(rows: list[Row]) -> str:
     ]
     lines += [f"{r.backend} dev={r.devices} batch={r.global_batch}: {r.status}: {escape(str(r.reason))}"
               for r in rows if r.throughput is None]
+    if any(r.breakdown for r in rows):
+        lines.append("compute ms: the same step without the gradient all-reduce; comm ms: exposed "
+                     "communication = step ms - compute ms (negative: within noise); comm %: of the step")
     return "\n".join(lines)
 
 

@@ -16,6 +16,16 @@ from xbench import stats
 
 
 @dataclass(frozen=True)
+class Breakdown:
+    """Where a multi-device step's time goes: its compute-only twin (the same step without
+    the gradient all-reduce) against the full step, both at the median throughput."""
+
+    compute_ms: float
+    comm_ms: float  # exposed communication: full step - compute-only step
+    comm_fraction: float  # of the full step
+
+
+@dataclass(frozen=True)
 class Row:
     """One trial as a table shows it."""
 
@@ -33,6 +43,8 @@ class Row:
     step_ms: float | None  # global batch / median throughput
     first_call_s: float | None
     scaling: stats.Scaling | None
+    all_reduce: bool = True  # False for a compute-only twin (--breakdown)
+    breakdown: Breakdown | None = None
 
 
 def throughput_samples(record: Mapping[str, Any]) -> np.ndarray:
@@ -44,7 +56,12 @@ def throughput_samples(record: Mapping[str, Any]) -> np.ndarray:
 
 def rows_from_records(records: Sequence[Mapping[str, Any]]) -> list[Row]:
     rows = [_row(record) for record in records]
-    return [_with_scaling(row, rows) for row in rows]
+    return [_with_breakdown(_with_scaling(row, rows), rows) for row in rows]
+
+
+def full_rows(rows: Sequence[Row]) -> list[Row]:
+    """The rows of real training steps (compute-only twins only feed the breakdown)."""
+    return [row for row in rows if row.all_reduce]
 
 
 def _row(record: Mapping[str, Any]) -> Row:
@@ -56,6 +73,7 @@ def _row(record: Mapping[str, Any]) -> Row:
         global_batch=trial["global_batch"],
         per_device_batch=trial["global_batch"] // trial["devices"],
         scaling_mode=trial["scaling"],
+        all_reduce=trial.get("all_reduce", True),
         status=record["status"],
         reason=record.get("reason"),
         params=record.get("work", {}).get("params"),
@@ -73,14 +91,26 @@ def _row(record: Mapping[str, Any]) -> Row:
 def _with_scaling(row: Row, rows: list[Row]) -> Row:
     """Attach speedup against the same backend's 1-device row with the same work per step:
     the same global batch under strong scaling, the same per-device batch under weak."""
-    if row.throughput is None or row.devices == 1:
+    if row.throughput is None or row.devices == 1 or not row.all_reduce:
         return row
-    for base in rows:
+    for base in full_rows(rows):
         same_work = (base.global_batch == row.global_batch if row.scaling_mode == "strong"
                      else base.per_device_batch == row.per_device_batch)
         if (base.devices == 1 and base.throughput is not None and same_work
                 and (base.backend, base.model) == (row.backend, row.model)):
             return replace(row, scaling=stats.scaling(row.kept, base.kept, row.devices))
+    return row
+
+
+def _with_breakdown(row: Row, rows: list[Row]) -> Row:
+    if row.throughput is None or not row.all_reduce:
+        return row
+    for twin in rows:
+        if (not twin.all_reduce and twin.throughput is not None
+                and (twin.backend, twin.model, twin.devices, twin.global_batch)
+                == (row.backend, row.model, row.devices, row.global_batch)):
+            comm = row.step_ms - twin.step_ms
+            return replace(row, breakdown=Breakdown(twin.step_ms, comm, comm / row.step_ms))
     return row
 
 

@@ -40,6 +40,7 @@ def compare(
     samples: Annotated[Optional[int], typer.Option(help="Rows of synthetic data (at least one global batch).")] = None,
     option: Annotated[Optional[list[str]], typer.Option(help="Backend option BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl.")] = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the identical-work check before timing (records say so).")] = False,
+    breakdown: Annotated[bool, typer.Option("--breakdown", help="Also time each multi-device step without its all-reduce: compute vs exposed communication.")] = False,
 ) -> int:
     """Time each backend on 1..N devices on the same weights and data; print a table per model."""
     overrides = {
@@ -52,7 +53,7 @@ def compare(
     spec = load_spec(config, overrides)
     err = status_console()
     with err.status("finding devices for each backend…"):
-        plan = comparison.prepare(spec, out, strict_devices=devices is not None)
+        plan = comparison.prepare(spec, out, strict_devices=devices is not None, breakdown=breakdown)
     for name, info in plan.devices.items():
         err.print(devices_line(name, info))
     started = time.monotonic()

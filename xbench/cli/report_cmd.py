@@ -78,7 +78,8 @@ def diff(
     for header in ("model", "backend", "dev", "batch", "A samples/s", "B samples/s", "B/A", "95% CI", "p", "change"):
         table.add_column(header, justify="left" if header in ("model", "backend", "change") else "right")
     for row in result.rows:
-        backend, model, devices, batch, _, _ = row.key
+        backend, model, devices, batch, _, _, all_reduce = row.key
+        model = model if all_reduce else f"{model} (compute-only)"
         r, change = row.ratio, row.change(limit)
         style = {"regression": "[red]", "improvement": "[green]"}.get(change, "")
         table.add_row(model, backend, str(devices), str(batch), f"{row.a_mean:,.0f}", f"{row.b_mean:,.0f}",
