@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import xbench
+from xbench.topology import topology
 
 
 def host_environment() -> dict[str, Any]:
@@ -28,6 +29,7 @@ def host_environment() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "memory_gib": memory_gib(),
         "gpus": nvidia_gpus(),
+        "gpu_topology": topology() if shutil.which("nvidia-smi") else None,
     }
 
 

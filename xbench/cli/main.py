@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import xbench
-from xbench.cli import backends_cmd, compare_cmd, report_cmd, verify_cmd
+from xbench.cli import backends_cmd, compare_cmd, env_cmd, report_cmd, verify_cmd
 from xbench.errors import XbenchError
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app = typer.Typer(
 )
 app.command("compare")(compare_cmd.compare)
 app.command("backends")(backends_cmd.backends)
+app.command("env")(env_cmd.env)
 app.command("verify")(verify_cmd.verify)
 app.command("report")(report_cmd.report)
 app.command("export")(report_cmd.export)

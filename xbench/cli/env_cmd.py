@@ -1,0 +1,73 @@
+"""`xbench env`: the machine, its GPUs and how they are linked, and the frameworks installed."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.table import Table
+
+from xbench.cli.consoles import data_console
+from xbench.environment import host_environment
+from xbench.registry import discover
+
+
+def env() -> int:
+    """Devices, driver, CUDA, GPU-to-GPU links (NVLink, P2P, PCIe) and framework versions."""
+    info = host_environment()
+    console = data_console()
+    console.print(f"host {info['host']}: {info['os']}, Python {info['python']}, xbench {info['xbench']}")
+    console.print(f"CPU: {info['cpu']} ({info['cpu_count']} logical cores), memory {info['memory_gib']} GiB")
+    if not info["gpus"]:
+        console.print("GPUs: none found (no nvidia-smi, or it lists none); backends use simulated CPU devices")
+    else:
+        console.print(gpu_table(info))
+        topo = info["gpu_topology"] or {}
+        console.print(link_table(topo))
+    console.print(backend_table())
+    return 0
+
+
+def gpu_table(info: dict) -> Table:
+    links = (info.get("gpu_topology") or {}).get("links", {})
+    cuda = links.get("cuda_driver", "?") if links.get("available") else "?"
+    table = Table(title=f"GPUs (CUDA driver API {cuda})", title_justify="left")
+    for column in ("index", "name", "driver", "memory", "PCI bus"):
+        table.add_column(column)
+    for gpu in info["gpus"]:
+        table.add_row(gpu.get("index", ""), gpu.get("name", ""), gpu.get("driver_version", ""),
+                      gpu.get("memory.total", ""), gpu.get("pci.bus_id", ""))
+    return table
+
+
+def link_table(topo: dict) -> Table:
+    """nvidia-smi's matrix (NV# = bonded NVLinks, PIX/PXB/PHB/NODE/SYS = PCIe paths), with NVML's
+    P2P status and common ancestor per pair."""
+    matrix = topo.get("matrix", {})
+    table = Table(title="GPU links (nvidia-smi topo -m; NV# = # NVLinks, SYS/NODE/PHB/PXB/PIX = PCIe paths)",
+                  title_justify="left")
+    if not matrix.get("available"):
+        table.add_column("links")
+        table.add_row(escape(matrix.get("reason", "not available")))
+        return table
+    gpus = matrix["gpus"]
+    table.add_column("")
+    for gpu in gpus:
+        table.add_column(gpu, justify="center")
+    for gpu in gpus:
+        table.add_row(gpu, *(matrix["links"].get(gpu, {}).get(other, "") for other in gpus))
+    pairs = topo.get("links", {})
+    if pairs.get("available"):
+        lines = [f"GPU{p['gpus'][0]}–GPU{p['gpus'][1]}: {p['nvlinks']} NVLinks, P2P read {p['p2p_read']}, "
+                 f"common ancestor: {p['common_ancestor']}" for p in pairs["pairs"]]
+        table.caption = "\n".join(lines)
+        table.caption_justify = "left"
+    return table
+
+
+def backend_table() -> Table:
+    table = Table(title="frameworks (installed versions; not imported)", title_justify="left")
+    for column in ("backend", "version", "status"):
+        table.add_column(column)
+    for entry in discover().values():
+        table.add_row(entry.name, entry.availability.version or "",
+                      "available" if entry.usable else escape(entry.availability.reason or ""))
+    return table
