@@ -37,6 +37,13 @@ class JaxPrepared:
     layers: int
 
 
+@dataclass
+class JaxAllReduce:
+    reduce: Any
+    buffer: Any
+    sync_every_call: bool
+
+
 class JaxPmapBackend:
     name: ClassVar[str] = "jax"
     install_hint: ClassVar[str] = "pip install 'xbench[jax]'"
@@ -120,6 +127,29 @@ class JaxPmapBackend:
         from jax import lax
 
         return lax.pmean(grads, AXIS)
+
+    # -- all-reduce microbenchmark capability (xbench allreduce, --breakdown) ---------------
+
+    def allreduce_prepare(self, nbytes: int, options: dict[str, Any]) -> JaxAllReduce:
+        """A float32 buffer of `nbytes` on every device, made there, and a pmapped psum."""
+        import jax
+        import jax.numpy as jnp
+        from jax import lax
+
+        n, count = len(self.devices), nbytes // 4
+        sharded = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(self.devices), (AXIS,)),
+                                             jax.sharding.PartitionSpec(AXIS))
+        buffer = jax.jit(lambda: jnp.ones((n, count), jnp.float32), out_shardings=sharded)()
+        reduce = jax.pmap(lambda x: lax.psum(x, AXIS), axis_name=AXIS, devices=self.devices)
+        return JaxAllReduce(reduce, buffer, sync_every_call=self.devices[0].platform == "cpu")
+
+    def allreduce_run(self, prepared: JaxAllReduce, iterations: int) -> None:
+        """`iterations` out-of-place all-reduces of the same buffer (as nccl-tests runs them)."""
+        for _ in range(iterations):
+            out = prepared.reduce(prepared.buffer)
+            if prepared.sync_every_call:
+                out.block_until_ready()
+        out.block_until_ready()
 
     # -- verification capability (xbench verify) -------------------------------------------
 

@@ -36,6 +36,11 @@ class TfPrepared:
     next_step: int = 0
 
 
+@dataclass
+class TfAllReduce:
+    reduce: Any  # tf.function: one all-reduce
+
+
 class TfMirroredBackend:
     name: ClassVar[str] = "tf"
     install_hint: ClassVar[str] = "pip install 'xbench[tf]'"
@@ -128,6 +133,37 @@ class TfMirroredBackend:
             prepared.train(tf.constant(prepared.next_step, dtype=tf.int64))
             prepared.next_step += prepared.steps_per_call
         tf.test.experimental.sync_devices()  # waits for every device's pending work
+
+    # -- all-reduce microbenchmark capability (xbench allreduce, --breakdown) ---------------
+
+    def allreduce_prepare(self, nbytes: int, options: dict[str, Any]) -> TfAllReduce:
+        """A float32 buffer of `nbytes` on every replica and a SUM all-reduce through the
+        strategy's cross-device ops (the ones the training step uses)."""
+        import tensorflow as tf
+
+        strategy = self._strategy(options.get("cross_device_ops", "auto"))
+        count = nbytes // 4
+
+        def on_replica(context):
+            with tf.device(strategy.extended.worker_devices[context.replica_id_in_sync_group]):
+                return tf.ones([count], tf.float32)
+
+        buffer = strategy.experimental_distribute_values_from_function(on_replica)
+
+        @tf.function
+        def reduce():
+            return strategy.run(
+                lambda x: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, x),
+                args=(buffer,))
+
+        return TfAllReduce(reduce)
+
+    def allreduce_run(self, prepared: TfAllReduce, iterations: int) -> None:
+        import tensorflow as tf
+
+        for _ in range(iterations):
+            prepared.reduce()
+        tf.test.experimental.sync_devices()
 
     # -- verification capability (xbench verify) -------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,7 +19,8 @@ from xbench import launcher
 from xbench.environment import command_line, host_environment
 from xbench.errors import BackendError, XbenchError
 from xbench.plan import group_trials, plan_trials
-from xbench.records import RUN_FILE, RecordWriter, prepare_run_dir, write_json
+from xbench.allreduce import sizes_for
+from xbench.records import ALLREDUCE_FILE, RUN_FILE, RecordWriter, prepare_run_dir, write_json
 from xbench.registry import BackendEntry, discover, resolve
 from xbench.spec import Spec
 from xbench.verification import Verification, checks_as_dicts, verify
@@ -184,9 +186,42 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
     return records + launcher.run_groups(groups, ctx)
 
 
+def measure_allreduce(entries: Sequence[BackendEntry], device_counts: Sequence[int], platform: str,
+                      sizes: Sequence[int], options: Mapping[str, Mapping[str, Any]], log_dir: Path,
+                      environment: dict[str, Any], write=None, timeout_s: float = 600) -> list[dict[str, Any]]:
+    """Each backend's own all-reduce on each device count and buffer size; one record each."""
+    records = []
+    for entry in entries:
+        for devices in device_counts:
+            events = launcher.allreduce_events(entry.target, devices, platform, list(sizes),
+                                               dict(options.get(entry.name, {})), log_dir / launcher.LOG_FILE,
+                                               timeout_s)
+            for event in events:
+                record = {"kind": "allreduce", "backend": entry.name, "devices": devices,
+                          "nbytes": event["nbytes"], "status": event["status"], "reason": event.get("reason"),
+                          "timing": event.get("timing"), "environment": environment}
+                if write is not None:
+                    write(record)
+                records.append(record)
+    return records
+
+
+def breakdown_allreduce(comparison: Comparison, environment: dict[str, Any]) -> list[dict[str, Any]]:
+    """--breakdown: the all-reduce at each model's gradient size (and a sweep), multi-device."""
+    counts = [n for n in comparison.spec.devices if n > 1]
+    if not counts:
+        return []
+    gradient_bytes = [4 * model.params for model in comparison.spec.models]
+    gpu = any(not info["simulated"] for info in comparison.devices.values())
+    return measure_allreduce(comparison.entries, counts, comparison.spec.platform, sizes_for(gradient_bytes, gpu),
+                             comparison.spec.options, comparison.run_dir, environment,
+                             write=RecordWriter(comparison.run_dir, ALLREDUCE_FILE).append)
+
+
 def plan(comparison: Comparison) -> list:
     return plan_trials(comparison.spec, [e.name for e in comparison.entries], comparison.breakdown)
 
 
 def trial_count(comparison: Comparison) -> int:
     return len(plan(comparison))
+

@@ -252,3 +252,30 @@ def describe(target: str, platform: str, log_path: Path,
         return {"reason": f"worker failed to start: {worker._exit_reason()}"}
     finally:
         worker.stop()
+
+
+def allreduce_events(target: str, devices: int, platform: str, sizes: list[int], options: dict[str, Any],
+                     log_path: Path, timeout_s: float) -> list[dict[str, Any]]:
+    """Run the all-reduce microbenchmark in one worker; one event per size (status ok, failed,
+    or why the worker could not run it)."""
+    worker = Worker.start(target, devices, platform, [], log_path, label=f"all-reduce {target} on {devices}",
+                          extra={"mode": "allreduce", "sizes": sizes, "options": options})
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S + timeout_s
+    results: list[dict[str, Any]] = []
+    try:
+        while True:
+            event = worker.next_event(deadline)
+            if event == "timeout" or event is None:
+                why = f"timed out after {timeout_s:g} s" if event == "timeout" else worker._exit_reason()
+                done = {r["nbytes"] for r in results}
+                return results + [{"nbytes": n, "status": "failed", "reason": why} for n in sizes if n not in done]
+            kind = event.get("event")
+            if kind in ("unavailable", "setup_failed"):
+                return [{"nbytes": n, "status": "skipped" if kind == "unavailable" else "failed",
+                         "reason": event["reason"]} for n in sizes]
+            if kind == "allreduce":
+                results.append(event)
+            elif kind == "done":
+                return results
+    finally:
+        worker.stop()

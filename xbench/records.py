@@ -23,6 +23,7 @@ from xbench.errors import XbenchError
 
 SCHEMA_VERSION = 2
 RECORDS_FILE = "records.jsonl"
+ALLREDUCE_FILE = "allreduce.jsonl"  # the all-reduce microbenchmark, one record per size
 RUN_FILE = "run.json"
 
 
@@ -57,8 +58,8 @@ def write_json(path: Path, payload: Mapping[str, Any]) -> None:
 class RecordWriter:
     """Appends records to a run directory, one complete line per write, synced to disk."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / RECORDS_FILE
+    def __init__(self, run_dir: Path, name: str = RECORDS_FILE) -> None:
+        self.path = Path(run_dir) / name
 
     def append(self, record: Mapping[str, Any]) -> None:
         line = json.dumps({"schema": SCHEMA_VERSION, **record}, sort_keys=True) + "\n"
@@ -68,9 +69,9 @@ class RecordWriter:
             os.fsync(handle.fileno())
 
 
-def read_records(run_dir: Path) -> list[dict[str, Any]]:
+def read_records(run_dir: Path, name: str = RECORDS_FILE) -> list[dict[str, Any]]:
     """All records of a run directory, oldest first."""
-    return list(iter_records(Path(run_dir) / RECORDS_FILE))
+    return list(iter_records(Path(run_dir) / name))
 
 
 def iter_records(path: Path) -> Iterator[dict[str, Any]]:

@@ -12,13 +12,24 @@ from xbench import stats
 from xbench.summary import Row, full_rows
 
 
-def model_tables(rows: Sequence[Row]) -> list[Table]:
-    """One table per model, rows in run order; compute-only twins appear as breakdown columns."""
+Busbw = Mapping[tuple[str, int, int], float]  # (backend, devices, bytes) -> busbw in bytes/s
+
+
+def busbw_by_size(allreduce_records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int, int], float]:
+    from xbench.allreduce import result_from_record
+
+    results = [result_from_record(dict(r)) for r in allreduce_records if r["status"] == "ok"]
+    return {(r.backend, r.devices, r.nbytes): r.busbw for r in results}
+
+
+def model_tables(rows: Sequence[Row], busbw: Busbw | None = None) -> list[Table]:
+    """One table per model, rows in run order; compute-only twins appear as breakdown columns,
+    with the all-reduce busbw at the model's gradient size when measured."""
     models = list(dict.fromkeys(row.model for row in rows))
-    return [_model_table(model, [r for r in rows if r.model == model]) for model in models]
+    return [_model_table(model, [r for r in rows if r.model == model], busbw or {}) for model in models]
 
 
-def _model_table(model: str, rows: list[Row]) -> Table:
+def _model_table(model: str, rows: list[Row], busbw: Busbw) -> Table:
     params = next((r.params for r in rows if r.params is not None), None)
     title = f"model {model}" + (f" — {params:,} parameters" if params else "")
     table = Table(title=title, title_justify="left", caption=_caption(rows), caption_justify="left")
@@ -30,11 +41,17 @@ def _model_table(model: str, rows: list[Row]) -> Table:
         table.add_column(header, justify=justify, no_wrap=header != "backend")
     breakdown = any(r.breakdown for r in rows)
     if breakdown:
-        for header in ("compute ms", "comm ms", "comm %"):
+        for header in ("compute ms", "comm ms", "comm %", "busbw GB/s"):
             table.add_column(header, justify="right", no_wrap=True)
     for row in full_rows(rows):
-        table.add_row(*_cells(row), *(_breakdown_cells(row) if breakdown else []))
+        extra = [*_breakdown_cells(row), _busbw_cell(row, busbw)] if breakdown else []
+        table.add_row(*_cells(row), *extra)
     return table
+
+
+def _busbw_cell(row: Row, busbw: Busbw) -> str:
+    value = busbw.get((row.backend, row.devices, 4 * row.params)) if row.params else None
+    return f"{value / 1e9:.2f}" if value is not None and row.devices > 1 else ""
 
 
 def _breakdown_cells(row: Row) -> list[str]:
@@ -85,7 +102,8 @@ def _caption(rows: list[Row]) -> str:
               for r in rows if r.throughput is None]
     if any(r.breakdown for r in rows):
         lines.append("compute ms: the same step without the gradient all-reduce; comm ms: exposed "
-                     "communication = step ms - compute ms (negative: within noise); comm %: of the step")
+                     "communication = step ms - compute ms (negative: within noise); comm %: of the step; "
+                     "busbw: the backend's own all-reduce of the gradient's bytes (xbench allreduce)")
     return "\n".join(lines)
 
 

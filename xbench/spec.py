@@ -51,6 +51,12 @@ class ModelSpec:
     def layer_sizes(self) -> tuple[int, ...]:
         return (self.inputs, *self.widths, self.outputs)
 
+    @property
+    def params(self) -> int:
+        """Kernels and biases of every Dense layer."""
+        sizes = self.layer_sizes
+        return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
 
 @dataclass(frozen=True)
 class DataSpec:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from xbench.contract import Backend, DeviceUnavailable, Trial, Unsupported
+from xbench.allreduce import window_protocol
 from xbench.measure import measure
 from xbench.records import utc_now as _now
 from xbench.registry import load_target
@@ -39,6 +40,11 @@ def main() -> int:
         traceback.print_exc()
         return 1
     emit("ready", device_info=asdict(info))
+    if job.get("mode") == "allreduce":
+        for nbytes in job["sizes"]:
+            run_allreduce(backend, nbytes, job.get("options", {}), emit)
+        emit("done")
+        return 0
     works: dict[tuple, Work] = {}
     action = _verification(Path(job["arrays_dir"])) if job.get("mode") == "verify" else _timing
     for raw in job.get("trials", []):
@@ -85,6 +91,33 @@ def _verification(arrays_dir: Path) -> Action:
         save_reference(path, reference_run(backend, prepared, trial.protocol.steps))
         return {"arrays": str(path)}
     return capture
+
+
+def run_allreduce(backend: Backend, nbytes: int, options: dict[str, Any], emit) -> None:
+    """Time the backend's all-reduce of an `nbytes` float32 buffer per device."""
+    protocol = window_protocol(nbytes)
+    try:
+        if not callable(getattr(backend, "allreduce_prepare", None)):
+            raise Unsupported(f"backend {backend.name!r} has no allreduce_prepare/allreduce_run")
+        prepared = backend.allreduce_prepare(nbytes, options)
+        result = measure(_AllReduceSteps(backend), prepared, protocol)
+    except Exception as err:
+        traceback.print_exc()
+        emit("allreduce", nbytes=nbytes, status="failed", reason=_one_line(err))
+        return
+    emit("allreduce", nbytes=nbytes, status="ok", timing={
+        "first_call_s": result.first_call_s, "window_s": list(result.window_s),
+        "steps_per_window": result.steps_per_window})
+
+
+class _AllReduceSteps:
+    """Presents all-reduce operations as the steps `measure` times."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def run(self, prepared: Any, steps: int) -> None:
+        self.backend.allreduce_run(prepared, steps)
 
 
 def _claim_stdout() -> IO[str]:

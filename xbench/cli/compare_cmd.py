@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from xbench import compare as comparison
 from xbench.records import RECORDS_FILE, read_records
-from xbench.render import devices_line, model_tables
+from xbench.render import busbw_by_size, devices_line, model_tables
 from xbench.spec import load_spec
 from xbench.summary import rows_from_records
 
@@ -68,12 +68,16 @@ def compare(
             _report_verification(err, outcome)
         with _ProgressListener(err, comparison.trial_count(plan), spec.protocol.repeats) as listener:
             records = comparison.execute(plan, environment, outcome, listener)
+        allreduce = []
+        if breakdown:
+            with err.status("timing each backend's all-reduce at the gradient sizes…"):
+                allreduce = comparison.breakdown_allreduce(plan, environment)
     except KeyboardInterrupt:
         kept = len(read_records(plan.run_dir)) if (plan.run_dir / RECORDS_FILE).exists() else 0
         err.print(f"interrupted; {kept} finished trial record(s) kept in {plan.run_dir / RECORDS_FILE}")
         return 130
     console = data_console()
-    for table in model_tables(rows_from_records(records)):
+    for table in model_tables(rows_from_records(records), busbw_by_size(allreduce)):
         console.print(table)
     if any(info["simulated"] for info in plan.devices.values()):
         err.print("note: simulated CPU devices share this machine's cores; these numbers test the "

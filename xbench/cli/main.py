@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import xbench
-from xbench.cli import backends_cmd, compare_cmd, env_cmd, report_cmd, verify_cmd
+from xbench.cli import allreduce_cmd, backends_cmd, compare_cmd, env_cmd, report_cmd, verify_cmd
 from xbench.errors import XbenchError
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app = typer.Typer(
 app.command("compare")(compare_cmd.compare)
 app.command("backends")(backends_cmd.backends)
 app.command("env")(env_cmd.env)
+app.command("allreduce")(allreduce_cmd.allreduce)
 app.command("verify")(verify_cmd.verify)
 app.command("report")(report_cmd.report)
 app.command("export")(report_cmd.export)
@@ -39,7 +40,7 @@ def _root(version: bool = typer.Option(False, "--version", help="Print xbench's 
 _CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 # Options that take several values, written the natural way: `--backends tf jax`.
-VARIADIC = {"--backends", "--model", "--batch-sizes", "--devices"}
+VARIADIC = {"--backends", "--model", "--batch-sizes", "--devices", "--sizes"}
 
 
 def expand_variadic(argv: list[str]) -> list[str]:

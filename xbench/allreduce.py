@@ -1,0 +1,77 @@
+"""The all-reduce microbenchmark: each backend's own collective on float32 buffers.
+
+Bandwidths follow nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n, the rate each
+link must carry in a ring all-reduce, comparable across device counts (0 on one device).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from xbench import stats
+from xbench.spec import Protocol
+
+_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+SWEEP = (2**12, 2**18, 2**24)  # 4 KiB, 256 KiB, 16 MiB; with gradient sizes in --breakdown
+GPU_SWEEP = (2**28, 2**30)  # 256 MiB and 1 GiB where real GPUs are
+
+
+def parse_size(text: str) -> int:
+    """'1GiB', '64MiB', '4KiB', '217612' -> bytes (a multiple of 4: float32 elements)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*", text, flags=re.IGNORECASE)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use e.g. 4KiB, 64MiB, 1GiB or bytes)")
+    nbytes = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
+    if nbytes < 4:
+        raise ValueError(f"size {text!r} is smaller than one float32")
+    return nbytes - nbytes % 4
+
+
+def format_size(nbytes: int) -> str:
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= factor and nbytes % (factor // 1024 or 1) == 0 and nbytes / factor >= 1:
+            value = nbytes / factor
+            return f"{value:g} {unit}" if value == int(value) else f"{nbytes:,} B"
+    return f"{nbytes:,} B"
+
+
+def window_protocol(nbytes: int) -> Protocol:
+    """Fewer operations per window for larger buffers, so each window lasts a similar time."""
+    steps = 100 if nbytes <= 2**22 else 20 if nbytes <= 2**28 else 10
+    return Protocol(warmup_steps=5, steps=steps, repeats=10, steps_per_call=1, trial_timeout_s=300)
+
+
+def bus_factor(devices: int) -> float:
+    return 2 * (devices - 1) / devices
+
+
+@dataclass(frozen=True)
+class AllReduceResult:
+    backend: str
+    devices: int
+    nbytes: int
+    time: stats.Summary  # seconds per all-reduce, outliers removed
+
+    @property
+    def algbw(self) -> float:
+        """Bytes per second at the median time."""
+        return self.nbytes / self.time.median
+
+    @property
+    def busbw(self) -> float:
+        return self.algbw * bus_factor(self.devices)
+
+
+def result_from_record(record: dict) -> AllReduceResult:
+    timing = record["timing"]
+    per_op = np.asarray(timing["window_s"], dtype=float) / timing["steps_per_window"]
+    return AllReduceResult(record["backend"], record["devices"], record["nbytes"], stats.summarize(per_op))
+
+
+def sizes_for(gradient_bytes: Sequence[int], gpu: bool) -> list[int]:
+    """The models' gradient sizes and a sweep, ascending, without repeats."""
+    return sorted({*gradient_bytes, *SWEEP, *(GPU_SWEEP if gpu else ())})

@@ -1,0 +1,86 @@
+"""`xbench allreduce`: each backend's own all-reduce, timed like a training step."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from xbench import compare as comparison
+from xbench.allreduce import format_size, parse_size, result_from_record
+from xbench.cli.consoles import data_console, status_console
+from xbench.cli.options import Platform, backend_options, integers, names, value
+from xbench.environment import host_environment
+from xbench.errors import XbenchError
+from xbench.registry import resolve
+from xbench.spec import load_spec
+
+DEFAULT_SIZES = ("4KiB", "256KiB", "16MiB")
+
+
+def allreduce(
+    backends: Annotated[Optional[list[str]], typer.Option(help="Backends to measure, e.g. --backends jax tf.")] = None,
+    devices: Annotated[Optional[list[str]], typer.Option(help="Device counts (default 2).")] = None,
+    sizes: Annotated[Optional[list[str]], typer.Option(help="Buffer sizes per device, e.g. 4KiB 64MiB 1GiB.")] = None,
+    platform: Annotated[Optional[Platform], typer.Option(help="auto: GPUs when present, else simulated CPU devices.")] = None,
+    option: Annotated[Optional[list[str]], typer.Option(help="Backend option BACKEND.KEY=VALUE.")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results to this JSON file.")] = None,
+) -> int:
+    """Time the framework's own all-reduce: time per operation, algbw and busbw (nccl-tests' definitions)."""
+    try:
+        nbytes = [parse_size(s) for s in (names(sizes) or DEFAULT_SIZES)]
+    except ValueError as err:
+        raise XbenchError(f"--sizes: {err}") from None
+    spec = load_spec(None, {"backends": names(backends), "devices": integers(devices, "--devices") or [2],
+                            "platform": value(platform), "options": backend_options(option)})
+    entries = resolve(spec.backends)
+    comparison.check_options(spec, entries)
+    err = status_console()
+    with tempfile.TemporaryDirectory(prefix="xbench-allreduce-") as tmp:
+        with err.status("finding devices for each backend…"):
+            found = comparison.probe_devices(entries, spec.platform, Path(tmp))
+        comparison.check_device_counts(spec, found)
+        with err.status("timing all-reduces…"):
+            records = comparison.measure_allreduce(entries, spec.devices, spec.platform, nbytes, spec.options,
+                                                   Path(tmp), host_environment())
+    data_console().print(allreduce_table(records))
+    if json_out is not None:
+        json_out.write_text(json.dumps(_as_json(records), indent=2) + "\n", encoding="utf-8")
+    bad = [r for r in records if r["status"] != "ok"]
+    for record in bad:
+        err.print(f"{record['backend']} d{record['devices']} {format_size(record['nbytes'])}: "
+                  f"{record['status']}: {record['reason']}")
+    return 1 if bad else 0
+
+
+def allreduce_table(records: Sequence[dict]) -> Table:
+    table = Table(title="all-reduce (float32, out of place, SUM)", title_justify="left",
+                  caption="time: median per operation, outliers removed; ±95%: t-interval half-width of the mean; "
+                          "algbw = bytes / time; busbw = algbw × 2(n−1)/n (nccl-tests)", caption_justify="left")
+    for header in ("backend", "dev", "size", "time µs", "±95%", "algbw GB/s", "busbw GB/s"):
+        table.add_column(header, justify="left" if header == "backend" else "right")
+    for record in records:
+        if record["status"] != "ok":
+            table.add_row(record["backend"], str(record["devices"]), format_size(record["nbytes"]),
+                          record["status"], "", "", "")
+            continue
+        r = result_from_record(record)
+        table.add_row(r.backend, str(r.devices), format_size(r.nbytes), f"{r.time.median * 1e6:,.1f}",
+                      f"{r.time.ci_half_width * 1e6:,.1f}", f"{r.algbw / 1e9:,.2f}", f"{r.busbw / 1e9:,.2f}")
+    return table
+
+
+def _as_json(records: Sequence[dict]) -> list[dict]:
+    out = []
+    for record in records:
+        row = {k: record[k] for k in ("backend", "devices", "nbytes", "status", "reason")}
+        if record["status"] == "ok":
+            r = result_from_record(record)
+            row.update(time_s_median=r.time.median, algbw_GBps=r.algbw / 1e9, busbw_GBps=r.busbw / 1e9)
+        out.append(row)
+    return out
