@@ -22,7 +22,7 @@ from xbench.contract import (
 AXIS = "d"
 SIMULATED_DEVICE_LIMIT = 8
 # The spec's precision, spelled as jax_default_matmul_precision values.
-MATMUL_PRECISION = {"fp32": "float32", "tf32": "tensorfloat32"}
+MATMUL_PRECISION = {"fp32": "float32", "tf32": "tensorfloat32", "bf16": "bfloat16"}
 
 
 @dataclass
@@ -106,7 +106,8 @@ class JaxPmapBackend:
         info = PreparedInfo(
             params=sum(int(np.prod(a.shape[1:])) for a in jax.tree.leaves(replicated[0])),
             weights_hash=hash_arrays(readback),
-            precision={"jax_default_matmul_precision": jax.config.jax_default_matmul_precision},
+            precision={"jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+                       "compute_dtype": "bfloat16" if trial.precision == "bf16" else "float32"},
             # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
             sync_every_call=self.devices[0].platform == "cpu",
         )
@@ -121,6 +122,14 @@ class JaxPmapBackend:
             if prepared.info.sync_every_call:
                 loss.block_until_ready()
         jax.block_until_ready(prepared.state)
+
+    def memory_peak_bytes(self, prepared: JaxPrepared) -> list[int] | None:
+        """Each device's peak bytes in use since the worker started (JAX keeps no per-trial
+        counter), or None where the platform reports none."""
+        stats = [device.memory_stats() for device in self.devices]
+        if any(not s or "peak_bytes_in_use" not in s for s in stats):
+            return None
+        return [int(s["peak_bytes_in_use"]) for s in stats]
 
     def reduce_gradients(self, grads):
         """The data-parallel all-reduce: the mean gradient over the device axis."""
@@ -183,13 +192,14 @@ def _mlp_class():
         widths: tuple[int, ...]
         outputs: int
         dropout: float
+        dtype: Any = None  # compute dtype; parameters stay float32 (mixed precision)
 
         @nn.compact
         def __call__(self, x, train: bool):
             for width in self.widths:
-                x = nn.relu(nn.Dense(width)(x))
+                x = nn.relu(nn.Dense(width, dtype=self.dtype)(x))
                 x = nn.Dropout(self.dropout, deterministic=not train)(x)
-            return nn.Dense(self.outputs)(x)
+            return nn.Dense(self.outputs, dtype=self.dtype)(x)
 
     return MLP
 
@@ -201,7 +211,8 @@ def _programs(trial: Trial, work: Work, tx, batches: int, reduce_gradients):
     import jax.numpy as jnp
     from jax import lax
 
-    model = _mlp_class()(widths=work.model.widths, outputs=work.model.outputs, dropout=work.model.dropout)
+    model = _mlp_class()(widths=work.model.widths, outputs=work.model.outputs, dropout=work.model.dropout,
+                         dtype=jnp.bfloat16 if trial.precision == "bf16" else jnp.float32)
 
     def loss_and_grads(state, xs, ys):
         params, _, step, key = state
@@ -212,7 +223,7 @@ def _programs(trial: Trial, work: Work, tx, batches: int, reduce_gradients):
                                  lax.axis_index(AXIS))
 
         def loss_fn(p):
-            pred = model.apply({"params": p}, x, train=True, rngs={"dropout": rng})
+            pred = model.apply({"params": p}, x, train=True, rngs={"dropout": rng}).astype(jnp.float32)
             return jnp.mean((pred - y) ** 2)
 
         loss, grads = jax.value_and_grad(loss_fn)(params)

@@ -108,7 +108,14 @@ class TfMirroredBackend:
 
         # Explicit, never the default: TF allows TF32 on GPUs unless told otherwise (pitfall 9).
         tf.config.experimental.enable_tensor_float_32_execution(trial.precision == "tf32")
+        import keras
+
+        # Global in Keras: set for every trial, so one trial's policy never leaks into the next.
+        keras.mixed_precision.set_global_policy("mixed_bfloat16" if trial.precision == "bf16" else "float32")
         strategy = self._strategy(trial.options.get("cross_device_ops", "auto"))
+        if self.platform == "gpu":
+            for i in range(len(self.device_names)):
+                tf.config.experimental.reset_memory_stats(f"GPU:{i}")  # peaks per trial
         with strategy.scope():
             model = _build_model(work)
             model.set_weights(work.flat_weights)
@@ -121,7 +128,8 @@ class TfMirroredBackend:
         info = PreparedInfo(
             params=sum(int(np.prod(v.shape)) for v in variables),
             weights_hash=hash_arrays([v.numpy() for v in variables]),
-            precision={"tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled()},
+            precision={"tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled(),
+                       "keras_policy": keras.mixed_precision.global_policy().name},
             notes=(f"cross_device_ops={type(strategy.extended._cross_device_ops).__name__}",),
         )
         return TfPrepared(info, *programs, strategy, variables, trial.protocol.steps_per_call)
@@ -133,6 +141,15 @@ class TfMirroredBackend:
             prepared.train(tf.constant(prepared.next_step, dtype=tf.int64))
             prepared.next_step += prepared.steps_per_call
         tf.test.experimental.sync_devices()  # waits for every device's pending work
+
+    def memory_peak_bytes(self, prepared: TfPrepared) -> list[int] | None:
+        """Each GPU's peak bytes allocated by TensorFlow during this trial; None on CPU."""
+        import tensorflow as tf
+
+        if self.platform != "gpu":
+            return None
+        return [int(tf.config.experimental.get_memory_info(f"GPU:{i}")["peak"])
+                for i in range(len(self.device_names))]
 
     # -- all-reduce microbenchmark capability (xbench allreduce, --breakdown) ---------------
 
@@ -284,7 +301,7 @@ def _programs(strategy, model, optimizer, x_all, y_all, trial: Trial, batches: i
 
     def scaled_loss(xs, ys, index):
         x, y = tf.gather(xs, index), tf.gather(ys, index)
-        pred = model(x, training=True)
+        pred = tf.cast(model(x, training=True), tf.float32)  # bf16 under mixed precision
         per_example = tf.reduce_mean(tf.square(pred - y), axis=-1)
         return tf.nn.compute_average_loss(per_example, global_batch_size=trial.global_batch)
 

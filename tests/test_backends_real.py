@@ -47,8 +47,8 @@ def test_two_device_trials_use_two_devices(fp32_run):
 def test_fp32_policy_is_applied(fp32_run):
     _, records = fp32_run
     for record in records:
-        expected = {"jax": {"jax_default_matmul_precision": "float32"},
-                    "tf": {"tensor_float_32_execution": False}}[record["trial"]["backend"]]
+        expected = {"jax": {"jax_default_matmul_precision": "float32", "compute_dtype": "float32"},
+                    "tf": {"tensor_float_32_execution": False, "keras_policy": "float32"}}[record["trial"]["backend"]]
         assert record["backend"]["precision"] == expected
 
 
@@ -59,8 +59,8 @@ def test_tf32_policy_is_applied(tmp_path):
                  "--precision", "tf32", *TINY, "--out", str(tmp_path / "run")])
     records = {r["trial"]["backend"]: r for r in read_records(tmp_path / "run")}
     assert code == 0
-    assert records["jax"]["backend"]["precision"] == {"jax_default_matmul_precision": "tensorfloat32"}
-    assert records["tf"]["backend"]["precision"] == {"tensor_float_32_execution": True}
+    assert records["jax"]["backend"]["precision"]["jax_default_matmul_precision"] == "tensorfloat32"
+    assert records["tf"]["backend"]["precision"]["tensor_float_32_execution"] is True
 
 
 def test_fused_steps_per_call(tmp_path):
@@ -73,3 +73,17 @@ def test_fused_steps_per_call(tmp_path):
     records = read_records(tmp_path / "run")
     assert code == 0 and len(records) == 2
     assert all(r["status"] == "ok" and r["trial"]["protocol"]["steps_per_call"] == 2 for r in records)
+
+
+def test_bf16_policy_is_applied(tmp_path):
+    from xbench.cli.main import main
+
+    code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "--devices", "1",
+                 "--precision", "bf16", "--no-verify", *TINY, "--out", str(tmp_path / "run")])
+    records = {r["trial"]["backend"]: r for r in read_records(tmp_path / "run")}
+    assert code == 0
+    assert records["jax"]["backend"]["precision"] == {"jax_default_matmul_precision": "bfloat16",
+                                                      "compute_dtype": "bfloat16"}
+    assert records["tf"]["backend"]["precision"]["keras_policy"] == "mixed_bfloat16"
+    # fp32 master weights: the same initial weights as every other precision
+    assert {r["backend"]["weights_hash"] for r in records.values()} == {records["jax"]["work"]["weights_hash"]}

@@ -56,7 +56,7 @@ def test_explicit_widths_need_a_name():
     ({"models": [{"preset": "medium", "batch_sizes": [33]}], "devices": [1, 2]}, "not divisible by 2 devices"),
     ({"models": [{"preset": "medium", "batch_sizes": [8192]}]}, "exceeds data.samples"),
     ({"devices": [0]}, "'devices' .* positive integers"),
-    ({"precision": "fp8"}, "'precision' .* one of fp32, tf32"),
+    ({"precision": "fp8"}, "'precision' .* one of fp32, tf32, bf16"),
     ({"models": [{"preset": "medium", "dropout": 1.5}]}, "'dropout'"),
     ({"models": [{"preset": "medium"}, {"preset": "medium"}]}, "appears twice"),
 ])

@@ -163,7 +163,7 @@ class Worker:
             elif kind == "window":
                 ctx.listener.window_done(trial, event["done"])
             elif kind == "result":
-                extra = {k: event[k] for k in ("work", "backend", "timing", "arrays") if k in event}
+                extra = {k: event[k] for k in ("work", "backend", "timing", "arrays", "telemetry") if k in event}
                 return _record(trial, ctx, event["status"], event.get("reason"), devices, started, extra)
 
     def _unstarted_record(self, trial: Trial, event: Any, ctx: Context) -> dict[str, Any]:

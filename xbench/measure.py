@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any, ContextManager
 from dataclasses import dataclass
 
 from xbench.contract import Backend, Prepared
@@ -27,15 +29,18 @@ def measure(
     prepared: Prepared,
     protocol: Protocol,
     on_window: Callable[[int], None] = lambda done: None,
+    during_windows: Callable[[], ContextManager[Any]] = nullcontext,
 ) -> Measurement:
-    """Time one prepared trial; `on_window(k)` is called after the k-th timed window."""
+    """Time one prepared trial; `on_window(k)` is called after the k-th timed window, and
+    `during_windows()` wraps the timed windows (telemetry samples only there)."""
     first_call_s = _timed(backend, prepared, protocol.steps_per_call)
     if protocol.warmup_steps:
         backend.run(prepared, warmup_steps(protocol))
     windows = []
-    for done in range(1, protocol.repeats + 1):
-        windows.append(_timed(backend, prepared, protocol.steps))
-        on_window(done)
+    with during_windows():
+        for done in range(1, protocol.repeats + 1):
+            windows.append(_timed(backend, prepared, protocol.steps))
+            on_window(done)
     return Measurement(first_call_s, tuple(windows), protocol.steps)
 
 

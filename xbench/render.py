@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from xbench import stats
-from xbench.summary import Row, full_rows
+from xbench.summary import Row, energy_mj_per_sample, full_rows, gpu_util_pct, memory_gib
 
 
 Busbw = Mapping[tuple[str, int, int], float]  # (backend, devices, bytes) -> busbw in bytes/s
@@ -43,10 +43,21 @@ def _model_table(model: str, rows: list[Row], busbw: Busbw) -> Table:
     if breakdown:
         for header in ("compute ms", "comm ms", "comm %", "busbw GB/s"):
             table.add_column(header, justify="right", no_wrap=True)
+    telemetry = any(gpu_util_pct(r) is not None or memory_gib(r) is not None for r in rows)
+    if telemetry:
+        for header in ("GPU util %", "mem GiB", "mJ/sample"):
+            table.add_column(header, justify="right", no_wrap=True)
     for row in full_rows(rows):
         extra = [*_breakdown_cells(row), _busbw_cell(row, busbw)] if breakdown else []
+        extra += _telemetry_cells(row) if telemetry else []
         table.add_row(*_cells(row), *extra)
     return table
+
+
+def _telemetry_cells(row: Row) -> list[str]:
+    util, mem, energy = gpu_util_pct(row), memory_gib(row), energy_mj_per_sample(row)
+    return ["" if util is None else f"{util:.0f}", "" if mem is None else f"{mem:.2f}",
+            "" if energy is None else f"{energy:.3g}"]
 
 
 def _busbw_cell(row: Row, busbw: Busbw) -> str:
@@ -104,6 +115,9 @@ def _caption(rows: list[Row]) -> str:
         lines.append("compute ms: the same step without the gradient all-reduce; comm ms: exposed "
                      "communication = step ms - compute ms (negative: within noise); comm %: of the step; "
                      "busbw: the backend's own all-reduce of the gradient's bytes (xbench allreduce)")
+    if any(r.telemetry and r.telemetry.get("available") for r in rows):
+        lines.append("GPU util %: NVML mean during the timed windows; mem GiB: the framework's peak counter "
+                     "(JAX: since the worker started), else NVML's peak 'used'; mJ/sample: NVML power x time")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-PRECISIONS = ("fp32", "tf32")
+PRECISIONS = ("fp32", "tf32", "bf16")  # bf16: mixed, bf16 compute with fp32 master weights
 SCALINGS = ("strong", "weak")
 PLATFORMS = ("auto", "cpu", "gpu")
 

@@ -45,6 +45,7 @@ class Row:
     scaling: stats.Scaling | None
     all_reduce: bool = True  # False for a compute-only twin (--breakdown)
     breakdown: Breakdown | None = None
+    telemetry: dict[str, Any] | None = None  # GPU utilisation, memory, power (xbench.telemetry)
 
 
 def throughput_samples(record: Mapping[str, Any]) -> np.ndarray:
@@ -81,6 +82,7 @@ def _row(record: Mapping[str, Any]) -> Row:
     )
     if record["status"] != "ok":
         return Row(**common, throughput=None, kept=(), step_ms=None, first_call_s=None)
+    common["telemetry"] = record.get("telemetry")
     kept, removed = stats.remove_outliers(throughput_samples(record))
     summary = stats.describe(kept, removed)
     return Row(**common, throughput=summary, kept=tuple(kept),
@@ -134,3 +136,25 @@ def verdict(row: Row) -> str:
     if s.significant and s.speedup < SINGLE_PREFERRED_BELOW:
         return "single device preferred"
     return "marginal"
+
+
+def gpu_util_pct(row: Row) -> float | None:
+    """Mean NVML utilisation over the devices, while the timed windows ran."""
+    devices = ((row.telemetry or {}).get("devices")) or []
+    values = [d["util_mean_pct"] for d in devices if d.get("util_mean_pct") is not None]
+    return sum(values) / len(values) if values else None
+
+
+def memory_gib(row: Row) -> float | None:
+    """The framework's own peak where it has one (pitfall 6), else NVML's peak 'used'."""
+    telemetry = row.telemetry or {}
+    peak = telemetry.get("framework_peak_bytes")
+    if peak:
+        return max(peak) / 2**30
+    used = [d["nvml_memory_max_mib"] for d in telemetry.get("devices") or [] if d.get("nvml_memory_max_mib")]
+    return max(used) / 1024 if used else None
+
+
+def energy_mj_per_sample(row: Row) -> float | None:
+    energy = (row.telemetry or {}).get("energy_per_sample_j")
+    return energy * 1e3 if energy is not None else None

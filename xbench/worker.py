@@ -13,13 +13,15 @@ import sys
 import traceback
 from dataclasses import asdict
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import IO, Any
 
-from xbench.contract import Backend, DeviceUnavailable, Trial, Unsupported
+from xbench.contract import Backend, DeviceInfo, DeviceUnavailable, Trial, Unsupported
 from xbench.allreduce import window_protocol
 from xbench.measure import measure
 from xbench.records import utc_now as _now
+from xbench.telemetry import open_sampler
 from xbench.registry import load_target
 from xbench.verify import reference_run, save_reference
 from xbench.work import Work, build_work
@@ -46,7 +48,7 @@ def main() -> int:
         emit("done")
         return 0
     works: dict[tuple, Work] = {}
-    action = _verification(Path(job["arrays_dir"])) if job.get("mode") == "verify" else _timing
+    action = _verification(Path(job["arrays_dir"])) if job.get("mode") == "verify" else _timing(info)
     for raw in job.get("trials", []):
         run_trial(backend, Trial.from_dict(raw), works, emit, action)
     emit("done")
@@ -78,11 +80,26 @@ def run_trial(backend: Backend, trial: Trial, works: dict[tuple, Work], emit, ac
          backend=asdict(prepared.info), **fields)
 
 
-def _timing(backend: Backend, prepared: Any, trial: Trial, work: Work, emit) -> dict[str, Any]:
-    result = measure(backend, prepared, trial.protocol,
-                     on_window=lambda done: emit("window", trial=trial.id, done=done))
-    return {"timing": {"first_call_s": result.first_call_s, "window_s": list(result.window_s),
-                       "steps_per_window": result.steps_per_window}}
+def _timing(info: DeviceInfo) -> Action:
+    def time_trial(backend: Backend, prepared: Any, trial: Trial, work: Work, emit) -> dict[str, Any]:
+        # NVML numbers GPUs as CUDA does unless CUDA_VISIBLE_DEVICES reorders them.
+        sampler = open_sampler(range(trial.devices)) if info.platform == "gpu" else "no GPU in use"
+        try:
+            result = measure(backend, prepared, trial.protocol,
+                             on_window=lambda done: emit("window", trial=trial.id, done=done),
+                             during_windows=sampler.sampling if not isinstance(sampler, str) else nullcontext)
+            samples = trial.global_batch * trial.protocol.steps * trial.protocol.repeats
+            telemetry = ({"available": False, "reason": sampler} if isinstance(sampler, str)
+                         else sampler.summary(samples))
+        finally:
+            if not isinstance(sampler, str):
+                sampler.close()
+        peak = getattr(backend, "memory_peak_bytes", None)
+        telemetry["framework_peak_bytes"] = peak(prepared) if callable(peak) else None
+        return {"timing": {"first_call_s": result.first_call_s, "window_s": list(result.window_s),
+                           "steps_per_window": result.steps_per_window},
+                "telemetry": telemetry}
+    return time_trial
 
 
 def _verification(arrays_dir: Path) -> Action:
