@@ -23,13 +23,50 @@ def busbw_by_size(allreduce_records: Sequence[Mapping[str, Any]]) -> dict[tuple[
 
 
 def model_tables(rows: Sequence[Row], busbw: Busbw | None = None) -> list[Table]:
-    """One table per model, rows in run order; compute-only twins appear as breakdown columns,
-    with the all-reduce busbw at the model's gradient size when measured."""
-    models = list(dict.fromkeys(row.model for row in rows))
-    return [_model_table(model, [r for r in rows if r.model == model], busbw or {}) for model in models]
+    """Per model, the throughput table and, when measured, a second table of where the time
+    goes: compute-only twins, exposed communication, all-reduce busbw, GPU telemetry."""
+    tables = []
+    for model in dict.fromkeys(row.model for row in rows):
+        mine = [r for r in rows if r.model == model]
+        tables.append(_model_table(model, mine))
+        costs = _cost_table(model, mine, busbw or {})
+        if costs is not None:
+            tables.append(costs)
+    return tables
 
 
-def _model_table(model: str, rows: list[Row], busbw: Busbw) -> Table:
+def _cost_table(model: str, rows: list[Row], busbw: Busbw) -> Table | None:
+    breakdown = any(r.breakdown for r in rows)
+    telemetry = any(gpu_util_pct(r) is not None or memory_gib(r) is not None for r in rows)
+    if not (breakdown or telemetry):
+        return None
+    notes = []
+    table = Table(title=f"model {model}: where the time goes", title_justify="left", caption_justify="left")
+    for header in ("backend", "dev", "batch", "step ms"):
+        table.add_column(header, justify="left" if header == "backend" else "right", no_wrap=True)
+    if breakdown:
+        for header in ("compute ms", "comm ms", "comm %", "busbw GB/s"):
+            table.add_column(header, justify="right", no_wrap=True)
+        notes.append("compute ms: the same step without the gradient all-reduce; comm ms: exposed "
+                     "communication = step ms - compute ms (negative: within noise); comm %: of the step; "
+                     "busbw: the backend's own all-reduce of the gradient's bytes (xbench allreduce)")
+    if telemetry:
+        for header in ("GPU util %", "mem GiB", "mJ/sample"):
+            table.add_column(header, justify="right", no_wrap=True)
+        notes.append("GPU util %: NVML mean during the timed windows; mem GiB: the framework's peak counter "
+                     "(JAX: since the worker started), else NVML's peak 'used'; mJ/sample: NVML power x time")
+    for row in full_rows(rows):
+        if row.throughput is None:
+            continue
+        cells = [row.backend, str(row.devices), str(row.global_batch), f"{row.step_ms:.3f}"]
+        cells += [*_breakdown_cells(row), _busbw_cell(row, busbw)] if breakdown else []
+        cells += _telemetry_cells(row) if telemetry else []
+        table.add_row(*cells)
+    table.caption = "\n".join(notes)
+    return table
+
+
+def _model_table(model: str, rows: list[Row]) -> Table:
     params = next((r.params for r in rows if r.params is not None), None)
     title = f"model {model}" + (f" — {params:,} parameters" if params else "")
     table = Table(title=title, title_justify="left", caption=_caption(rows), caption_justify="left")
@@ -39,18 +76,8 @@ def _model_table(model: str, rows: list[Row], busbw: Busbw) -> Table:
         ("eff.", "right"), ("vs 1 dev", "left"), ("outl.", "right"),
     ]:
         table.add_column(header, justify=justify, no_wrap=header != "backend")
-    breakdown = any(r.breakdown for r in rows)
-    if breakdown:
-        for header in ("compute ms", "comm ms", "comm %", "busbw GB/s"):
-            table.add_column(header, justify="right", no_wrap=True)
-    telemetry = any(gpu_util_pct(r) is not None or memory_gib(r) is not None for r in rows)
-    if telemetry:
-        for header in ("GPU util %", "mem GiB", "mJ/sample"):
-            table.add_column(header, justify="right", no_wrap=True)
     for row in full_rows(rows):
-        extra = [*_breakdown_cells(row), _busbw_cell(row, busbw)] if breakdown else []
-        extra += _telemetry_cells(row) if telemetry else []
-        table.add_row(*_cells(row), *extra)
+        table.add_row(*_cells(row))
     return table
 
 
@@ -111,13 +138,6 @@ def _caption(rows: list[Row]) -> str:
     ]
     lines += [f"{r.backend} dev={r.devices} batch={r.global_batch}: {r.status}: {escape(str(r.reason))}"
               for r in rows if r.throughput is None]
-    if any(r.breakdown for r in rows):
-        lines.append("compute ms: the same step without the gradient all-reduce; comm ms: exposed "
-                     "communication = step ms - compute ms (negative: within noise); comm %: of the step; "
-                     "busbw: the backend's own all-reduce of the gradient's bytes (xbench allreduce)")
-    if any(r.telemetry and r.telemetry.get("available") for r in rows):
-        lines.append("GPU util %: NVML mean during the timed windows; mem GiB: the framework's peak counter "
-                     "(JAX: since the worker started), else NVML's peak 'used'; mJ/sample: NVML power x time")
     return "\n".join(lines)
 
 

@@ -49,7 +49,7 @@ def parse_topo_matrix(text: str) -> dict[str, Any]:
 
 
 def nvml_links() -> dict[str, Any]:
-    """Per GPU pair: active NVLinks between them, P2P read status, closest common ancestor."""
+    """Per GPU pair: P2P read status and closest common ancestor; per GPU: active NVLinks."""
     try:
         import pynvml
     except ImportError:
@@ -59,35 +59,40 @@ def nvml_links() -> dict[str, Any]:
     except pynvml.NVMLError as err:
         return {"available": False, "reason": f"NVML: {err}"}
     try:
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        buses = [pynvml.nvmlDeviceGetPciInfo(h).busId for h in handles]
-        pairs = []
-        for i in range(len(handles)):
-            for j in range(i + 1, len(handles)):
-                pairs.append({"gpus": [i, j], "nvlinks": _nvlinks(pynvml, handles[i], buses[j]),
-                              "p2p_read": _p2p(pynvml, handles[i], handles[j]),
-                              "common_ancestor": _ancestor(pynvml, handles[i], handles[j])})
-        return {"available": True, "cuda_driver": _cuda_version(pynvml), "pairs": pairs}
+        return _pairs(pynvml)
+    except Exception as err:  # the environment record must never stop a run
+        return {"available": False, "reason": f"NVML query failed: {type(err).__name__}: {err}"}
     finally:
         pynvml.nvmlShutdown()
 
 
-def _nvlinks(pynvml, handle, remote_bus) -> int:
+def _pairs(pynvml) -> dict[str, Any]:
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    pairs = [{"gpus": [i, j], "p2p_read": _p2p(pynvml, handles[i], handles[j]),
+              "common_ancestor": _ancestor(pynvml, handles[i], handles[j])}
+             for i in range(len(handles)) for j in range(i + 1, len(handles))]
+    return {"available": True, "cuda_driver": _cuda_version(pynvml), "pairs": pairs,
+            "active_nvlinks": [_active_nvlinks(pynvml, h) for h in handles]}
+
+
+def _active_nvlinks(pynvml, handle) -> int:
+    """Active NVLinks of one GPU. (Not matched to the remote GPU's PCI id: inside a VM the
+    remote id is the host's, not the guest's; nvidia-smi's matrix gives the pairs.)"""
     count = 0
     for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
         try:
-            active = pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
-            if active and pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId == remote_bus:
-                count += 1
-        except pynvml.NVMLError:
+            count += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
+        except Exception:  # NVMLError for links that do not exist; ctypes errors
             continue
     return count
 
 
 def _p2p(pynvml, a, b) -> str:
     try:
-        status = pynvml.nvmlDeviceGetP2PStatus(a, b, pynvml.NVML_P2P_CAPS_INDEX_READ)
-    except pynvml.NVMLError as err:
+        index = pynvml.NVML_P2P_CAPS_INDEX_READ
+        index = index[0] if isinstance(index, tuple) else index  # a 1-tuple in some bindings
+        status = pynvml.nvmlDeviceGetP2PStatus(a, b, int(index))
+    except Exception as err:  # NVMLError, or ctypes errors from binding versions
         return f"unknown ({err})"
     return "ok" if status == pynvml.NVML_P2P_STATUS_OK else f"not supported (status {status})"
 
@@ -95,7 +100,7 @@ def _p2p(pynvml, a, b) -> str:
 def _ancestor(pynvml, a, b) -> str:
     try:
         level = pynvml.nvmlDeviceGetTopologyCommonAncestor(a, b)
-    except pynvml.NVMLError as err:
+    except Exception as err:  # NVMLError, or ctypes errors from binding versions
         return f"unknown ({err})"
     return _ANCESTORS.get(int(level), f"level {int(level)}")
 

@@ -42,8 +42,8 @@ def link_table(topo: dict) -> Table:
     """nvidia-smi's matrix (NV# = bonded NVLinks, PIX/PXB/PHB/NODE/SYS = PCIe paths), with NVML's
     P2P status and common ancestor per pair."""
     matrix = topo.get("matrix", {})
-    table = Table(title="GPU links (nvidia-smi topo -m; NV# = # NVLinks, SYS/NODE/PHB/PXB/PIX = PCIe paths)",
-                  title_justify="left")
+    table = Table(title="GPU links (nvidia-smi topo -m): NV# = # bonded NVLinks; SYS, NODE, PHB, PXB, PIX = PCIe paths",
+                  title_justify="left", min_width=60)
     if not matrix.get("available"):
         table.add_column("links")
         table.add_row(escape(matrix.get("reason", "not available")))
@@ -56,8 +56,9 @@ def link_table(topo: dict) -> Table:
         table.add_row(gpu, *(matrix["links"].get(gpu, {}).get(other, "") for other in gpus))
     pairs = topo.get("links", {})
     if pairs.get("available"):
-        lines = [f"GPU{p['gpus'][0]}–GPU{p['gpus'][1]}: {p['nvlinks']} NVLinks, P2P read {p['p2p_read']}, "
-                 f"common ancestor: {p['common_ancestor']}" for p in pairs["pairs"]]
+        lines = [f"GPU{p['gpus'][0]}–GPU{p['gpus'][1]}: P2P read {p['p2p_read']}, "
+                 f"common PCIe ancestor: {p['common_ancestor']}" for p in pairs["pairs"]]
+        lines += [f"GPU{i}: {n} active NVLinks" for i, n in enumerate(pairs.get("active_nvlinks", []))]
         table.caption = "\n".join(lines)
         table.caption_justify = "left"
     return table
