@@ -132,3 +132,27 @@ def test_allreduce_command(run_cli, tmp_path):
     assert {(r["backend"], r["nbytes"]) for r in results} == {(b, n) for b in ("jax", "tf") for n in (4096, 65536)}
     for r in results:
         assert r["busbw_GBps"] == pytest.approx(r["nbytes"] / r["time_s_median"] / 1e9)  # n = 2
+
+
+@pytest.mark.slow
+def test_report_shows_the_breakdown_and_the_allreduce(breakdown_run):
+    from xbench.allreduce import format_size, result_from_record
+    from xbench.plots import breakdown_figure, busbw_figure
+
+    _, out = breakdown_run
+    text = (out / "report.md").read_text()  # compare wrote it
+    rows = [r for r in full_rows(rows_from_records(read_records(out))) if r.devices == 2]
+    assert "### Where the time goes, model medium" in text and "## All-reduce" in text
+    for row in rows:
+        b = row.breakdown
+        assert f"| {row.backend} | 2 | 64 | {row.step_ms:.3f} | {b.compute_ms:.3f} | {b.comm_ms:.3f} |" in text
+    bars = breakdown_figure(rows, "medium").axes[0].patches
+    assert [p.get_height() for p in bars[:2]] == pytest.approx([r.breakdown.compute_ms for r in rows])
+    assert [p.get_height() for p in bars[2:]] == pytest.approx([max(r.breakdown.comm_ms, 0) for r in rows])
+    results = [result_from_record(r) for r in read_records(out, "allreduce.jsonl") if r["status"] == "ok"]
+    lines = {line.get_label(): line for line in busbw_figure(results).axes[0].get_lines()}
+    jax = sorted((r for r in results if r.backend == "jax"), key=lambda r: r.nbytes)
+    assert list(lines["jax, 2 devices"].get_ydata()) == pytest.approx([r.busbw / 1e9 for r in jax])
+    assert all(f"| jax | 2 | {format_size(r.nbytes)} |" in text for r in jax)
+    for name in ("breakdown-medium.png", "allreduce-busbw.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from xbench.allreduce import AllReduceResult
 from xbench.summary import Row
 
 DPI = 110
@@ -100,3 +101,52 @@ def speedup_figure(rows: Sequence[Row], model: str):
     _batch_axis(ax, [r.global_batch for group in series.values() for r in group])
     ax.set_ylim(bottom=0)
     return fig
+
+
+def breakdown_figure(rows: Sequence[Row], model: str):
+    """Stacked bars per multi-device trial: compute-only step time, then the exposed
+    communication on top (drawn from zero when the difference is within noise)."""
+    measured = [r for r in rows if r.breakdown is not None]
+    if not measured:
+        return None
+    fig, ax = _figure(f"Where a step's time goes, model {model}", "backend, devices, global batch",
+                      "time per step (ms)")
+    labels = [f"{r.backend}\n{r.devices} dev, b{r.global_batch}" for r in measured]
+    compute = [r.breakdown.compute_ms for r in measured]
+    comm = [max(r.breakdown.comm_ms, 0.0) for r in measured]
+    ax.bar(labels, compute, label="compute (step without the all-reduce)", color="#4c72b0")
+    ax.bar(labels, comm, bottom=compute, label="exposed communication", color="#dd8452")
+    ax.set_ylim(bottom=0)
+    return fig
+
+
+def busbw_figure(results: Sequence[AllReduceResult]):
+    """All-reduce bus bandwidth against message size, one line per backend and device count."""
+    series: dict[tuple[str, int], list[AllReduceResult]] = {}
+    for r in results:
+        if r.devices > 1:
+            series.setdefault((r.backend, r.devices), []).append(r)
+    if not series:
+        return None
+    fig, ax = _figure("All-reduce bus bandwidth", "message size per device (bytes)", "busbw (GB/s, median time)")
+    for (backend, devices), group in sorted(series.items()):
+        group = sorted(group, key=lambda r: r.nbytes)
+        ax.plot([r.nbytes for r in group], [r.busbw / 1e9 for r in group], marker="o",
+                label=f"{backend}, {devices} devices")
+    _size_axis(ax, [r.nbytes for group in series.values() for r in group])
+    ax.set_yscale("log")
+    return fig
+
+
+def _size_axis(ax, sizes: Sequence[int]) -> None:
+    """Log-2 x axis with ticks at powers of 4 labelled as KiB/MiB/GiB."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    from xbench.allreduce import format_size
+
+    ax.set_xscale("log", base=2)
+    low, high = min(sizes).bit_length() - 1, max(sizes).bit_length()
+    ticks = [2**k for k in range(low - low % 2, high + 1, 2)]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([format_size(t) for t in ticks], rotation=30)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rich.markup import escape
@@ -35,34 +36,53 @@ def model_tables(rows: Sequence[Row], busbw: Busbw | None = None) -> list[Table]
     return tables
 
 
-def _cost_table(model: str, rows: list[Row], busbw: Busbw) -> Table | None:
+BREAKDOWN_NOTE = ("compute ms: the same step without the gradient all-reduce; comm ms: exposed communication "
+                  "= step ms - compute ms (negative: within noise); comm %: of the step; busbw: the backend's "
+                  "own all-reduce of the gradient's bytes (xbench allreduce)")
+TELEMETRY_NOTE = ("GPU util %: NVML mean during the timed windows; mem GiB: the framework's peak counter (JAX: "
+                  "since the worker started), else NVML's peak 'used'; mJ/sample: NVML power x time")
+
+
+@dataclass(frozen=True)
+class CostColumns:
+    """The 'where the time goes' table as plain strings, for the terminal and the report."""
+
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    notes: tuple[str, ...]
+
+
+def cost_columns(rows: Sequence[Row], busbw: Busbw) -> CostColumns | None:
+    """None when neither a breakdown nor telemetry was measured."""
     breakdown = any(r.breakdown for r in rows)
     telemetry = any(gpu_util_pct(r) is not None or memory_gib(r) is not None for r in rows)
     if not (breakdown or telemetry):
         return None
-    notes = []
-    table = Table(title=f"model {model}: where the time goes", title_justify="left", caption_justify="left")
-    for header in ("backend", "dev", "batch", "step ms"):
-        table.add_column(header, justify="left" if header == "backend" else "right", no_wrap=True)
-    if breakdown:
-        for header in ("compute ms", "comm ms", "comm %", "busbw GB/s"):
-            table.add_column(header, justify="right", no_wrap=True)
-        notes.append("compute ms: the same step without the gradient all-reduce; comm ms: exposed "
-                     "communication = step ms - compute ms (negative: within noise); comm %: of the step; "
-                     "busbw: the backend's own all-reduce of the gradient's bytes (xbench allreduce)")
-    if telemetry:
-        for header in ("GPU util %", "mem GiB", "mJ/sample"):
-            table.add_column(header, justify="right", no_wrap=True)
-        notes.append("GPU util %: NVML mean during the timed windows; mem GiB: the framework's peak counter "
-                     "(JAX: since the worker started), else NVML's peak 'used'; mJ/sample: NVML power x time")
+    headers = ["backend", "dev", "batch", "step ms"]
+    headers += ["compute ms", "comm ms", "comm %", "busbw GB/s"] if breakdown else []
+    headers += ["GPU util %", "mem GiB", "mJ/sample"] if telemetry else []
+    cells = []
     for row in full_rows(rows):
         if row.throughput is None:
             continue
-        cells = [row.backend, str(row.devices), str(row.global_batch), f"{row.step_ms:.3f}"]
-        cells += [*_breakdown_cells(row), _busbw_cell(row, busbw)] if breakdown else []
-        cells += _telemetry_cells(row) if telemetry else []
-        table.add_row(*cells)
-    table.caption = "\n".join(notes)
+        line = [row.backend, str(row.devices), str(row.global_batch), f"{row.step_ms:.3f}"]
+        line += [*_breakdown_cells(row), _busbw_cell(row, busbw)] if breakdown else []
+        line += _telemetry_cells(row) if telemetry else []
+        cells.append(tuple(line))
+    notes = (BREAKDOWN_NOTE,) * breakdown + (TELEMETRY_NOTE,) * telemetry
+    return CostColumns(tuple(headers), tuple(cells), notes)
+
+
+def _cost_table(model: str, rows: list[Row], busbw: Busbw) -> Table | None:
+    columns = cost_columns(rows, busbw)
+    if columns is None:
+        return None
+    table = Table(title=f"model {model}: where the time goes", title_justify="left",
+                  caption="\n".join(columns.notes), caption_justify="left")
+    for header in columns.headers:
+        table.add_column(header, justify="left" if header == "backend" else "right", no_wrap=True)
+    for line in columns.rows:
+        table.add_row(*line)
     return table
 
 

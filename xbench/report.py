@@ -9,8 +9,10 @@ from typing import Any
 
 from xbench import stats
 from xbench.document import Block, Bullets, Heading, Image, Paragraph, TableBlock, to_html, to_markdown
-from xbench.records import RUN_FILE, read_records
-from xbench.summary import BENEFICIAL_SPEEDUP, SINGLE_PREFERRED_BELOW, Row, rows_from_records, verdict
+from xbench.allreduce import AllReduceResult, format_size, result_from_record
+from xbench.records import ALLREDUCE_FILE, RUN_FILE, read_records
+from xbench.render import Busbw, busbw_by_size, cost_columns
+from xbench.summary import BENEFICIAL_SPEEDUP, SINGLE_PREFERRED_BELOW, Row, full_rows, rows_from_records, verdict
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -22,8 +24,9 @@ def write_report(run_dir: Path, html: bool = True, plots: bool = True) -> list[P
     records = read_records(run_dir)
     run = _read_json(run_dir / RUN_FILE)
     rows = rows_from_records(records)
-    images = draw_plots(rows, run_dir) if plots else {}
-    blocks = build_report(records, run, rows, images)
+    allreduce = (read_records(run_dir, ALLREDUCE_FILE) if (run_dir / ALLREDUCE_FILE).exists() else [])
+    images = draw_plots(rows, allreduce, run_dir) if plots else {}
+    blocks = build_report(records, run, rows, images, allreduce)
     written = [run_dir / REPORT_MD]
     written[0].write_text(to_markdown(blocks), encoding="utf-8")
     if html:
@@ -32,20 +35,31 @@ def write_report(run_dir: Path, html: bool = True, plots: bool = True) -> list[P
     return written + [image.path for group in images.values() for image in group]
 
 
-def draw_plots(rows: Sequence[Row], run_dir: Path) -> dict[str, list[Image]]:
-    """Per model: throughput and speedup plots beside the report."""
-    from xbench.plots import save, speedup_figure, throughput_figure
+ALLREDUCE_KEY = "all-reduce"  # the images of the all-reduce section
+
+
+def draw_plots(rows: Sequence[Row], allreduce: Sequence[Mapping[str, Any]], run_dir: Path) -> dict[str, list[Image]]:
+    """Per model: throughput, speedup and (with --breakdown) time-breakdown plots; and the
+    all-reduce bandwidth plot when the run measured it."""
+    from xbench.plots import breakdown_figure, busbw_figure, save, speedup_figure, throughput_figure
 
     images: dict[str, list[Image]] = {}
     for model in _models(rows):
-        mine = [r for r in rows if r.model == model]
+        mine = [r for r in full_rows(rows) if r.model == model]
         images[model] = []
-        for kind, draw in (("throughput", throughput_figure), ("speedup", speedup_figure)):
+        for kind, draw in (("throughput", throughput_figure), ("speedup", speedup_figure),
+                           ("breakdown", breakdown_figure)):
             figure = draw(mine, model)
             if figure is not None:
                 path = save(figure, run_dir / f"{kind}-{_safe(model)}.png")
                 images[model].append(Image(path, f"{kind} of model {model}"))
+    figure = busbw_figure(_allreduce_results(allreduce))
+    images[ALLREDUCE_KEY] = [Image(save(figure, run_dir / "allreduce-busbw.png"), "all-reduce busbw")] if figure else []
     return images
+
+
+def _allreduce_results(records: Sequence[Mapping[str, Any]]) -> list[AllReduceResult]:
+    return [result_from_record(dict(r)) for r in records if r["status"] == "ok"]
 
 
 def _safe(name: str) -> str:
@@ -53,14 +67,17 @@ def _safe(name: str) -> str:
 
 
 def build_report(records: Sequence[Mapping[str, Any]], run: Mapping[str, Any] | None,
-                 rows: Sequence[Row], images: Mapping[str, list[Image]]) -> list[Block]:
+                 rows: Sequence[Row], images: Mapping[str, list[Image]],
+                 allreduce: Sequence[Mapping[str, Any]] = ()) -> list[Block]:
     blocks: list[Block] = [Heading(_title(records, run), 1)]
     if run:
         blocks.append(Paragraph(f"Command: `{run.get('command', '?')}` — started {run.get('started_at', '?')}."))
     blocks += environment_section(records)
     blocks += verification_section(records)
+    busbw = busbw_by_size(allreduce)
     for model in _models(rows):
-        blocks += model_section(model, [r for r in rows if r.model == model], images.get(model, []))
+        blocks += model_section(model, [r for r in rows if r.model == model], images.get(model, []), busbw)
+    blocks += allreduce_section(allreduce, images.get(ALLREDUCE_KEY, []))
     blocks += problems_section(rows)
     blocks += reading_section(rows)
     return blocks
@@ -76,6 +93,11 @@ def environment_section(records: Sequence[Mapping[str, Any]]) -> list[Block]:
         "GPUs: " + ("; ".join(f"{g.get('index')}: {g.get('name')}, driver {g.get('driver_version')}, "
                               f"{g.get('memory.total')}" for g in gpus) if gpus else "none found by nvidia-smi"),
     ]
+    matrix = ((env.get("gpu_topology") or {}).get("matrix")) or {}
+    if matrix.get("available"):
+        pairs = [f"{a}–{b}: {matrix['links'][a][b]}" for i, a in enumerate(matrix["gpus"])
+                 for b in matrix["gpus"][i + 1:]]
+        items.append("GPU links (nvidia-smi topo -m): " + ", ".join(pairs))
     for backend, info in _devices_by_backend(records).items():
         kind = ("simulated CPU devices (one CPU split; not a multi-GPU measurement)" if info["simulated"]
                 else f"{info['platform'].upper()}: {', '.join(info['device_names'])}")
@@ -104,15 +126,34 @@ HEADERS = ("backend", "devices", "global batch", "samples/s", "±95% CI", "step 
            "speedup", "efficiency", "p (Welch)", "verdict")
 
 
-def model_section(model: str, rows: Sequence[Row], images: Sequence[Image]) -> list[Block]:
+def model_section(model: str, rows: Sequence[Row], images: Sequence[Image], busbw: Busbw) -> list[Block]:
     params = next((r.params for r in rows if r.params), None)
-    table_rows = tuple(_cells(row) for row in rows if row.throughput is not None)
+    table_rows = tuple(_cells(row) for row in full_rows(rows) if row.throughput is not None)
     blocks: list[Block] = [Heading(f"Model {model}" + (f" ({params:,} parameters)" if params else ""))]
     if table_rows:
         blocks.append(TableBlock(HEADERS, table_rows, right_aligned=frozenset(range(1, 10))))
     else:
         blocks.append(Paragraph("No trial of this model finished."))
+    costs = cost_columns(rows, busbw)
+    if costs is not None:
+        blocks += [Heading(f"Where the time goes, model {model}", 3),
+                   TableBlock(costs.headers, costs.rows, right_aligned=frozenset(range(1, len(costs.headers)))),
+                   Bullets(costs.notes)]
     return blocks + list(images)
+
+
+def allreduce_section(records: Sequence[Mapping[str, Any]], images: Sequence[Image]) -> list[Block]:
+    results = _allreduce_results(records)
+    if not results:
+        return []
+    rows = tuple((r.backend, str(r.devices), format_size(r.nbytes), f"{r.time.median * 1e6:,.1f}",
+                  f"{r.algbw / 1e9:,.2f}", f"{r.busbw / 1e9:,.2f}") for r in results)
+    return [Heading("All-reduce"),
+            Paragraph("Each backend's own all-reduce (float32 SUM) of the model's gradient bytes and a sweep of "
+                      "sizes; algbw = bytes / median time, busbw = algbw × 2(n−1)/n as nccl-tests defines it."),
+            TableBlock(("backend", "devices", "size", "time µs", "algbw GB/s", "busbw GB/s"), rows,
+                       right_aligned=frozenset(range(1, 6))),
+            *images]
 
 
 def _cells(row: Row) -> tuple[str, ...]:
