@@ -49,3 +49,8 @@ def test_resolve_unknown_and_not_installed(fake_backends):
         registry.resolve(["nope"])
     with pytest.raises(BackendError, match=r"backend 'missing' cannot run here: .*pip install 'xbench\[missing\]'"):
         registry.resolve(["missing"])
+
+
+def test_no_names_means_every_usable_backend(fake_backends):
+    names = [entry.name for entry in registry.resolve([])]
+    assert {"jax", "tf", "numpy"} <= set(names) and "missing" not in names

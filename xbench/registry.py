@@ -86,8 +86,14 @@ def instantiate(cls: type, name: str) -> Backend:
 
 
 def resolve(names: list[str] | tuple[str, ...]) -> list[BackendEntry]:
-    """The entries for `names`, or a one-line error for an unknown or unusable one."""
+    """The entries for `names` (all usable ones when empty), or a one-line error for an
+    unknown or unusable one."""
     entries = discover()
+    if not names:
+        usable = [entry for entry in entries.values() if entry.usable]
+        if not usable:
+            raise BackendError("no backend can run here; `xbench backends` shows why")
+        return usable
     chosen = []
     for name in names:
         entry = entries.get(name)

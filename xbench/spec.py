@@ -80,7 +80,7 @@ class Protocol:
 @dataclass(frozen=True)
 class Spec:
     models: tuple[ModelSpec, ...]
-    backends: tuple[str, ...] = ("tf", "jax")
+    backends: tuple[str, ...] = ()  # empty: every backend that can run here
     devices: tuple[int, ...] = (1, 2)
     scaling: str = "strong"
     precision: str = "fp32"
@@ -193,7 +193,7 @@ def build_spec(raw: Mapping[str, Any], source: str = "spec") -> Spec:
     defaults = Spec(models=())
     spec = Spec(
         models=_models(raw.get("models"), source),
-        backends=tuple(_str_list(raw, "backends", defaults.backends, source)),
+        backends=tuple(_str_list(raw, "backends", None, source)) if "backends" in raw else (),
         devices=tuple(_positive_list(raw, "devices", defaults.devices, source)),
         scaling=_choice(raw, "scaling", SCALINGS, defaults.scaling, source),
         precision=_choice(raw, "precision", PRECISIONS, defaults.precision, source),
