@@ -8,6 +8,7 @@ Runs on jax 0.10 and 0.11+: inputs are placed with `jax.device_put` and a `Named
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, ClassVar
@@ -55,6 +56,9 @@ class JaxPmapBackend:
         return probe_distributions("jax", ("jax", "jaxlib", "flax", "optax"), self.install_hint)
 
     def setup(self, devices: int, platform: str) -> DeviceInfo:
+        # Allocate as needed instead of 75 % of each GPU up front, so NVML's "used" means
+        # something (pitfall 6); a user's own setting wins.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         import jax
 
         if platform == "cpu":
@@ -80,7 +84,8 @@ class JaxPmapBackend:
             simulated=simulated,
             available=SIMULATED_DEVICE_LIMIT if simulated else len(found),
             details={"jaxlib": metadata.version("jaxlib"), "flax": metadata.version("flax"),
-                     "optax": metadata.version("optax")},
+                     "optax": metadata.version("optax"),
+                     "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"]},
         )
 
     def prepare(self, trial: Trial, work: Work) -> JaxPrepared:
@@ -123,13 +128,13 @@ class JaxPmapBackend:
                 loss.block_until_ready()
         jax.block_until_ready(prepared.state)
 
-    def memory_peak_bytes(self, prepared: JaxPrepared) -> list[int] | None:
-        """Each device's peak bytes in use since the worker started (JAX keeps no per-trial
-        counter), or None where the platform reports none."""
+    def memory_peak_bytes(self, prepared: JaxPrepared) -> dict[str, Any] | None:
+        """Each device's peak bytes in use, or None where the platform reports none. JAX keeps
+        no per-trial counter: the peak covers the worker process so far."""
         stats = [device.memory_stats() for device in self.devices]
         if any(not s or "peak_bytes_in_use" not in s for s in stats):
             return None
-        return [int(s["peak_bytes_in_use"]) for s in stats]
+        return {"peak_bytes": [int(s["peak_bytes_in_use"]) for s in stats], "scope": "worker process"}
 
     def reduce_gradients(self, grads):
         """The data-parallel all-reduce: the mean gradient over the device axis."""

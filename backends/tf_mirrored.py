@@ -142,14 +142,14 @@ class TfMirroredBackend:
             prepared.next_step += prepared.steps_per_call
         tf.test.experimental.sync_devices()  # waits for every device's pending work
 
-    def memory_peak_bytes(self, prepared: TfPrepared) -> list[int] | None:
+    def memory_peak_bytes(self, prepared: TfPrepared) -> dict[str, Any] | None:
         """Each GPU's peak bytes allocated by TensorFlow during this trial; None on CPU."""
         import tensorflow as tf
 
         if self.platform != "gpu":
             return None
-        return [int(tf.config.experimental.get_memory_info(f"GPU:{i}")["peak"])
-                for i in range(len(self.device_names))]
+        return {"peak_bytes": [int(tf.config.experimental.get_memory_info(f"GPU:{i}")["peak"])
+                               for i in range(len(self.device_names))], "scope": "trial"}
 
     # -- all-reduce microbenchmark capability (xbench allreduce, --breakdown) ---------------
 

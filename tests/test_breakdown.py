@@ -72,7 +72,23 @@ def test_sampler_summary_and_energy():
     summary = sampler.summary(samples_processed=1000)
     assert [d["util_mean_pct"] for d in summary["devices"]] == [80.0, 80.0]
     assert summary["devices"][0]["nvml_memory_max_mib"] == 3072.0
+    assert summary["energy_source"] == "mean power x time"  # the fake has no energy counter
     assert summary["energy_per_sample_j"] == pytest.approx(500 * summary["sampled_s"] / 1000)
+
+
+def test_sampler_prefers_the_energy_counter():
+    class Counting(FakeNvml):
+        readings = iter([1_000_000, 2_000_000, 1_250_000, 2_250_000])  # mJ: both starts, both ends
+
+        def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+            return next(self.readings)
+
+    sampler = GpuSampler(Counting(), ["gpu0", "gpu1"])
+    with sampler.sampling():
+        pass
+    summary = sampler.summary(samples_processed=100)
+    assert summary["energy_source"] == "energy counter"
+    assert summary["energy_per_sample_j"] == pytest.approx((250.0 + 250.0) / 100)
 
 
 def test_no_nvml_means_no_sampler_and_a_reason():
@@ -104,7 +120,7 @@ def test_breakdown_records_are_complete(breakdown_run):
         assert records[f"{backend}/medium/d2/b64/compute-only"]["trial"]["all_reduce"] is False
         assert f"{backend}/medium/d1/b64/compute-only" not in records  # nothing to remove on 1 device
     assert all(r["status"] == "ok" for r in records.values())
-    assert all(r["telemetry"] == {"available": False, "reason": "no GPU in use", "framework_peak_bytes": None}
+    assert all(r["telemetry"] == {"available": False, "reason": "no GPU in use", "framework_memory": None}
                for r in records.values())
     allreduce = read_records(out, "allreduce.jsonl")
     sizes = {(r["backend"], r["nbytes"]) for r in allreduce if r["status"] == "ok"}
@@ -153,6 +169,6 @@ def test_report_shows_the_breakdown_and_the_allreduce(breakdown_run):
     lines = {line.get_label(): line for line in busbw_figure(results).axes[0].get_lines()}
     jax = sorted((r for r in results if r.backend == "jax"), key=lambda r: r.nbytes)
     assert list(lines["jax, 2 devices"].get_ydata()) == pytest.approx([r.busbw / 1e9 for r in jax])
-    assert all(f"| jax | 2 | {format_size(r.nbytes)} |" in text for r in jax)
+    assert all(f"| jax | simulated CPU | 2 | {format_size(r.nbytes)} |" in text for r in jax)
     for name in ("breakdown-medium.png", "allreduce-busbw.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"

@@ -170,9 +170,15 @@ def test_schema_1_records_are_migrated_and_newer_ones_refused(tmp_path):
     from tests.conftest import ROOT
 
     old = read_records(ROOT / "results" / "2026-11-22-h200x2-jax-quick")  # written with schema 1
-    assert old and all(r["schema"] == 2 for r in old)
+    assert old and all(r["schema"] == 3 and r["trial"]["all_reduce"] is True for r in old)
     assert old[0]["verification"]["status"] == "skipped"
     newer = tmp_path / "records.jsonl"
+    newer.write_text(json.dumps({"schema": 99}) + "\n")
+    with pytest.raises(XbenchError, match="schema 99, newer than this xbench understands"):
+        read_records(tmp_path)
+    newer.write_text(json.dumps({"schema": 3, "status": "ok"}) + "\n")  # no trial: damaged
+    with pytest.raises(XbenchError, match="lacks trial; not an xbench record"):
+        read_records(tmp_path)
     newer.write_text(json.dumps({"schema": 99}) + "\n")
     with pytest.raises(XbenchError, match="schema 99, newer than this xbench understands"):
         read_records(tmp_path)

@@ -32,10 +32,11 @@ def parse_size(text: str) -> int:
 
 
 def format_size(nbytes: int) -> str:
+    """Exact binary units where they fit (4 KiB, 1.5 GiB), else bytes (217,612 B)."""
     for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= factor and nbytes % (factor // 1024 or 1) == 0 and nbytes / factor >= 1:
-            value = nbytes / factor
-            return f"{value:g} {unit}" if value == int(value) else f"{nbytes:,} B"
+        value = nbytes / factor
+        if value >= 1 and (value * 4).is_integer():
+            return f"{value:g} {unit}"
     return f"{nbytes:,} B"
 
 
@@ -70,6 +71,10 @@ def result_from_record(record: dict) -> AllReduceResult:
     timing = record["timing"]
     per_op = np.asarray(timing["window_s"], dtype=float) / timing["steps_per_window"]
     return AllReduceResult(record["backend"], record["devices"], record["nbytes"], stats.summarize(per_op))
+
+
+def ok_results(records: Sequence[dict]) -> list[AllReduceResult]:
+    return [result_from_record(dict(r)) for r in records if r["status"] == "ok"]
 
 
 def sizes_for(gradient_bytes: Sequence[int], gpu: bool) -> list[int]:

@@ -188,16 +188,20 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
 
 def measure_allreduce(entries: Sequence[BackendEntry], device_counts: Sequence[int], platform: str,
                       sizes: Sequence[int], options: Mapping[str, Mapping[str, Any]], log_dir: Path,
-                      environment: dict[str, Any], write=None, timeout_s: float = 600) -> list[dict[str, Any]]:
-    """Each backend's own all-reduce on each device count and buffer size; one record each."""
+                      environment: dict[str, Any], write=None, timeout_s: float = 600,
+                      devices: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Each backend's own all-reduce on each device count and buffer size; one record each,
+    with the platform the backend found (`devices`, from probe_devices)."""
     records = []
     for entry in entries:
-        for devices in device_counts:
-            events = launcher.allreduce_events(entry.target, devices, platform, list(sizes),
+        for count in device_counts:
+            events = launcher.allreduce_events(entry.target, count, platform, list(sizes),
                                                dict(options.get(entry.name, {})), log_dir / launcher.LOG_FILE,
                                                timeout_s)
             for event in events:
-                record = {"kind": "allreduce", "backend": entry.name, "devices": devices,
+                info = (devices or {}).get(entry.name) or {}
+                record = {"kind": "allreduce", "backend": entry.name, "devices": count,
+                          "platform": "simulated CPU" if info.get("simulated") else info.get("platform"),
                           "nbytes": event["nbytes"], "status": event["status"], "reason": event.get("reason"),
                           "timing": event.get("timing"), "environment": environment}
                 if write is not None:
@@ -215,7 +219,8 @@ def breakdown_allreduce(comparison: Comparison, environment: dict[str, Any]) -> 
     gpu = any(not info["simulated"] for info in comparison.devices.values())
     return measure_allreduce(comparison.entries, counts, comparison.spec.platform, sizes_for(gradient_bytes, gpu),
                              comparison.spec.options, comparison.run_dir, environment,
-                             write=RecordWriter(comparison.run_dir, ALLREDUCE_FILE).append)
+                             write=RecordWriter(comparison.run_dir, ALLREDUCE_FILE).append,
+                             devices=comparison.devices)
 
 
 def plan(comparison: Comparison) -> list:

@@ -172,6 +172,14 @@ class Backend(Protocol):
     #     """Run `steps` training steps of the timed program; the global loss of each."""
     # def replica_weights(self, prepared) -> list[list[np.ndarray]]:
     #     """The weights held by each replica, kernels and biases in layer order."""
+    # def allreduce_prepare(self, nbytes: int, options: dict) -> Any:
+    #     """A float32 buffer of `nbytes` on each device and the framework's own SUM
+    #     all-reduce over them (xbench allreduce, --breakdown); without it: 'unsupported'."""
+    # def allreduce_run(self, prepared, iterations: int) -> None:
+    #     """`iterations` all-reduces; return after the devices finished them."""
+    # def memory_peak_bytes(self, prepared) -> dict | None:
+    #     """{"peak_bytes": [per device], "scope": "trial" or "worker process"}: the
+    #     framework's own peak counter, or None where it has none."""
 
 
 def probe_distributions(framework: str, names: tuple[str, ...], hint: str) -> Availability:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from xbench.summary import rows_from_records, verdict
+from xbench.summary import energy_mj_per_sample, gpu_util_pct, memory_gib, rows_from_records, verdict
 
 
 def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -31,6 +31,8 @@ def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "p_value": s.p_value if s else None, "verdict": verdict(row),
             "compute_ms": b.compute_ms if b else None, "exposed_comm_ms": b.comm_ms if b else None,
             "comm_fraction": b.comm_fraction if b else None,
+            "gpu_util_pct": gpu_util_pct(row), "memory_gib": memory_gib(row),
+            "energy_mj_per_sample": energy_mj_per_sample(row),
             "verification": (record.get("verification") or {}).get("status"),
         })
     return out

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any, ContextManager
 from dataclasses import dataclass
 
 from xbench.contract import Backend, Prepared
 from xbench.spec import Protocol
+
+
+# NVML averages utilisation over 1/6 s to 1 s and power over about 1 s on recent GPUs.
+TELEMETRY_MIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -29,19 +32,29 @@ def measure(
     prepared: Prepared,
     protocol: Protocol,
     on_window: Callable[[int], None] = lambda done: None,
-    during_windows: Callable[[], ContextManager[Any]] = nullcontext,
 ) -> Measurement:
-    """Time one prepared trial; `on_window(k)` is called after the k-th timed window, and
-    `during_windows()` wraps the timed windows (telemetry samples only there)."""
+    """Time one prepared trial; `on_window(k)` is called after the k-th timed window."""
     first_call_s = _timed(backend, prepared, protocol.steps_per_call)
     if protocol.warmup_steps:
         backend.run(prepared, warmup_steps(protocol))
     windows = []
-    with during_windows():
-        for done in range(1, protocol.repeats + 1):
-            windows.append(_timed(backend, prepared, protocol.steps))
-            on_window(done)
+    for done in range(1, protocol.repeats + 1):
+        windows.append(_timed(backend, prepared, protocol.steps))
+        on_window(done)
     return Measurement(first_call_s, tuple(windows), protocol.steps)
+
+
+def observe(backend: Backend, prepared: Prepared, protocol: Protocol, watch: Callable[[], ContextManager[Any]],
+            min_seconds: float = TELEMETRY_MIN_S) -> tuple[int, float]:
+    """After the timed windows: keep training, untimed, for at least `min_seconds` inside
+    `watch()` (telemetry), so that sampling never disturbs a timed window and counters that
+    average over a second or more see the steady state. Returns (steps, seconds)."""
+    steps, start = 0, time.perf_counter()
+    with watch():
+        while time.perf_counter() - start < min_seconds:
+            backend.run(prepared, protocol.steps)
+            steps += protocol.steps
+    return steps, time.perf_counter() - start
 
 
 def _timed(backend: Backend, prepared: Prepared, steps: int) -> float:

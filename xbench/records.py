@@ -7,6 +7,8 @@ Every record carries `schema`. `read_records` upgrades older records one version
 Schema history:
 1. the first release.
 2. adds `verification` (the identical-work check before timing; `xbench verify`).
+3. adds `trial.all_reduce` (False for --breakdown's compute-only twins), `telemetry`, and
+   allreduce.jsonl records.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from xbench.errors import XbenchError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 RECORDS_FILE = "records.jsonl"
 ALLREDUCE_FILE = "allreduce.jsonl"  # the all-reduce microbenchmark, one record per size
 RUN_FILE = "run.json"
@@ -90,6 +92,9 @@ def iter_records(path: Path) -> Iterator[dict[str, Any]]:
                 raise XbenchError(
                     f"{path}:{number} has record schema {schema!r}, newer than this xbench "
                     f"understands ({SCHEMA_VERSION}); upgrade xbench")
+            missing = [key for key in REQUIRED.get(path.name, ()) if key not in record]
+            if missing:
+                raise XbenchError(f"{path}:{number} lacks {', '.join(missing)}; not an xbench record")
             yield migrate(record)
 
 
@@ -105,4 +110,13 @@ def _v1_to_v2(record: dict[str, Any]) -> dict[str, Any]:
     return {"verification": unverified, **record, "schema": 2}
 
 
-MIGRATIONS = {1: _v1_to_v2}
+def _v2_to_v3(record: dict[str, Any]) -> dict[str, Any]:
+    if "trial" in record:
+        record = {**record, "trial": {"all_reduce": True, **record["trial"]}}
+    return {**record, "schema": 3}
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3}
+
+# What every record of each file must hold; anything less is a damaged or foreign file.
+REQUIRED = {RECORDS_FILE: ("trial", "status"), ALLREDUCE_FILE: ("backend", "devices", "nbytes", "status")}

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from xbench import stats
+from xbench.allreduce import format_size, ok_results, result_from_record
 from xbench.summary import Row, energy_mj_per_sample, full_rows, gpu_util_pct, memory_gib
 
 
@@ -17,10 +18,27 @@ Busbw = Mapping[tuple[str, int, int], float]  # (backend, devices, bytes) -> bus
 
 
 def busbw_by_size(allreduce_records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int, int], float]:
-    from xbench.allreduce import result_from_record
+    return {(r.backend, r.devices, r.nbytes): r.busbw for r in ok_results(allreduce_records)}
 
-    results = [result_from_record(dict(r)) for r in allreduce_records if r["status"] == "ok"]
-    return {(r.backend, r.devices, r.nbytes): r.busbw for r in results}
+
+ALLREDUCE_HEADERS = ("backend", "devices on", "dev", "size", "time µs", "±95%", "algbw GB/s", "busbw GB/s")
+ALLREDUCE_NOTE = ("time: median per operation, outliers removed; ±95%: t-interval half-width of the mean; "
+                  "algbw = bytes / time; busbw = algbw × 2(n−1)/n (nccl-tests)")
+
+
+def allreduce_rows(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    """One line per all-reduce record, for the terminal and the report."""
+    lines = []
+    for record in records:
+        head = (record["backend"], str(record.get("platform") or ""), str(record["devices"]),
+                format_size(record["nbytes"]))
+        if record["status"] != "ok":
+            lines.append((*head, record["status"], "", "", ""))
+            continue
+        r = result_from_record(dict(record))
+        lines.append((*head, f"{r.time.median * 1e6:,.1f}", f"{r.time.ci_half_width * 1e6:,.1f}",
+                      f"{r.algbw / 1e9:,.2f}", f"{r.busbw / 1e9:,.2f}"))
+    return lines
 
 
 def model_tables(rows: Sequence[Row], busbw: Busbw | None = None) -> list[Table]:
@@ -39,8 +57,9 @@ def model_tables(rows: Sequence[Row], busbw: Busbw | None = None) -> list[Table]
 BREAKDOWN_NOTE = ("compute ms: the same step without the gradient all-reduce; comm ms: exposed communication "
                   "= step ms - compute ms (negative: within noise); comm %: of the step; busbw: the backend's "
                   "own all-reduce of the gradient's bytes (xbench allreduce)")
-TELEMETRY_NOTE = ("GPU util %: NVML mean during the timed windows; mem GiB: the framework's peak counter (JAX: "
-                  "since the worker started), else NVML's peak 'used'; mJ/sample: NVML power x time")
+TELEMETRY_NOTE = ("GPU util %: NVML mean over at least 2 s of untimed training after the timed windows; "
+                  "mem GiB: the framework's own peak counter (its scope, trial or worker process, is in the "
+                  "record), else NVML's peak 'used'; mJ/sample: NVML energy over those seconds per sample")
 
 
 @dataclass(frozen=True)
@@ -141,10 +160,10 @@ def _scaling_cells(scaling: stats.Scaling | None, devices: int) -> list[str]:
     if scaling is None:
         return ["", "", "no 1-device result"]
     verdict = ("faster" if scaling.speedup > 1 else "slower") if scaling.significant else "n.s."
-    return [f"{scaling.speedup:.2f}×", f"{scaling.efficiency:.0%}", f"{verdict} {_p(scaling.p_value)}"]
+    return [f"{scaling.speedup:.2f}×", f"{scaling.efficiency:.0%}", f"{verdict} {format_p(scaling.p_value)}"]
 
 
-def _p(p: float) -> str:
+def format_p(p: float) -> str:
     return "p<0.001" if p < 0.001 else f"p={p:.3f}"
 
 
@@ -156,7 +175,7 @@ def _caption(rows: list[Row]) -> str:
         f"vs 1 dev: Welch's t-test, n.s. = not significant at {stats.SIGNIFICANCE}; "
         f"outl.: windows dropped at |modified z| > {stats.OUTLIER_THRESHOLD}",
     ]
-    lines += [f"{r.backend} dev={r.devices} batch={r.global_batch}: {r.status}: {escape(str(r.reason))}"
+    lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}"
               for r in rows if r.throughput is None]
     return "\n".join(lines)
 

@@ -9,9 +9,11 @@ from typing import Any
 
 from xbench import stats
 from xbench.document import Block, Bullets, Heading, Image, Paragraph, TableBlock, to_html, to_markdown
-from xbench.allreduce import AllReduceResult, format_size, result_from_record
+from xbench.allreduce import ok_results
 from xbench.records import ALLREDUCE_FILE, RUN_FILE, read_records
-from xbench.render import Busbw, busbw_by_size, cost_columns
+from xbench.render import (
+    ALLREDUCE_HEADERS, ALLREDUCE_NOTE, Busbw, allreduce_rows, busbw_by_size, cost_columns, format_p,
+)
 from xbench.summary import BENEFICIAL_SPEEDUP, SINGLE_PREFERRED_BELOW, Row, full_rows, rows_from_records, verdict
 
 REPORT_MD = "report.md"
@@ -53,13 +55,12 @@ def draw_plots(rows: Sequence[Row], allreduce: Sequence[Mapping[str, Any]], run_
             if figure is not None:
                 path = save(figure, run_dir / f"{kind}-{_safe(model)}.png")
                 images[model].append(Image(path, f"{kind} of model {model}"))
-    figure = busbw_figure(_allreduce_results(allreduce))
+    figure = busbw_figure(ok_results(allreduce))
     images[ALLREDUCE_KEY] = [Image(save(figure, run_dir / "allreduce-busbw.png"), "all-reduce busbw")] if figure else []
     return images
 
 
-def _allreduce_results(records: Sequence[Mapping[str, Any]]) -> list[AllReduceResult]:
-    return [result_from_record(dict(r)) for r in records if r["status"] == "ok"]
+
 
 
 def _safe(name: str) -> str:
@@ -143,16 +144,13 @@ def model_section(model: str, rows: Sequence[Row], images: Sequence[Image], busb
 
 
 def allreduce_section(records: Sequence[Mapping[str, Any]], images: Sequence[Image]) -> list[Block]:
-    results = _allreduce_results(records)
-    if not results:
+    if not ok_results(records):
         return []
-    rows = tuple((r.backend, str(r.devices), format_size(r.nbytes), f"{r.time.median * 1e6:,.1f}",
-                  f"{r.algbw / 1e9:,.2f}", f"{r.busbw / 1e9:,.2f}") for r in results)
     return [Heading("All-reduce"),
-            Paragraph("Each backend's own all-reduce (float32 SUM) of the model's gradient bytes and a sweep of "
-                      "sizes; algbw = bytes / median time, busbw = algbw × 2(n−1)/n as nccl-tests defines it."),
-            TableBlock(("backend", "devices", "size", "time µs", "algbw GB/s", "busbw GB/s"), rows,
-                       right_aligned=frozenset(range(1, 6))),
+            Paragraph("Each backend's own all-reduce (float32 SUM) of the models' gradient bytes and a sweep of "
+                      "sizes, timed like a training step."),
+            TableBlock(ALLREDUCE_HEADERS, tuple(allreduce_rows(records)), right_aligned=frozenset(range(2, 8))),
+            Bullets((ALLREDUCE_NOTE,)),
             *images]
 
 
@@ -162,15 +160,11 @@ def _cells(row: Row) -> tuple[str, ...]:
     return (row.backend, str(row.devices), str(row.global_batch), f"{t.mean:,.0f}", f"{t.ci_half_width:,.0f}",
             f"{row.step_ms:.3f}", f"{row.first_call_s:.2f}",
             f"{s.speedup:.2f}×" if s else ("1.00×" if row.devices == 1 else ""),
-            f"{s.efficiency:.0%}" if s else "", _p(s.p_value) if s else "", verdict(row))
-
-
-def _p(p: float) -> str:
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
+            f"{s.efficiency:.0%}" if s else "", format_p(s.p_value).removeprefix("p=") if s else "", verdict(row))
 
 
 def problems_section(rows: Sequence[Row]) -> list[Block]:
-    problems = tuple((f"{r.backend}/{r.model}/d{r.devices}/b{r.global_batch}", r.status, r.reason or "")
+    problems = tuple((r.trial_id, r.status, r.reason or "")
                      for r in rows if r.throughput is None)
     if not problems:
         return []

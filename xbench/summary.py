@@ -47,6 +47,11 @@ class Row:
     breakdown: Breakdown | None = None
     telemetry: dict[str, Any] | None = None  # GPU utilisation, memory, power (xbench.telemetry)
 
+    @property
+    def trial_id(self) -> str:
+        base = f"{self.backend}/{self.model}/d{self.devices}/b{self.global_batch}"
+        return base if self.all_reduce else f"{base}/compute-only"
+
 
 def throughput_samples(record: Mapping[str, Any]) -> np.ndarray:
     """Samples/s for each timed window of an ok record."""
@@ -148,7 +153,7 @@ def gpu_util_pct(row: Row) -> float | None:
 def memory_gib(row: Row) -> float | None:
     """The framework's own peak where it has one (pitfall 6), else NVML's peak 'used'."""
     telemetry = row.telemetry or {}
-    peak = telemetry.get("framework_peak_bytes")
+    peak = (telemetry.get("framework_memory") or {}).get("peak_bytes")
     if peak:
         return max(peak) / 2**30
     used = [d["nvml_memory_max_mib"] for d in telemetry.get("devices") or [] if d.get("nvml_memory_max_mib")]

@@ -1,8 +1,9 @@
-"""GPU telemetry through NVML (nvidia-ml-py): utilisation, memory and power, sampled in a
-thread while the timed windows run. On machines without NVML it says why, and samples nothing.
+"""GPU telemetry through NVML (nvidia-ml-py): utilisation, memory, power and energy, sampled
+in a thread during an untimed stretch of training after the timed windows (see
+`xbench.measure.observe`). On machines without NVML it says why, and samples nothing.
 
-NVML's "memory used" counts what a framework reserved, not what it needs (JAX preallocates 75 %
-of the card), so records also carry each framework's own peak counter where it has one.
+NVML's "memory used" counts what a framework reserved, not what it needs (frameworks may
+preallocate most of the card), so records also carry each framework's own peak counter.
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ class GpuSampler:
         self.nvml = nvml
         self.handles = handles
         self.samples: list[list[tuple[float, float, float]]] = [[] for _ in handles]  # util %, MiB, W
+        self.energy_j: list[float | None] = [None for _ in handles]  # from NVML's energy counter
         self.active_s = 0.0
+        self.error: str | None = None
 
     @contextmanager
     def sampling(self):
-        """Sample in a background thread for the duration of the block."""
+        """Sample in a background thread for the duration of the block, and read each GPU's
+        energy counter at both ends."""
         stop = threading.Event()
         thread = threading.Thread(target=self._loop, args=(stop,), daemon=True)
+        energy_start = [self._energy_mj(h) for h in self.handles]
         start = time.perf_counter()
         thread.start()
         try:
@@ -50,13 +55,20 @@ class GpuSampler:
             stop.set()
             thread.join()
             self.active_s += time.perf_counter() - start
+            for i, (handle, before) in enumerate(zip(self.handles, energy_start)):
+                after = self._energy_mj(handle)
+                if before is not None and after is not None:
+                    self.energy_j[i] = (after - before) / 1000
 
     def _loop(self, stop: threading.Event) -> None:
-        while True:
-            for handle, series in zip(self.handles, self.samples):
-                series.append(self._read(handle))
-            if stop.wait(INTERVAL_S):
-                return
+        try:
+            while True:
+                for handle, series in zip(self.handles, self.samples):
+                    series.append(self._read(handle))
+                if stop.wait(INTERVAL_S):
+                    return
+        except Exception as err:  # MIG, VMs: say what failed instead of dying silently
+            self.error = f"{type(err).__name__}: {err}"
 
     def _read(self, handle) -> tuple[float, float, float]:
         nvml = self.nvml
@@ -68,8 +80,15 @@ class GpuSampler:
             watts = float("nan")
         return float(util), float(used), watts
 
+    def _energy_mj(self, handle) -> float | None:
+        try:
+            return float(self.nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+        except Exception:  # not supported on this GPU or binding
+            return None
+
     def summary(self, samples_processed: int) -> dict[str, Any]:
-        """Per device: mean utilisation, peak NVML memory, mean power; and energy per sample."""
+        """Per device: mean utilisation, peak NVML memory, mean power; and energy per sample
+        (NVML's energy counter where it exists, else mean power x time)."""
         devices = []
         for series in self.samples:
             util, used, watts = zip(*series) if series else ((), (), ())
@@ -78,11 +97,15 @@ class GpuSampler:
                 "nvml_memory_max_mib": max(used) if used else None,
                 "power_mean_w": sum(watts) / len(watts) if watts else None,
             })
-        powers = [d["power_mean_w"] for d in devices]
-        energy = (sum(powers) * self.active_s if powers and all(p is not None and p == p for p in powers)
-                  else None)
-        return {"available": True, "interval_s": INTERVAL_S, "sampled_s": self.active_s,
-                "samples": [len(s) for s in self.samples], "devices": devices,
+        if all(e is not None for e in self.energy_j):
+            energy, source = sum(self.energy_j), "energy counter"
+        else:
+            powers = [d["power_mean_w"] for d in devices]
+            ok = powers and all(p is not None and p == p for p in powers)
+            energy, source = (sum(powers) * self.active_s if ok else None), "mean power x time"
+        return {"available": self.error is None or any(self.samples), "error": self.error,
+                "interval_s": INTERVAL_S, "sampled_s": self.active_s, "samples": [len(s) for s in self.samples],
+                "devices": devices, "energy_source": source,
                 "energy_per_sample_j": energy / samples_processed if energy and samples_processed else None}
 
     def close(self) -> None:

@@ -13,13 +13,12 @@ import sys
 import traceback
 from dataclasses import asdict
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import IO, Any
 
 from xbench.contract import Backend, DeviceInfo, DeviceUnavailable, Trial, Unsupported
 from xbench.allreduce import window_protocol
-from xbench.measure import measure
+from xbench.measure import measure, observe
 from xbench.records import utc_now as _now
 from xbench.telemetry import open_sampler
 from xbench.registry import load_target
@@ -82,24 +81,33 @@ def run_trial(backend: Backend, trial: Trial, works: dict[tuple, Work], emit, ac
 
 def _timing(info: DeviceInfo) -> Action:
     def time_trial(backend: Backend, prepared: Any, trial: Trial, work: Work, emit) -> dict[str, Any]:
-        # NVML numbers GPUs as CUDA does unless CUDA_VISIBLE_DEVICES reorders them.
-        sampler = open_sampler(range(trial.devices)) if info.platform == "gpu" else "no GPU in use"
-        try:
-            result = measure(backend, prepared, trial.protocol,
-                             on_window=lambda done: emit("window", trial=trial.id, done=done),
-                             during_windows=sampler.sampling if not isinstance(sampler, str) else nullcontext)
-            samples = trial.global_batch * trial.protocol.steps * trial.protocol.repeats
-            telemetry = ({"available": False, "reason": sampler} if isinstance(sampler, str)
-                         else sampler.summary(samples))
-        finally:
-            if not isinstance(sampler, str):
-                sampler.close()
-        peak = getattr(backend, "memory_peak_bytes", None)
-        telemetry["framework_peak_bytes"] = peak(prepared) if callable(peak) else None
-        return {"timing": {"first_call_s": result.first_call_s, "window_s": list(result.window_s),
-                           "steps_per_window": result.steps_per_window},
-                "telemetry": telemetry}
+        result = measure(backend, prepared, trial.protocol,
+                         on_window=lambda done: emit("window", trial=trial.id, done=done))
+        telemetry = _telemetry(backend, prepared, trial, info)
+        return {"timing": _timing_fields(result), "telemetry": telemetry}
     return time_trial
+
+
+def _telemetry(backend: Backend, prepared: Any, trial: Trial, info: DeviceInfo) -> dict[str, Any]:
+    """GPU telemetry over an untimed stretch of training after the timed windows."""
+    # NVML numbers GPUs as CUDA does unless CUDA_VISIBLE_DEVICES reorders them.
+    sampler = open_sampler(range(trial.devices)) if info.platform == "gpu" else "no GPU in use"
+    if isinstance(sampler, str):
+        telemetry: dict[str, Any] = {"available": False, "reason": sampler}
+    else:
+        try:
+            steps, _ = observe(backend, prepared, trial.protocol, sampler.sampling)
+            telemetry = sampler.summary(steps * trial.global_batch)
+        finally:
+            sampler.close()
+    peak = getattr(backend, "memory_peak_bytes", None)
+    telemetry["framework_memory"] = peak(prepared) if callable(peak) else None
+    return telemetry
+
+
+def _timing_fields(result: Any) -> dict[str, Any]:
+    return {"first_call_s": result.first_call_s, "window_s": list(result.window_s),
+            "steps_per_window": result.steps_per_window}
 
 
 def _verification(arrays_dir: Path) -> Action:
@@ -118,13 +126,14 @@ def run_allreduce(backend: Backend, nbytes: int, options: dict[str, Any], emit) 
             raise Unsupported(f"backend {backend.name!r} has no allreduce_prepare/allreduce_run")
         prepared = backend.allreduce_prepare(nbytes, options)
         result = measure(_AllReduceSteps(backend), prepared, protocol)
+    except Unsupported as err:
+        emit("allreduce", nbytes=nbytes, status="unsupported", reason=str(err))
+        return
     except Exception as err:
         traceback.print_exc()
         emit("allreduce", nbytes=nbytes, status="failed", reason=_one_line(err))
         return
-    emit("allreduce", nbytes=nbytes, status="ok", timing={
-        "first_call_s": result.first_call_s, "window_s": list(result.window_s),
-        "steps_per_window": result.steps_per_window})
+    emit("allreduce", nbytes=nbytes, status="ok", timing=_timing_fields(result))
 
 
 class _AllReduceSteps:

@@ -92,7 +92,8 @@ def diff(
         err.print(f"environment differs: {escape(line)}")
     for side, keys in (("A", result.only_a), ("B", result.only_b)):
         if keys:
-            err.print(f"only in {side}: " + ", ".join(f"{k[0]}/{k[1]}/d{k[2]}/b{k[3]}" for k in keys))
+            err.print(f"only in {side}: " + ", ".join(
+                f"{k[0]}/{k[1]}/d{k[2]}/b{k[3]}" + ("" if k[6] else "/compute-only") for k in keys))
     if not result.rows:
         raise XbenchError("the runs share no measured configuration; nothing to compare")
     regressions = result.regressions(limit)
