@@ -108,16 +108,24 @@ def check_same_platform(devices: dict[str, dict[str, Any]]) -> None:
                           "or install each framework's GPU build")
 
 
-def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, breakdown: bool = False) -> Comparison:
-    """Resolve backends, check options and devices, then create the run directory (only once
-    the input is known to be good, so bad input leaves nothing behind)."""
+def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True
+                   ) -> tuple[list[BackendEntry], dict[str, dict[str, Any]]]:
+    """The spec's backends, their options checked and their devices found (describe logs go
+    to `log_dir`); one-line errors for anything the user must change."""
     entries = resolve(spec.backends)
     check_options(spec, entries)
+    devices = probe_devices(entries, spec.platform, log_dir)
+    if strict_devices:
+        check_device_counts(spec, devices)
+    check_same_platform(devices)
+    return entries, devices
+
+
+def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, breakdown: bool = False) -> Comparison:
+    """Ready the backends, then create the run directory (only once the input is known to be
+    good, so bad input leaves nothing behind)."""
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
-        devices = probe_devices(entries, spec.platform, Path(tmp))
-        if strict_devices:
-            check_device_counts(spec, devices)
-        check_same_platform(devices)
+        entries, devices = ready_backends(spec, Path(tmp), strict_devices)
         run_id = new_run_id()
         run_dir = prepare_run_dir(run_dir or default_run_dir(run_id))
         with open(run_dir / launcher.LOG_FILE, "a", encoding="utf-8") as log:

@@ -18,7 +18,6 @@ from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Platform, backend_options, integers, names, value
 from xbench.environment import host_environment
 from xbench.errors import XbenchError
-from xbench.registry import resolve
 from xbench.render import ALLREDUCE_HEADERS, ALLREDUCE_NOTE, allreduce_rows
 from xbench.spec import load_spec
 
@@ -46,14 +45,10 @@ def allreduce(
                             "samples": max(math.lcm(*counts), 4096)})
     if json_out is not None:
         check_writable(json_out)
-    entries = resolve(spec.backends)
-    comparison.check_options(spec, entries)
     err = status_console()
     with tempfile.TemporaryDirectory(prefix="xbench-allreduce-") as tmp:
         with err.status("finding devices for each backend…"):
-            found = comparison.probe_devices(entries, spec.platform, Path(tmp))
-        comparison.check_device_counts(spec, found)
-        comparison.check_same_platform(found)
+            entries, found = comparison.ready_backends(spec, Path(tmp))
         with err.status("timing all-reduces…"):
             records = comparison.measure_allreduce(entries, spec.devices, spec.platform, nbytes, spec.options,
                                                    Path(tmp), host_environment(), devices=found)

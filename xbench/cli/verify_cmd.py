@@ -13,7 +13,6 @@ from xbench import compare as comparison
 from xbench.cli.options import Platform, integers, names, value
 from xbench.cli.consoles import data_console, status_console
 from xbench.environment import host_environment
-from xbench.registry import resolve
 from xbench.render import checks_table, verify_caption
 from xbench.spec import load_spec
 from xbench.verification import verify as run_verification
@@ -32,14 +31,10 @@ def verify(
     spec = load_spec(config, {"backends": names(backends), "models": names(model),
                               "devices": integers(devices, "--devices"), "platform": value(platform),
                               "seed": seed})
-    entries = resolve(spec.backends)
-    comparison.check_options(spec, entries)
     err = status_console()
     with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
         with err.status("finding devices for each backend…"):
-            found = comparison.probe_devices(entries, spec.platform, Path(tmp))
-        comparison.check_device_counts(spec, found)
-        comparison.check_same_platform(found)
+            entries, _ = comparison.ready_backends(spec, Path(tmp))
         with err.status("running each backend's reference steps…"):
             result = run_verification(spec, entries, spec.devices, Path(tmp), host_environment())
     console = data_console()
