@@ -7,6 +7,7 @@ clock. `Backend.run` returns only after a device sync, so each window ends with 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any, ContextManager
@@ -37,11 +38,22 @@ def measure(
     first_call_s = _timed(backend, prepared, protocol.steps_per_call)
     if protocol.warmup_steps:
         backend.run(prepared, warmup_steps(protocol))
+    steps = window_steps(backend, prepared, protocol)
     windows = []
     for done in range(1, protocol.repeats + 1):
-        windows.append(_timed(backend, prepared, protocol.steps))
+        windows.append(_timed(backend, prepared, steps))
         on_window(done)
-    return Measurement(first_call_s, tuple(windows), protocol.steps)
+    return Measurement(first_call_s, tuple(windows), steps)
+
+
+def window_steps(backend: Backend, prepared: Prepared, protocol: Protocol) -> int:
+    """`steps`, or the smallest multiple of it whose window lasts `min_window_s`, judged
+    from one untimed window (which also serves as more warmup). Short windows let host
+    jitter and timer resolution dominate."""
+    if protocol.min_window_s <= 0:
+        return protocol.steps
+    probe = _timed(backend, prepared, protocol.steps)
+    return protocol.steps * max(1, math.ceil(protocol.min_window_s / max(probe, 1e-9)))
 
 
 def observe(backend: Backend, prepared: Prepared, protocol: Protocol, watch: Callable[[], ContextManager[Any]],

@@ -68,13 +68,15 @@ class DataSpec:
 @dataclass(frozen=True)
 class Protocol:
     """How each trial is timed; see `xbench.measure`. Warmup runs whole calls: at least
-    `warmup_steps` steps, rounded up to a multiple of `steps_per_call`."""
+    `warmup_steps` steps, rounded up to a multiple of `steps_per_call`. A window has `steps`
+    steps, or a whole multiple of them when that is needed to last `min_window_s`."""
 
     warmup_steps: int = 5
     steps: int = 40
     repeats: int = 10
     steps_per_call: int = 1
     trial_timeout_s: float = 300.0
+    min_window_s: float = 0.1  # windows shorter than this get more steps (0: exactly `steps`)
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,7 @@ def _protocol(table: Any, source: str) -> Protocol:
         repeats=_integer(table, "repeats", d.repeats, where, minimum=2),
         steps_per_call=_integer(table, "steps_per_call", d.steps_per_call, where, minimum=1),
         trial_timeout_s=_positive_number(table, "trial_timeout_s", d.trial_timeout_s, where),
+        min_window_s=_non_negative_number(table, "min_window_s", d.min_window_s, where),
     )
     if protocol.steps % protocol.steps_per_call:
         raise SpecError(
@@ -325,6 +328,14 @@ def _positive_number(table: Mapping[str, Any], key: str, default: float, where: 
     if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
             or value <= 0):
         raise SpecError(f"'{key}' in {where} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _non_negative_number(table: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    value = table.get(key, default)
+    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+            or value < 0):
+        raise SpecError(f"'{key}' in {where} must be a finite number >= 0, got {value!r}")
     return float(value)
 
 

@@ -36,6 +36,7 @@ def compare(
     warmup_steps: Annotated[Optional[int], typer.Option(help="Untimed steps after the first call.")] = None,
     steps_per_call: Annotated[Optional[int], typer.Option(help="Steps fused into one compiled call.")] = None,
     trial_timeout: Annotated[Optional[float], typer.Option(help="Seconds before a trial is stopped.")] = None,
+    min_window: Annotated[Optional[float], typer.Option(help="Seconds a timed window lasts at least (0: exactly --steps).")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data.")] = None,
     samples: Annotated[Optional[int], typer.Option(help="Rows of synthetic data (at least one global batch).")] = None,
     option: Annotated[Optional[list[str]], typer.Option(help="Backend option BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl.")] = None,
@@ -48,7 +49,7 @@ def compare(
         "batch_sizes": integers(batch_sizes, "--batch-sizes"), "devices": integers(devices, "--devices"),
         "scaling": value(scaling), "precision": value(precision), "platform": value(platform),
         "repeats": repeats, "steps": steps, "warmup_steps": warmup_steps, "steps_per_call": steps_per_call,
-        "trial_timeout_s": trial_timeout, "seed": seed, "samples": samples, "options": backend_options(option),
+        "trial_timeout_s": trial_timeout, "min_window_s": min_window, "seed": seed, "samples": samples, "options": backend_options(option),
     }
     spec = load_spec(config, overrides)
     err = status_console()
