@@ -102,6 +102,9 @@ def test_diff_and_export_errors(run_cli, tmp_path):
     assert code == 2 and "--threshold takes a fraction" in err
     code, _, err = run_cli("export", str(tmp_path))
     assert code == 2 and "choose one of --csv or --parquet" in err
+    (tmp_path / "records.jsonl").write_text("")
+    code, _, err = run_cli("report", str(tmp_path))
+    assert code == 2 and "holds no records" in err
 
 
 def test_export_csv_and_parquet(fake_backends, run_cli, tmp_path):

@@ -72,8 +72,12 @@ class RecordWriter:
 
 
 def read_records(run_dir: Path, name: str = RECORDS_FILE) -> list[dict[str, Any]]:
-    """All records of a run directory, oldest first."""
-    return list(iter_records(Path(run_dir) / name))
+    """All records of a run directory, oldest first; an empty file is an error (a run that
+    finished no trial has nothing to report)."""
+    records = list(iter_records(Path(run_dir) / name))
+    if not records:
+        raise XbenchError(f"{Path(run_dir) / name} holds no records; the run finished no trial")
+    return records
 
 
 def iter_records(path: Path) -> Iterator[dict[str, Any]]:

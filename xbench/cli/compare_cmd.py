@@ -15,7 +15,7 @@ from xbench.cli.options import Platform, Precision, Scaling, backend_options, in
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xbench import compare as comparison
-from xbench.records import RECORDS_FILE, read_records
+from xbench.records import RECORDS_FILE, iter_records
 from xbench.render import busbw_by_size, devices_line, model_tables
 from xbench.spec import load_spec
 from xbench.summary import rows_from_records
@@ -74,7 +74,8 @@ def compare(
             with err.status("timing each backend's all-reduce at the gradient sizes…"):
                 allreduce = comparison.breakdown_allreduce(plan, environment)
     except KeyboardInterrupt:
-        kept = len(read_records(plan.run_dir)) if (plan.run_dir / RECORDS_FILE).exists() else 0
+        records_path = plan.run_dir / RECORDS_FILE
+        kept = len(list(iter_records(records_path))) if records_path.exists() else 0
         err.print(f"interrupted; {kept} finished trial record(s) kept in {plan.run_dir / RECORDS_FILE}")
         return 130
     console = data_console()
@@ -85,14 +86,15 @@ def compare(
                   "harness and the frameworks' CPU paths, not multi-GPU scaling.")
     failed = [r for r in records if r["status"] not in ("ok", "skipped")
               or r.get("verification", {}).get("status") == "failed"]
+    failed += [r for r in allreduce if r["status"] == "failed"]
     err.print(f"{len(records)} trials in {time.monotonic() - started:.0f} s; "
               f"records: {plan.run_dir / 'records.jsonl'}")
     from xbench.cli.report_cmd import make_report
 
     err.print(f"report: {make_report(plan.run_dir, html=True)[0]}")
     if failed:
-        err.print(f"[red]{len(failed)} trial(s) failed or did not pass verification[/]; reasons in the "
-                  f"table, verify.json and {plan.run_dir / 'workers.log'}")
+        err.print(f"[red]{len(failed)} trial(s) or all-reduce measurement(s) failed or did not pass "
+                  f"verification[/]; reasons in the tables, verify.json and {plan.run_dir / 'workers.log'}")
         return 1
     return 0
 
