@@ -172,3 +172,9 @@ def test_report_shows_the_breakdown_and_the_allreduce(breakdown_run):
     assert all(f"| jax | simulated CPU | 2 | {format_size(r.nbytes)} |" in text for r in jax)
     for name in ("breakdown-medium.png", "allreduce-busbw.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_allreduce_of_a_backend_without_the_capability(fake_backends, run_cli):
+    code, out, err = run_cli("allreduce", "--backends", "numpy", "--devices", "2", "--sizes", "4KiB")
+    assert code == 1 and "unsupported" in out and "numpy d2 4 KiB: unsupported" in " ".join(err.split())
+    assert "Traceback" not in err

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from xbench import compare as comparison
-from xbench.allreduce import parse_size, result_from_record
+from xbench.allreduce import format_size, parse_size, result_from_record
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Platform, backend_options, integers, names, value
 from xbench.environment import host_environment
