@@ -3,11 +3,17 @@
 
 Runs on jax 0.10 and 0.11+: inputs are placed with `jax.device_put` and a `NamedSharding`
 (the old `device_put_replicated`/`device_put_sharded` helpers are gone, pitfall 1).
+
+Two ways to start it: one process driving every device (`setup`), or one process per device
+(`setup_process`, the spmd launcher) joined by `jax.distributed.initialize`; the pmapped
+program is the same, over the global devices. Every process holds the same numpy work and
+`device_put` places only its own shards; read-backs take the local shard or gather.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from dataclasses import dataclass
 from importlib import metadata
@@ -16,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import (
-    ADAM, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Trial, Work, hash_arrays,
+    ADAM, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial, Work, hash_arrays,
     probe_distributions,
 )
 
@@ -48,6 +54,7 @@ class JaxAllReduce:
 class JaxPmapBackend:
     name: ClassVar[str] = "jax"
     install_hint: ClassVar[str] = "pip install 'xbench[jax]'"
+    launchers: ClassVar[tuple[str, ...]] = ("subprocess", "spmd")
 
     def __init__(self) -> None:
         self.devices: list[Any] = []
@@ -88,6 +95,50 @@ class JaxPmapBackend:
                      "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"]},
         )
 
+    def setup_process(self, process: Process, platform: str) -> DeviceInfo:
+        """One device per process: join the job through jax.distributed (gloo on CPU)."""
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        import jax
+
+        gpu = platform == "gpu" or (platform == "auto" and _cuda_plugin_present())
+        if not gpu:
+            jax.config.update("jax_platforms", "cpu")
+            jax.config.update("jax_num_cpu_devices", 1)
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(process.coordinator, process.world_size, process.rank,
+                                   local_device_ids=[process.local_rank] if gpu else None,
+                                   initialization_timeout=120, heartbeat_timeout_seconds=30)
+        try:
+            found = jax.devices()
+        except RuntimeError as err:
+            raise DeviceUnavailable(f"jax finds no {platform} devices: {err}") from None
+        if gpu and found[0].platform != "gpu":
+            raise DeviceUnavailable(f"jax finds no GPU (found {found[0].platform})")
+        if len(found) != process.world_size:
+            raise DeviceUnavailable(f"{process.world_size} processes of one device each, but jax sees "
+                                    f"{len(found)} devices in all")
+        self.devices = found
+        local = jax.local_devices()
+        return DeviceInfo(
+            framework="jax",
+            framework_version=jax.__version__,
+            platform=found[0].platform,
+            device_names=tuple(f"{d.platform}:{d.id} {d.device_kind}" for d in local),
+            simulated=found[0].platform == "cpu",
+            available=process.local_world_size,
+            details={"jaxlib": metadata.version("jaxlib"), "processes": jax.process_count(),
+                     "process_index": jax.process_index(),
+                     "cpu_collectives": jax.config.jax_cpu_collectives_implementation,
+                     "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"]},
+        )
+
+    def all_gather(self, values: list[float]) -> list[list[float]]:
+        """Every process's `values`, by process index (float32 on the way; ample for times)."""
+        from jax.experimental import multihost_utils
+
+        gathered = multihost_utils.process_allgather(np.asarray(values, np.float32))
+        return [[float(v) for v in row] for row in np.asarray(gathered)]
+
     def prepare(self, trial: Trial, work: Work) -> JaxPrepared:
         import jax
 
@@ -107,7 +158,7 @@ class JaxPmapBackend:
         step_fn, grads_fn = _programs(trial, work, tx, xs.shape[1], reduce)
         step = jax.pmap(step_fn, axis_name=AXIS, devices=self.devices, donate_argnums=(0,))
         grads = jax.pmap(grads_fn, axis_name=AXIS, devices=self.devices)
-        readback = _layer_arrays(replicated[0], len(work.weights), replica=0)
+        readback = _layer_arrays(_local(replicated[0]), len(work.weights), replica=0)
         info = PreparedInfo(
             params=sum(int(np.prod(a.shape[1:])) for a in jax.tree.leaves(replicated[0])),
             weights_hash=hash_arrays(readback),
@@ -131,7 +182,9 @@ class JaxPmapBackend:
     def memory_peak_bytes(self, prepared: JaxPrepared) -> dict[str, Any] | None:
         """Each device's peak bytes in use, or None where the platform reports none. JAX keeps
         no per-trial counter: the peak covers the worker process so far."""
-        stats = [device.memory_stats() for device in self.devices]
+        import jax
+
+        stats = [device.memory_stats() for device in self.devices if device.process_index == jax.process_index()]
         if any(not s or "peak_bytes_in_use" not in s for s in stats):
             return None
         return {"peak_bytes": [int(s["peak_bytes_in_use"]) for s in stats], "scope": "worker process"}
@@ -172,18 +225,45 @@ class JaxPmapBackend:
 
     def gradients(self, prepared: JaxPrepared) -> tuple[float, list[np.ndarray]]:
         loss, grads = prepared.grads(prepared.state, prepared.xs, prepared.ys)
-        return float(np.mean(np.asarray(loss))), _layer_arrays(grads, prepared.layers, replica=0)
+        return float(np.mean(_gathered(loss))), _layer_arrays(_local(grads), prepared.layers, replica=0)
 
     def train(self, prepared: JaxPrepared, steps: int) -> list[float]:
         losses = []
         for _ in range(steps // prepared.steps_per_call):
             prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
-            losses.append(float(np.mean(np.asarray(loss))))  # equal shards: mean of means
+            losses.append(float(np.mean(_gathered(loss))))  # equal shards: mean of means
         return losses
 
     def replica_weights(self, prepared: JaxPrepared) -> list[list[np.ndarray]]:
-        n = len(self.devices)
-        return [_layer_arrays(prepared.state[0], prepared.layers, replica=r) for r in range(n)]
+        params = _gathered(prepared.state[0])
+        return [_layer_arrays(params, prepared.layers, replica=r) for r in range(len(self.devices))]
+
+
+def _cuda_plugin_present() -> bool:
+    """Whether jax can use CUDA here, judged without initialising jax (which must come after
+    jax.distributed.initialize)."""
+    plugins = ("jax_cuda13_plugin", "jax_cuda12_plugin")
+    return any(importlib.util.find_spec(p) is not None for p in plugins) and os.path.exists("/dev/nvidiactl")
+
+
+def _local(tree):
+    """This process's first device's slice of each device-stacked array, as a leading axis
+    of 1 (everything when one process drives every device)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return tree
+    return jax.tree.map(lambda a: np.asarray(a.addressable_shards[0].data), tree)
+
+
+def _gathered(tree):
+    """Device-stacked arrays as whole numpy arrays, gathered from every process."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return jax.tree.map(np.asarray, tree)
+    return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
 def _optimizer(learning_rate: float):

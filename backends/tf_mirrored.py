@@ -4,18 +4,24 @@
 Keras 3's `apply_gradients` sum-reduces gradients across replicas, so the per-replica loss is
 scaled with `tf.nn.compute_average_loss(..., global_batch_size=GB)` (pitfall 5), and the
 optimizer's slots are built inside the strategy scope before the loop (pitfall 4).
+
+With the spmd launcher (one process per device) the same program runs under
+`tf.distribute.MultiWorkerMirroredStrategy`, from a TF_CONFIG built from the job's `Process`:
+RING collectives on CPU, NCCL on GPUs.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from xbench.contract import (
-    ADAM, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Trial, Work, hash_arrays,
+    ADAM, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial, Work, hash_arrays,
     probe_distributions,
 )
 
@@ -44,11 +50,13 @@ class TfAllReduce:
 class TfMirroredBackend:
     name: ClassVar[str] = "tf"
     install_hint: ClassVar[str] = "pip install 'xbench[tf]'"
+    launchers: ClassVar[tuple[str, ...]] = ("subprocess", "spmd")
 
     def __init__(self) -> None:
         self.device_names: list[str] = []
         self.platform = ""
         self.strategies: dict[str, Any] = {}
+        self.multi_worker: Any = None  # the MultiWorkerMirroredStrategy of an spmd job
 
     def probe(self) -> Availability:
         # tensorflow-cpu and tensorflow both provide the module; accept either distribution.
@@ -103,6 +111,54 @@ class TfMirroredBackend:
             details={"keras": keras.__version__},
         )
 
+    def setup_process(self, process: Process, platform: str) -> DeviceInfo:
+        """One device per process: a TF_CONFIG cluster of `world_size` workers and
+        MultiWorkerMirroredStrategy, created before anything else runs in TensorFlow."""
+        os.environ["TF_CONFIG"] = json.dumps({
+            "cluster": {"worker": [process.address(r) for r in range(process.world_size)]},
+            "task": {"type": "worker", "index": process.rank},
+        })
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+        if platform == "gpu" and not gpus:
+            raise DeviceUnavailable("tensorflow finds no GPU")
+        use_gpu = bool(gpus) and platform != "cpu"
+        if use_gpu:
+            if process.local_rank >= len(gpus):
+                raise DeviceUnavailable(f"local rank {process.local_rank}, but tensorflow sees {len(gpus)} GPU(s)")
+            tf.config.set_visible_devices([gpus[process.local_rank]], "GPU")
+            tf.config.experimental.set_memory_growth(gpus[process.local_rank], True)  # pitfall 6
+        elif gpus:
+            tf.config.set_visible_devices([], "GPU")
+        implementation = (tf.distribute.experimental.CommunicationImplementation.NCCL if use_gpu
+                          else tf.distribute.experimental.CommunicationImplementation.RING)
+        self.multi_worker = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
+        self.platform = "gpu" if use_gpu else "cpu"
+        self.device_names = list(self.multi_worker.extended.worker_devices)
+        import keras
+
+        return DeviceInfo(
+            framework="tensorflow",
+            framework_version=tf.__version__,
+            platform=self.platform,
+            device_names=tuple(self.device_names),
+            simulated=not use_gpu,
+            available=process.local_world_size,
+            details={"keras": keras.__version__, "strategy": "MultiWorkerMirroredStrategy",
+                     "collectives": implementation.name, "workers": process.world_size},
+        )
+
+    def all_gather(self, values: list[float]) -> list[list[float]]:
+        """Every worker's `values`, by task index, through the strategy's collectives."""
+        import tensorflow as tf
+
+        strategy = self.multi_worker
+        local = strategy.experimental_distribute_values_from_function(
+            lambda context: tf.constant([values], tf.float64))
+        return [[float(v) for v in row] for row in strategy.gather(local, axis=0).numpy()]
+
     def prepare(self, trial: Trial, work: Work) -> TfPrepared:
         import tensorflow as tf
 
@@ -114,14 +170,15 @@ class TfMirroredBackend:
         keras.mixed_precision.set_global_policy("mixed_bfloat16" if trial.precision == "bf16" else "float32")
         strategy = self._strategy(trial.options.get("cross_device_ops", "auto"))
         if self.platform == "gpu":
-            for i in range(len(self.device_names)):
+            for i in range(len(tf.config.list_logical_devices("GPU"))):
                 tf.config.experimental.reset_memory_stats(f"GPU:{i}")  # peaks per trial
         with strategy.scope():
             model = _build_model(work)
             model.set_weights(work.flat_weights)
             optimizer = _optimizer(trial.learning_rate, all_reduce=trial.all_reduce)
             optimizer.build(model.trainable_variables)
-        x_all, y_all = (_per_replica(strategy, shards) for shards in work.shards(trial.global_batch, len(self.device_names)))
+        replicas = strategy.num_replicas_in_sync
+        x_all, y_all = (_per_replica(strategy, shards) for shards in work.shards(trial.global_batch, replicas))
         programs = _programs(strategy, model, optimizer, x_all, y_all, trial,
                              batches=work.x.shape[0] // trial.global_batch)
         variables = model.trainable_variables
@@ -140,7 +197,23 @@ class TfMirroredBackend:
         for _ in range(steps // prepared.steps_per_call):
             prepared.train(tf.constant(prepared.next_step, dtype=tf.int64))
             prepared.next_step += prepared.steps_per_call
-        tf.test.experimental.sync_devices()  # waits for every device's pending work
+        self._sync()
+
+    def _sync(self) -> None:
+        """Wait for this process's devices' pending work (tf.test.experimental.sync_devices,
+        restricted to local devices: under MultiWorkerMirroredStrategy it would also try
+        the other workers' devices, and fail)."""
+        import tensorflow as tf
+
+        if self.multi_worker is None:
+            tf.test.experimental.sync_devices()
+            return
+        for device in self.device_names:
+            with tf.device(device):
+                tf.raw_ops.SyncDevice()
+        from tensorflow.python.eager import context  # async_wait has no public name
+
+        context.async_wait()
 
     def memory_peak_bytes(self, prepared: TfPrepared) -> dict[str, Any] | None:
         """Each GPU's peak bytes allocated by TensorFlow during this trial; None on CPU."""
@@ -149,7 +222,7 @@ class TfMirroredBackend:
         if self.platform != "gpu":
             return None
         return {"peak_bytes": [int(tf.config.experimental.get_memory_info(f"GPU:{i}")["peak"])
-                               for i in range(len(self.device_names))], "scope": "trial"}
+                               for i in range(len(tf.config.list_logical_devices("GPU")))], "scope": "trial"}
 
     # -- all-reduce microbenchmark capability (xbench allreduce, --breakdown) ---------------
 
@@ -162,7 +235,7 @@ class TfMirroredBackend:
         count = nbytes // 4
 
         def on_replica(context):
-            with tf.device(strategy.extended.worker_devices[context.replica_id_in_sync_group]):
+            with tf.device(_replica_device(strategy, context)):
                 return tf.ones([count], tf.float32)
 
         buffer = strategy.experimental_distribute_values_from_function(on_replica)
@@ -180,7 +253,7 @@ class TfMirroredBackend:
 
         for _ in range(iterations):
             prepared.reduce()
-        tf.test.experimental.sync_devices()
+        self._sync()
 
     # -- verification capability (xbench verify) -------------------------------------------
 
@@ -189,8 +262,7 @@ class TfMirroredBackend:
 
         losses, grads = prepared.gradients(tf.constant(prepared.next_step, dtype=tf.int64))
         local = prepared.strategy.experimental_local_results
-        loss = sum(float(v.numpy()) for v in local(losses))  # losses are pre-scaled by 1/GB
-        return loss, [local(g)[0].numpy() for g in grads]
+        return _global_loss(prepared.strategy, losses), [local(g)[0].numpy() for g in grads]
 
     def train(self, prepared: TfPrepared, steps: int) -> list[float]:
         import tensorflow as tf
@@ -199,20 +271,28 @@ class TfMirroredBackend:
         for _ in range(steps):
             losses = prepared.one_step(tf.constant(prepared.next_step, dtype=tf.int64))
             prepared.next_step += 1
-            result.append(sum(float(v.numpy()) for v in prepared.strategy.experimental_local_results(losses)))
+            result.append(_global_loss(prepared.strategy, losses))
         return result
 
     def replica_weights(self, prepared: TfPrepared) -> list[list[np.ndarray]]:
         # Keras variables wrap the strategy's mirrored tf.Variable in `.value`.
         per_variable = [prepared.strategy.experimental_local_results(getattr(v, "value", v))
                         for v in prepared.variables]
-        return [[values[r].numpy() for values in per_variable] for r in range(len(per_variable[0]))]
+        local = [[values[r].numpy() for values in per_variable] for r in range(len(per_variable[0]))]
+        if self.multi_worker is None:
+            return local
+        return _gather_replicas(prepared.strategy, local)
 
     def _strategy(self, cross_device_ops: str):
         """One strategy per worker and choice: two MirroredStrategy objects in one process
         reuse collective instance keys, and a later trial's all-reduce then fails."""
         import tensorflow as tf
 
+        if self.multi_worker is not None:
+            if cross_device_ops != "auto":
+                raise ValueError("cross_device_ops applies to one process driving every device; with one "
+                                 "process per device TensorFlow uses collectives (RING on CPU, NCCL on GPU)")
+            return self.multi_worker
         if cross_device_ops not in self.strategies:
             self.strategies[cross_device_ops] = tf.distribute.MirroredStrategy(
                 devices=self.device_names, cross_device_ops=self._cross_device_ops(cross_device_ops))
@@ -289,10 +369,38 @@ def _per_replica(strategy, shards: np.ndarray):
     def on_replica(context):
         replica = context.replica_id_in_sync_group
         # The function runs without a device scope: place each shard on its replica's device.
-        with tf.device(strategy.extended.worker_devices[replica]):
+        with tf.device(_replica_device(strategy, context)):
             return tf.identity(tf.constant(shards[replica]))
 
     return strategy.experimental_distribute_values_from_function(on_replica)
+
+
+def _replica_device(strategy, context) -> str:
+    """The local device of a replica; replica ids are global under MultiWorkerMirroredStrategy,
+    where every worker holds the same number of devices."""
+    devices = strategy.extended.worker_devices
+    return devices[context.replica_id_in_sync_group % len(devices)]
+
+
+def _global_loss(strategy, losses) -> float:
+    """The global mean loss: per-replica losses are pre-scaled by 1/global batch, so their
+    sum over every replica (of every worker)."""
+    import tensorflow as tf
+
+    return float(strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None).numpy())
+
+
+def _gather_replicas(strategy, local: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """Every worker's replicas' weights, by global replica id (flattened on the way)."""
+    import tensorflow as tf
+
+    shapes = [w.shape for w in local[0]]
+    flat = [np.concatenate([w.ravel() for w in replica]) for replica in local]
+    value = strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant(flat[context.replica_id_in_sync_group % len(flat)][None, :]))
+    rows = strategy.gather(value, axis=0).numpy()
+    splits = np.cumsum([int(np.prod(s)) for s in shapes])[:-1]
+    return [[part.reshape(shape) for part, shape in zip(np.split(row, splits), shapes)] for row in rows]
 
 
 def _programs(strategy, model, optimizer, x_all, y_all, trial: Trial, batches: int):

@@ -7,10 +7,11 @@ trial in `records.jsonl` as each trial ends.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,11 @@ from xbench.environment import command_line, host_environment
 from xbench.errors import BackendError, XbenchError
 from xbench.plan import group_trials, plan_trials
 from xbench.allreduce import sizes_for
+from xbench.cluster import Launch
+from xbench.contract import launchers_of
 from xbench.records import ALLREDUCE_FILE, RUN_FILE, RecordWriter, prepare_run_dir, write_json
 from xbench.registry import BackendEntry, discover, resolve
-from xbench.spec import Spec
+from xbench.spec import Spec, build_spec
 from xbench.verification import Verification, checks_as_dicts, verify
 
 VERIFY_FILE = "verify.json"
@@ -38,6 +41,8 @@ class Comparison:
     run_dir: Path
     run_id: str
     breakdown: bool = False  # time compute-only twins and the all-reduce too
+    launch: Launch = field(default_factory=Launch)
+    launchers: dict[str, str] = field(default_factory=dict)  # backend name -> the launcher that starts it
 
 
 def new_run_id() -> str:
@@ -99,6 +104,35 @@ def check_device_counts(spec: Spec, devices: dict[str, dict[str, Any]]) -> None:
                               f"{kind} device(s); use at most {most}, e.g. {hint}")
 
 
+def choose_launchers(entries: Sequence[BackendEntry], launch: Launch) -> dict[str, str]:
+    """Each backend's launcher: its preferred one under --launcher auto, else the one asked
+    for, which the backend must support."""
+    chosen = {}
+    for entry in entries:
+        supported = launchers_of(entry.backend)
+        if launch.launcher == "auto":
+            chosen[entry.name] = supported[0]
+        elif launch.launcher in supported:
+            chosen[entry.name] = launch.launcher
+        else:
+            raise XbenchError(f"backend {entry.name!r} cannot be started by --launcher {launch.launcher} "
+                              f"(it supports: {', '.join(supported)})")
+    return chosen
+
+
+def check_spmd_devices(spec: Spec, launchers: Mapping[str, str], launch: Launch) -> None:
+    """Under spmd every node runs the same share of each trial's ranks."""
+    if "spmd" not in launchers.values():
+        return
+    for n in spec.devices:
+        if n % launch.nnodes:
+            raise XbenchError(f"{n} devices cannot be split evenly over {launch.nnodes} nodes; "
+                              f"use device counts that {launch.nnodes} divides")
+        if launch.nproc_per_node is not None and n // launch.nnodes > launch.nproc_per_node:
+            raise XbenchError(f"{n} devices need {n // launch.nnodes} processes per node, more than "
+                              f"--nproc-per-node {launch.nproc_per_node}")
+
+
 def check_same_platform(devices: dict[str, dict[str, Any]]) -> None:
     """A comparison across frameworks means something only on the same kind of device."""
     kinds = {name: ("simulated CPU" if info["simulated"] else info["platform"]) for name, info in devices.items()}
@@ -108,44 +142,92 @@ def check_same_platform(devices: dict[str, dict[str, Any]]) -> None:
                           "or install each framework's GPU build")
 
 
-def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True
-                   ) -> tuple[list[BackendEntry], dict[str, dict[str, Any]]]:
-    """The spec's backends, their options checked and their devices found (describe logs go
-    to `log_dir`); one-line errors for anything the user must change."""
+@dataclass(frozen=True)
+class Ready:
+    """The backends of a run, checked and described."""
+
+    entries: list[BackendEntry]
+    devices: dict[str, dict[str, Any]]  # backend name -> DeviceInfo as a dict (1-device worker)
+    launchers: dict[str, str]  # backend name -> launcher
+
+
+def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True, launch: Launch | None = None) -> Ready:
+    """The spec's backends, their options and launchers checked and their devices found
+    (describe logs go to `log_dir`); one-line errors for anything the user must change."""
+    launch = launch or Launch()
     entries = resolve(spec.backends)
     check_options(spec, entries)
+    launchers = choose_launchers(entries, launch)
+    check_spmd_devices(spec, launchers, launch)
     devices = probe_devices(entries, spec.platform, log_dir)
     if strict_devices:
-        check_device_counts(spec, devices)
+        check_device_counts(spec, {name: _per_node(info, launchers[name], launch) for name, info in devices.items()})
     check_same_platform(devices)
-    return entries, devices
+    return Ready(entries, devices, launchers)
 
 
-def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, breakdown: bool = False) -> Comparison:
+def _per_node(info: dict[str, Any], launcher: str, launch: Launch) -> dict[str, Any]:
+    """Device counts are per run; under multi-node spmd each node holds a share of them."""
+    if launcher != "spmd" or launch.nnodes == 1:
+        return info
+    return {**info, "available": info["available"] * launch.nnodes}
+
+
+def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, breakdown: bool = False,
+            launch: Launch | None = None) -> Comparison:
     """Ready the backends, then create the run directory (only once the input is known to be
     good, so bad input leaves nothing behind)."""
+    launch = launch or Launch()
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
-        entries, devices = ready_backends(spec, Path(tmp), strict_devices)
+        ready = ready_backends(spec, Path(tmp), strict_devices, launch)
         run_id = new_run_id()
         run_dir = prepare_run_dir(run_dir or default_run_dir(run_id))
         with open(run_dir / launcher.LOG_FILE, "a", encoding="utf-8") as log:
             for path in sorted(Path(tmp).iterdir()):
                 log.write(path.read_text(encoding="utf-8", errors="replace"))
-    return Comparison(spec, tuple(entries), devices, run_dir, run_id, breakdown)
+    return Comparison(spec, tuple(ready.entries), ready.devices, run_dir, run_id, breakdown, launch, ready.launchers)
 
 
 def start_run(comparison: Comparison) -> dict[str, Any]:
-    """Write run.json before anything runs; returns the host environment it recorded."""
+    """Write run.json before anything runs (a resumed run adds to its "resumed" list);
+    returns the host environment."""
     environment = host_environment()
-    write_json(comparison.run_dir / RUN_FILE, {
+    path = comparison.run_dir / RUN_FILE
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if path.exists():
+        previous = json.loads(path.read_text(encoding="utf-8"))
+        previous.setdefault("resumed", []).append({"at": now, "command": command_line(), "environment": environment})
+        write_json(path, previous)
+        return environment
+    write_json(path, {
         "run_id": comparison.run_id,
         "command": command_line(),
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started_at": now,
         "spec": asdict(comparison.spec),
+        "breakdown": comparison.breakdown,
+        "launch": {**comparison.launch.to_dict(), "backends": comparison.launchers},
         "environment": environment,
         "devices": comparison.devices,
     })
     return environment
+
+
+def resume(run_dir: Path) -> Comparison:
+    """The comparison a run directory's run.json describes, to run its unfinished trials."""
+    path = Path(run_dir) / RUN_FILE
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        spec = build_spec(saved["spec"], source=str(path))
+        fields = {k: v for k, v in saved.get("launch", {}).items() if k != "backends"}
+        launch = Launch(**{**fields, "hosts": tuple(fields.get("hosts", ()))})
+    except FileNotFoundError:
+        raise XbenchError(f"--resume: no {RUN_FILE} in {run_dir}; is it an xbench run directory?") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise XbenchError(f"--resume: {path} is damaged ({type(err).__name__}: {err})") from None
+    with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
+        ready = ready_backends(spec, Path(tmp), strict_devices=False, launch=launch)
+    return Comparison(spec, tuple(ready.entries), ready.devices, Path(run_dir), saved["run_id"],
+                      bool(saved.get("breakdown", False)), launch, ready.launchers)
 
 
 def verify_backends(comparison: Comparison, environment: dict[str, Any]) -> Verification:
@@ -153,7 +235,8 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any]) -> Veri
     be timed; writes verify.json. Arrays stay in a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
         result = verify(comparison.spec, comparison.entries, comparison.spec.devices, Path(tmp),
-                        environment, log_dir=comparison.run_dir)
+                        environment, log_dir=comparison.run_dir, launch=comparison.launch,
+                        launchers=comparison.launchers)
     write_json(comparison.run_dir / VERIFY_FILE, {
         "checks": checks_as_dicts(result.checks),
         "problems": result.problems,
@@ -167,9 +250,11 @@ def unverified(reason: str) -> dict[str, Any]:
 
 
 def execute(comparison: Comparison, environment: dict[str, Any], verification: dict[str, dict[str, Any]],
-            listener: launcher.Listener | None = None) -> list[dict[str, Any]]:
+            listener: launcher.Listener | None = None, done: set[str] | frozenset[str] = frozenset()
+            ) -> list[dict[str, Any]]:
     """Time every trial of the backends whose verification did not fail; the others get a
-    skipped record with the reason. Returns the records, each already in records.jsonl."""
+    skipped record with the reason; trials in `done` (a resumed run's) are left out.
+    Returns the new records, each already in records.jsonl."""
     writer = RecordWriter(comparison.run_dir)
     ctx = launcher.Context(
         run_id=comparison.run_id,
@@ -177,11 +262,12 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
         environment=environment,
         write=writer.append,
         annotate=lambda trial: {"verification": verification[trial.backend]},
+        launch=comparison.launch,
     )
     if listener is not None:
         ctx.listener = listener
     records = []
-    trials = plan(comparison)
+    trials = [t for t in plan(comparison) if t.id not in done]
     for trial in trials:
         if verification[trial.backend]["status"] == "failed":
             record = launcher.skipped_record(trial, ctx, "verification failed: " + "; ".join(
@@ -197,18 +283,21 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
 def measure_allreduce(entries: Sequence[BackendEntry], device_counts: Sequence[int], platform: str,
                       sizes: Sequence[int], options: Mapping[str, Mapping[str, Any]], log_dir: Path,
                       environment: dict[str, Any], write=None, timeout_s: float = 600,
-                      devices: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+                      devices: Mapping[str, Mapping[str, Any]] | None = None,
+                      launchers: Mapping[str, str] | None = None, launch: Launch | None = None
+                      ) -> list[dict[str, Any]]:
     """Each backend's own all-reduce on each device count and buffer size; one record each,
     with the platform the backend found (`devices`, from probe_devices)."""
     records = []
     for entry in entries:
+        how = (launchers or {}).get(entry.name, "subprocess")
         for count in device_counts:
             events = launcher.allreduce_events(entry.target, count, platform, list(sizes),
                                                dict(options.get(entry.name, {})), log_dir / launcher.LOG_FILE,
-                                               timeout_s)
+                                               timeout_s, how, launch)
             for event in events:
                 info = (devices or {}).get(entry.name) or {}
-                record = {"kind": "allreduce", "backend": entry.name, "devices": count,
+                record = {"kind": "allreduce", "backend": entry.name, "devices": count, "launcher": how,
                           "platform": "simulated CPU" if info.get("simulated") else info.get("platform"),
                           "nbytes": event["nbytes"], "status": event["status"], "reason": event.get("reason"),
                           "timing": event.get("timing"), "environment": environment}
@@ -228,13 +317,15 @@ def breakdown_allreduce(comparison: Comparison, environment: dict[str, Any]) -> 
     return measure_allreduce(comparison.entries, counts, comparison.spec.platform, sizes_for(gradient_bytes, gpu),
                              comparison.spec.options, comparison.run_dir, environment,
                              write=RecordWriter(comparison.run_dir, ALLREDUCE_FILE).append,
-                             devices=comparison.devices)
+                             devices=comparison.devices, launchers=comparison.launchers, launch=comparison.launch)
 
 
 def plan(comparison: Comparison) -> list:
-    return plan_trials(comparison.spec, [e.name for e in comparison.entries], comparison.breakdown)
+    """Every trial of the comparison, in order."""
+    return plan_trials(comparison.spec, [e.name for e in comparison.entries], comparison.breakdown,
+                       comparison.launchers)
 
 
-def trial_count(comparison: Comparison) -> int:
-    return len(plan(comparison))
+def trial_count(comparison: Comparison, done: set[str] | frozenset[str] = frozenset()) -> int:
+    return len([t for t in plan(comparison) if t.id not in done])
 

@@ -12,6 +12,14 @@ Life of a backend inside one worker process (one backend, one device count):
         prepared = backend.prepare(trial, work)   # model from work.weights, data on devices
         backend.run(prepared, steps)              # timed by the core, many times
 
+Launchers. With the `subprocess` launcher (the default for a backend that does not say
+otherwise) one process drives all `devices` devices, as above. With the `spmd` launcher there
+is one process per device: every process calls `setup_process(process, platform)` instead of
+`setup`, joins the job described by `process` (a `Process`: rank, world size, coordinator),
+and then runs the same `prepare`/`run` calls on its own device with `trial.devices ==
+process.world_size`; its shard of the global batch is `work.shards(...)[process.rank]`.
+A backend lists the launchers it supports in `launchers` (first = preferred).
+
 The core does all timing, repetition and statistics, so every framework is timed by the same
 code. `probe` runs in the xbench process itself and must not import the framework.
 """
@@ -27,9 +35,12 @@ from xbench.spec import Protocol as TimingProtocol
 from xbench.work import Work, hash_arrays
 
 __all__ = [
-    "ADAM", "Adam", "Availability", "Backend", "DeviceInfo", "DeviceUnavailable", "Prepared", "PreparedInfo",
-    "Trial", "Unsupported", "Work", "hash_arrays", "probe_distributions",
+    "ADAM", "Adam", "Availability", "Backend", "DeviceInfo", "DeviceUnavailable", "LAUNCHERS", "Prepared",
+    "PreparedInfo", "Process", "Trial", "Unsupported", "Work", "hash_arrays", "launchers_of",
+    "probe_distributions",
 ]
+
+LAUNCHERS = ("subprocess", "spmd")
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,37 @@ class DeviceInfo:
     simulated: bool  # True when one CPU is split into logical devices
     available: int  # how many devices of this platform the framework can use
     details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Process:
+    """One process's place in an spmd job: one device per process, `world_size` processes on
+    `nnodes` nodes, `local_world_size` of them on this node. The core sets RANK, WORLD_SIZE,
+    LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the process's environment too,
+    and CUDA_VISIBLE_DEVICES is left alone: use device `local_rank`."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    nnodes: int
+    coordinator: str  # "host:port" where rank 0 listens (jax.distributed, torch's MASTER_ADDR:PORT)
+    hosts: tuple[str, ...]  # one address per node, by node rank
+
+    @property
+    def coordinator_host(self) -> str:
+        return self.coordinator.rsplit(":", 1)[0]
+
+    @property
+    def coordinator_port(self) -> int:
+        return int(self.coordinator.rsplit(":", 1)[1])
+
+    def address(self, rank: int) -> str:
+        """A free "host:port" reserved for `rank`'s own server, for frameworks that need one per
+        process (TF_CONFIG's worker list): the ports after the coordinator's."""
+        host = self.hosts[rank // self.local_world_size]
+        return f"{host}:{self.coordinator_port + 1 + rank}"
 
 
 class Unsupported(Exception):
@@ -111,7 +153,7 @@ class Trial:
     protocol: TimingProtocol
     options: dict[str, Any] = field(default_factory=dict)
     all_reduce: bool = True  # False: the compute-only step, the same step without the gradient all-reduce
-
+    launcher: str = "subprocess"  # how its processes start: "subprocess" or "spmd" (one per device)
 
     @property
     def per_device_batch(self) -> int:
@@ -120,6 +162,8 @@ class Trial:
     @property
     def id(self) -> str:
         base = f"{self.backend}/{self.model.name}/d{self.devices}/b{self.global_batch}"
+        if self.launcher != "subprocess":
+            base += f"/{self.launcher}"
         return base if self.all_reduce else f"{base}/compute-only"
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,6 +186,11 @@ class Backend(Protocol):
     install_hint: ClassVar[str]
     """What to install when `probe` finds the framework missing, e.g. "pip install 'xbench[jax]'"."""
 
+    # launchers: ClassVar[tuple[str, ...]] = ("subprocess",)
+    #     Optional. The launchers that can start this backend, preferred first: "subprocess"
+    #     (one process drives every device: `setup`) and/or "spmd" (one process per device:
+    #     `setup_process` and `all_gather` below).
+
     def probe(self) -> Availability:
         """Is the framework installed, and which version? Cheap; must not import it."""
 
@@ -160,6 +209,19 @@ class Backend(Protocol):
         """Run `steps` training steps (a multiple of `trial.protocol.steps_per_call`) and
         return only after the devices have finished them."""
 
+    # Needed for the spmd launcher (one process per device):
+    #
+    # def setup_process(self, process: Process, platform: str) -> DeviceInfo:
+    #     """Like `setup`, for one device (`process.local_rank` on this node): join the job
+    #     (jax.distributed.initialize, torch.distributed.init_process_group, TF_CONFIG, ...)."""
+    # def all_gather(self, values: list[float]) -> list[list[float]]:
+    #     """Every rank's `values`, by rank (through the framework's collectives; untimed).
+    #     The core gathers each rank's window times with it: step time = max over ranks."""
+    #
+    # In an spmd job the verification capabilities below mean: `gradients` this rank's
+    # (all-reduced) gradient, `train` the global mean loss of each step, `replica_weights`
+    # every rank's weights, by rank.
+    #
     # Optional capabilities. A backend without them is timed but marked unverifiable.
     #
     # def validate_options(self, options: dict) -> None:
@@ -180,6 +242,11 @@ class Backend(Protocol):
     # def memory_peak_bytes(self, prepared) -> dict | None:
     #     """{"peak_bytes": [per device], "scope": "trial" or "worker process"}: the
     #     framework's own peak counter, or None where it has none."""
+
+
+def launchers_of(backend: Any) -> tuple[str, ...]:
+    """The launchers a backend supports, preferred first."""
+    return tuple(getattr(backend, "launchers", ("subprocess",)))
 
 
 def probe_distributions(framework: str, names: tuple[str, ...], hint: str) -> Availability:

@@ -60,7 +60,7 @@ def _by_key(records: Sequence[Mapping[str, Any]]) -> dict[Key, Row]:
     for record, row in zip(records, rows_from_records(records)):
         if row.throughput is not None:
             trial = record["trial"]
-            keyed[(row.backend, row.model, row.devices, row.global_batch, trial["scaling"], trial["precision"],
+            keyed[(row.label, row.model, row.devices, row.global_batch, trial["scaling"], trial["precision"],
                    row.all_reduce)] = row
     return keyed
 

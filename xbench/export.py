@@ -17,7 +17,7 @@ def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         out.append({
             "run_id": record.get("run_id"), "trial_id": record.get("trial_id"),
             "status": record["status"], "reason": record.get("reason"),
-            "backend": row.backend, "model": row.model, "params": row.params,
+            "backend": row.backend, "launcher": row.launcher, "model": row.model, "params": row.params,
             "devices": row.devices, "global_batch": row.global_batch, "per_device_batch": row.per_device_batch,
             "scaling": trial["scaling"], "precision": trial["precision"],
             "steps_per_call": trial["protocol"]["steps_per_call"], "all_reduce": row.all_reduce,

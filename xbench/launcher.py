@@ -1,4 +1,7 @@
-"""The subprocess launcher: one worker process per (backend, device count) group.
+"""Launchers: worker processes for each (backend, device count, launcher) group.
+
+`subprocess`: one worker process drives all of a group's devices. `spmd`: one worker process
+per device, started together as a gang with torchrun-style variables (see xbench.cluster).
 
 A worker runs its group's trials in turn. The launcher waits on the worker's event stream
 (a blocking read in a thread, so no CPU is spent while trials are timed), enforces each
@@ -17,11 +20,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from xbench.contract import Trial
+from xbench.cluster import Launch, job_ports
+from xbench.contract import Process, Trial
 from xbench.plan import Group
 from xbench.records import utc_now as _now
 
@@ -55,6 +59,7 @@ class Context:
     startup_timeout_s: float = STARTUP_TIMEOUT_S
     job_extra: dict[str, Any] = field(default_factory=dict)  # e.g. {"mode": "verify", ...}
     annotate: Callable[[Trial], dict[str, Any]] = lambda trial: {}  # extra record fields
+    launch: Launch = field(default_factory=Launch)  # spmd node geometry
 
 
 def run_groups(groups: list[Group], ctx: Context) -> list[dict[str, Any]]:
@@ -69,120 +74,213 @@ def run_group(group: Group, ctx: Context) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     pending = list(group.trials)
     while pending:
-        worker = Worker.start(group.target, group.devices, pending[0].platform, pending,
-                              ctx.run_dir / LOG_FILE, label=f"{group.backend} on {group.devices} device(s)",
-                              extra=ctx.job_extra)
+        # Nodes of a multi-node job derive its ports from this number, so it must not depend
+        # on anything but the plan: the first pending trial's place in it.
+        gang = start_gang(group, pending, ctx, job_index=group.start + len(group.trials) - len(pending))
         try:
-            finished = worker.drive(pending, ctx)
+            finished = gang.drive(pending, ctx)
         finally:
-            worker.stop()
+            gang.stop()
         records.extend(finished)
         pending = pending[len(finished):]
     return records
 
 
-class Worker:
-    """One running worker process and the thread that reads its events."""
+def start_gang(group: Group, trials: list[Trial], ctx: Context, job_index: int = 0) -> Gang:
+    """The processes for a group's `trials`: one worker, or one per local rank (spmd)."""
+    job = {"target": group.target, "devices": group.devices, "platform": trials[0].platform,
+           "trials": [t.to_dict() for t in trials], **ctx.job_extra}
+    label = f"{group.backend} on {group.devices} device(s)"
+    if group.launcher != "spmd":
+        return Gang.start([(job, {})], ctx.run_dir / LOG_FILE, label)
+    return Gang.start(spmd_jobs(job, group.devices, ctx.launch, job_index), ctx.run_dir / LOG_FILE,
+                      f"{label}, spmd")
 
-    def __init__(self, process: subprocess.Popen, log_path: Path, log_offset: int) -> None:
+
+def spmd_jobs(job: dict[str, Any], world: int, launch: Launch, job_index: int
+              ) -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """One job per rank on this node, with the torchrun-style variables in its environment."""
+    local = launch.local_ranks(world)
+    coordinator, hosts = job_ports(launch, job_index, world)
+    host, port = coordinator.rsplit(":", 1)
+    jobs = []
+    for local_rank in range(local):
+        process = Process(rank=launch.node_rank * local + local_rank, world_size=world, local_rank=local_rank,
+                          local_world_size=local, node_rank=launch.node_rank, nnodes=launch.nnodes,
+                          coordinator=coordinator, hosts=hosts)
+        env = {"RANK": str(process.rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
+               "LOCAL_WORLD_SIZE": str(local), "GROUP_RANK": str(launch.node_rank), "MASTER_ADDR": host,
+               "MASTER_PORT": port}
+        jobs.append(({**job, "process": asdict(process)}, env))
+    return jobs
+
+
+class Worker:
+    """One running worker process and the thread that reads its events into a queue shared
+    with the rest of its gang, tagged with its index."""
+
+    def __init__(self, index: int, process: subprocess.Popen, events: queue.Queue) -> None:
+        self.index = index
         self.process = process
-        self.log_path = log_path
-        self.log_offset = log_offset
-        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.events = events
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
     @classmethod
-    def start(cls, target: str, devices: int, platform: str, trials: list[Trial], log_path: Path,
-              label: str, extra: Mapping[str, Any] | None = None) -> Worker:
-        job = {"target": target, "devices": devices, "platform": platform,
-               "trials": [t.to_dict() for t in trials], **(extra or {})}
-        with open(log_path, "ab") as log:
-            offset = log.seek(0, os.SEEK_END)
-            process = subprocess.Popen(
-                [sys.executable, "-m", "xbench.worker"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                env=worker_environment(), start_new_session=True,
-            )
-            log.write(f"=== {label}, worker pid {process.pid}, {_now()}\n".encode())
+    def start(cls, index: int, job: dict[str, Any], env: Mapping[str, str], log: Any, events: queue.Queue) -> Worker:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "xbench.worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            env={**worker_environment(), **env}, start_new_session=True,
+        )
         process.stdin.write(json.dumps(job).encode())
         process.stdin.close()
-        return cls(process, log_path, offset)
+        return cls(index, process, events)
 
     def _read(self) -> None:
         with self.process.stdout as stream:
             for line in stream:
                 try:
-                    self.events.put(json.loads(line))
+                    self.events.put((self.index, json.loads(line)))
                 except json.JSONDecodeError:
                     continue  # not an event; the worker keeps its event stream clean
-        self.events.put(None)
+        self.events.put((self.index, None))
 
-    def next_event(self, deadline: float) -> dict[str, Any] | None | str:
-        """The next event, None when the worker has exited, "timeout" past the deadline."""
+    def stop(self) -> None:
+        """End the worker and anything it started (it leads its own process group)."""
+        try:  # also when the leader has exited: its children may live on
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.process.wait()
+        self.reader.join(timeout=10)
+
+
+class Gang:
+    """The worker processes of one job, started together and stopped together: one process
+    (subprocess launcher) or one per local rank (spmd). Member 0 speaks for the job; every
+    member must report each trial, and the first one to fail fails the trial."""
+
+    def __init__(self, workers: list[Worker], events: queue.Queue, log_path: Path, log_offset: int,
+                 ranks: list[int | None]) -> None:
+        self.workers = workers
+        self.events = events
+        self.log_path = log_path
+        self.log_offset = log_offset
+        self.ranks = ranks
+
+    @classmethod
+    def start(cls, jobs: list[tuple[dict[str, Any], dict[str, str]]], log_path: Path, label: str) -> Gang:
+        events: queue.Queue = queue.Queue()
+        workers = []
+        with open(log_path, "ab") as log:
+            offset = log.seek(0, os.SEEK_END)
+            try:
+                for index, (job, env) in enumerate(jobs):
+                    workers.append(Worker.start(index, job, env, log, events))
+            except BaseException:
+                for worker in workers:
+                    worker.stop()
+                raise
+            pids = ", ".join(str(w.process.pid) for w in workers)
+            log.write(f"=== {label}, worker pid(s) {pids}, {_now()}\n".encode())
+        ranks = [job.get("process", {}).get("rank") for job, _ in jobs]
+        return cls(workers, events, log_path, offset, ranks)
+
+    @property
+    def spmd(self) -> bool:
+        return self.ranks[0] is not None
+
+    def next_event(self, deadline: float) -> tuple[int, dict[str, Any] | None] | str:
+        """(member, event), with event None when that member has exited; "timeout" past the
+        deadline."""
         try:
             return self.events.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             return "timeout"
 
     def drive(self, trials: list[Trial], ctx: Context) -> list[dict[str, Any]]:
-        """Collect records for `trials` in order until they are done or the worker fails.
+        """Collect records for `trials` in order until they are done or the gang fails.
 
         Returns the records made; a prefix of `trials`. Records for a failed setup cover all
-        trials, so the caller never restarts a worker that cannot start.
+        trials, so the caller never restarts a gang that cannot start.
         """
-        first = self.next_event(time.monotonic() + ctx.startup_timeout_s)
-        if not isinstance(first, dict) or first.get("event") != "ready":
-            return [self._unstarted_record(t, first, ctx) for t in trials]
-        devices = first["device_info"]
+        ready = self._await_ready(ctx.startup_timeout_s)
+        if "device_info" not in ready:
+            return [self._unstarted_record(t, ready, ctx) for t in trials]
         records: list[dict[str, Any]] = []
         for trial in trials:
-            record = self._trial_record(trial, devices, ctx)
+            record = self._trial_record(trial, ready["device_info"], ctx)
             records.append(record)
             ctx.write(record)
             ctx.listener.trial_finished(trial, record)
-            if record["status"] in ("timeout", "crashed"):
+            # A failed rank may leave the others inside a collective: start afresh.
+            if record["status"] in ("timeout", "crashed") or (self.spmd and record["status"] != "ok"):
                 break
         return records
+
+    def _await_ready(self, timeout_s: float) -> dict[str, Any]:
+        """{"device_info": member 0's} once every member is ready, else what went wrong."""
+        deadline, waiting, info = time.monotonic() + timeout_s, set(range(len(self.workers))), None
+        while waiting:
+            item = self.next_event(deadline)
+            if item == "timeout":
+                self.stop()
+                return {"status": "failed", "reason": f"worker did not start within {timeout_s:g} s"}
+            index, event = item
+            if event is None:
+                return {"status": "failed", "reason": f"worker failed to start: {self._exit_reason(index)}"}
+            if event.get("event") == "unavailable":
+                return {"status": "skipped", "reason": self._who(index) + event["reason"]}
+            if event.get("event") == "setup_failed":
+                return {"status": "failed", "reason": f"backend setup failed: {self._who(index)}{event['reason']}"}
+            if event.get("event") == "ready":
+                waiting.discard(index)
+                info = event["device_info"] if index == 0 else info
+        return {"device_info": info}
 
     def _trial_record(self, trial: Trial, devices: dict[str, Any], ctx: Context) -> dict[str, Any]:
         started = _now()
         ctx.listener.trial_started(trial)
         deadline = time.monotonic() + ctx.startup_timeout_s + trial.protocol.trial_timeout_s
+        results: dict[int, dict[str, Any]] = {}
         while True:
-            event = self.next_event(deadline)
-            if event == "timeout":
+            item = self.next_event(deadline)
+            if item == "timeout":
                 self.stop()
                 reason = f"timed out after {trial.protocol.trial_timeout_s:g} s (protocol.trial_timeout_s)"
                 return _record(trial, ctx, "timeout", reason, devices, started)
+            index, event = item
+            if event is None and index in results:
+                continue  # reported this trial, then finished its work and exited
             if event is None:
-                return _record(trial, ctx, "crashed", self._exit_reason(), devices, started)
+                return _record(trial, ctx, "crashed", self._who(index) + self._exit_reason(index), devices, started)
             kind = event.get("event")
-            if kind == "start":
+            if kind == "start" and index == 0:
                 deadline = time.monotonic() + trial.protocol.trial_timeout_s
-            elif kind == "window":
+            elif kind == "window" and index == 0:
                 ctx.listener.window_done(trial, event["done"])
             elif kind == "result":
-                extra = {k: event[k] for k in ("work", "backend", "timing", "arrays", "telemetry") if k in event}
-                return _record(trial, ctx, event["status"], event.get("reason"), devices, started, extra)
+                if event["status"] != "ok" and self.spmd:
+                    return _record(trial, ctx, event["status"], self._who(index) + str(event.get("reason")),
+                                   devices, started)
+                results[index] = event
+                if len(results) == len(self.workers):
+                    first = results[0]
+                    extra = {k: first[k] for k in ("work", "backend", "timing", "arrays", "telemetry") if k in first}
+                    return _record(trial, ctx, first["status"], first.get("reason"), devices, started, extra)
 
-    def _unstarted_record(self, trial: Trial, event: Any, ctx: Context) -> dict[str, Any]:
-        if isinstance(event, dict) and event.get("event") == "unavailable":
-            record = _record(trial, ctx, "skipped", event["reason"], None, _now())
-        elif isinstance(event, dict) and event.get("event") == "setup_failed":
-            record = _record(trial, ctx, "failed", f"backend setup failed: {event['reason']}", None, _now())
-        elif event == "timeout":
-            self.stop()
-            record = _record(trial, ctx, "failed", f"worker did not start within {ctx.startup_timeout_s:g} s",
-                             None, _now())
-        else:
-            record = _record(trial, ctx, "failed", f"worker failed to start: {self._exit_reason()}", None, _now())
+    def _who(self, index: int) -> str:
+        return f"rank {self.ranks[index]}: " if self.spmd else ""
+
+    def _unstarted_record(self, trial: Trial, ready: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        record = _record(trial, ctx, ready["status"], ready["reason"], None, _now())
         ctx.write(record)
         ctx.listener.trial_finished(trial, record)
         return record
 
-    def _exit_reason(self) -> str:
-        code = self.process.wait()
+    def _exit_reason(self, index: int) -> str:
+        code = self.workers[index].process.wait()
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
         return f"worker {how}; last output: {self._last_log_line()}"
 
@@ -197,13 +295,9 @@ class Worker:
         return meaningful[-1][:300] if meaningful else "(none)"
 
     def stop(self) -> None:
-        """End the worker and anything it started (it leads its own process group)."""
-        try:  # also when the leader has exited: its children may live on
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.process.wait()
-        self.reader.join(timeout=10)
+        """End every member and anything they started."""
+        for worker in self.workers:
+            worker.stop()
 
 
 def skipped_record(trial: Trial, ctx: Context, reason: str) -> dict[str, Any]:
@@ -240,42 +334,41 @@ def _record(trial: Trial, ctx: Context, status: str, reason: str | None, devices
 def describe(target: str, platform: str, log_path: Path,
              timeout_s: float = STARTUP_TIMEOUT_S) -> dict[str, Any]:
     """What a backend's worker sees on one device: {"device_info": ...} or {"reason": ...}."""
-    worker = Worker.start(target, 1, platform, [], log_path, label=f"describe {target}")
+    job = {"target": target, "devices": 1, "platform": platform, "trials": []}
+    gang = Gang.start([(job, {})], log_path, label=f"describe {target}")
     try:
-        event = worker.next_event(time.monotonic() + timeout_s)
-        if isinstance(event, dict) and event.get("event") == "ready":
-            return {"device_info": event["device_info"]}
-        if isinstance(event, dict) and "reason" in event:
-            return {"reason": event["reason"]}
-        if event == "timeout":
-            return {"reason": f"worker did not start within {timeout_s:g} s"}
-        return {"reason": f"worker failed to start: {worker._exit_reason()}"}
+        ready = gang._await_ready(timeout_s)
+        return ready if "device_info" in ready else {"reason": ready["reason"]}
     finally:
-        worker.stop()
+        gang.stop()
 
 
 def allreduce_events(target: str, devices: int, platform: str, sizes: list[int], options: dict[str, Any],
-                     log_path: Path, timeout_s: float) -> list[dict[str, Any]]:
-    """Run the all-reduce microbenchmark in one worker; one event per size (status ok, failed,
-    or why the worker could not run it)."""
-    worker = Worker.start(target, devices, platform, [], log_path, label=f"all-reduce {target} on {devices}",
-                          extra={"mode": "allreduce", "sizes": sizes, "options": options})
+                     log_path: Path, timeout_s: float, launcher: str = "subprocess",
+                     launch: Launch | None = None) -> list[dict[str, Any]]:
+    """Run the all-reduce microbenchmark in one job; one event per size (status ok, failed,
+    or why the job could not run it). With spmd, member 0's events carry the gathered timing."""
+    job = {"target": target, "devices": devices, "platform": platform, "trials": [], "mode": "allreduce",
+           "sizes": sizes, "options": options}
+    jobs = spmd_jobs(job, devices, launch or Launch("spmd"), 0) if launcher == "spmd" else [(job, {})]
+    gang = Gang.start(jobs, log_path, label=f"all-reduce {target} on {devices}")
     deadline = time.monotonic() + STARTUP_TIMEOUT_S + timeout_s
     results: list[dict[str, Any]] = []
     try:
         while True:
-            event = worker.next_event(deadline)
+            item = gang.next_event(deadline)
+            index, event = item if item != "timeout" else (0, "timeout")
             if event == "timeout" or event is None:
-                why = f"timed out after {timeout_s:g} s" if event == "timeout" else worker._exit_reason()
+                why = f"timed out after {timeout_s:g} s" if event == "timeout" else gang._exit_reason(index)
                 done = {r["nbytes"] for r in results}
                 return results + [{"nbytes": n, "status": "failed", "reason": why} for n in sizes if n not in done]
             kind = event.get("event")
             if kind in ("unavailable", "setup_failed"):
                 return [{"nbytes": n, "status": "skipped" if kind == "unavailable" else "failed",
-                         "reason": event["reason"]} for n in sizes]
-            if kind == "allreduce":
+                         "reason": gang._who(index) + event["reason"]} for n in sizes]
+            if kind == "allreduce" and index == 0:
                 results.append(event)
-            elif kind == "done":
+            elif kind == "done" and index == 0:
                 return results
     finally:
-        worker.stop()
+        gang.stop()

@@ -33,12 +33,15 @@ def measure(
     prepared: Prepared,
     protocol: Protocol,
     on_window: Callable[[int], None] = lambda done: None,
+    agree: Callable[[int], int] = lambda steps: steps,
 ) -> Measurement:
-    """Time one prepared trial; `on_window(k)` is called after the k-th timed window."""
+    """Time one prepared trial; `on_window(k)` is called after the k-th timed window.
+    `agree` turns this process's choice of steps per window into the one every process of
+    the job uses (one process per device: all must run the same steps)."""
     first_call_s = _timed(backend, prepared, protocol.steps_per_call)
     if protocol.warmup_steps:
         backend.run(prepared, warmup_steps(protocol))
-    steps = window_steps(backend, prepared, protocol)
+    steps = agree(window_steps(backend, prepared, protocol))
     windows = []
     for done in range(1, protocol.repeats + 1):
         windows.append(_timed(backend, prepared, steps))
@@ -56,17 +59,22 @@ def window_steps(backend: Backend, prepared: Prepared, protocol: Protocol) -> in
     return protocol.steps * max(1, math.ceil(protocol.min_window_s / max(probe, 1e-9)))
 
 
-def observe(backend: Backend, prepared: Prepared, protocol: Protocol, watch: Callable[[], ContextManager[Any]],
-            min_seconds: float = TELEMETRY_MIN_S) -> tuple[int, float]:
-    """After the timed windows: keep training, untimed, for at least `min_seconds` inside
-    `watch()` (telemetry), so that sampling never disturbs a timed window and counters that
-    average over a second or more see the steady state. Returns (steps, seconds)."""
-    steps, start = 0, time.perf_counter()
+def telemetry_steps(timing: dict[str, Any], protocol: Protocol, min_seconds: float = TELEMETRY_MIN_S) -> int:
+    """Whole windows' worth of steps that last at least `min_seconds`, judged from the
+    fastest timed window. Fixed in advance, not by a clock, so that every process of an
+    spmd job (which all see the same gathered windows) runs the same steps."""
+    fastest = max(min(timing["window_s"]), 1e-9)
+    return timing["steps_per_window"] * max(1, math.ceil(min_seconds / fastest))
+
+
+def observe(backend: Backend, prepared: Prepared, steps: int, watch: Callable[[], ContextManager[Any]]) -> float:
+    """After the timed windows: `steps` more training steps, untimed, inside `watch()`
+    (telemetry), so that sampling never disturbs a timed window and counters that average
+    over a second or more see the steady state. Returns the seconds they took."""
+    start = time.perf_counter()
     with watch():
-        while time.perf_counter() - start < min_seconds:
-            backend.run(prepared, protocol.steps)
-            steps += protocol.steps
-    return steps, time.perf_counter() - start
+        backend.run(prepared, steps)
+    return time.perf_counter() - start
 
 
 def _timed(backend: Backend, prepared: Prepared, steps: int) -> float:

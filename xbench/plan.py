@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from xbench.contract import Trial
@@ -17,11 +17,15 @@ class Group:
     target: str  # the backend's entry-point value, imported by the worker
     devices: int
     trials: tuple[Trial, ...]
+    launcher: str = "subprocess"
+    start: int = 0  # the first trial's place in the plan
 
 
-def plan_trials(spec: Spec, backends: Sequence[str], breakdown: bool = False) -> list[Trial]:
+def plan_trials(spec: Spec, backends: Sequence[str], breakdown: bool = False,
+                launchers: Mapping[str, str] | None = None) -> list[Trial]:
     """Every backend x device count x model x batch size, in the order they will run; with
-    `breakdown`, each multi-device trial is followed by its compute-only twin."""
+    `breakdown`, each multi-device trial is followed by its compute-only twin. `launchers`
+    maps a backend to the launcher that starts it (default subprocess)."""
     trials = []
     for backend in backends:
         for devices in spec.devices:
@@ -40,6 +44,7 @@ def plan_trials(spec: Spec, backends: Sequence[str], breakdown: bool = False) ->
                         samples=spec.data.samples,
                         protocol=spec.protocol,
                         options=dict(spec.options.get(backend, {})),
+                        launcher=(launchers or {}).get(backend, "subprocess"),
                     )
                     trials.append(trial)
                     if breakdown and devices > 1:
@@ -48,12 +53,12 @@ def plan_trials(spec: Spec, backends: Sequence[str], breakdown: bool = False) ->
 
 
 def group_trials(trials: Sequence[Trial], targets: dict[str, str]) -> list[Group]:
-    """Consecutive trials of one backend and device count share a worker process."""
+    """Consecutive trials of one backend, device count and launcher share worker processes."""
     groups: list[Group] = []
-    for trial in trials:
+    for index, trial in enumerate(trials):
         last = groups[-1] if groups else None
-        if last and (last.backend, last.devices) == (trial.backend, trial.devices):
-            groups[-1] = Group(last.backend, last.target, last.devices, (*last.trials, trial))
+        if last and (last.backend, last.devices, last.launcher) == (trial.backend, trial.devices, trial.launcher):
+            groups[-1] = replace(last, trials=(*last.trials, trial))
         else:
-            groups.append(Group(trial.backend, targets[trial.backend], trial.devices, (trial,)))
+            groups.append(Group(trial.backend, targets[trial.backend], trial.devices, (trial,), trial.launcher, index))
     return groups

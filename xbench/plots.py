@@ -28,7 +28,7 @@ def _series(rows: Sequence[Row]) -> dict[tuple[str, int], list[Row]]:
     groups: dict[tuple[str, int], list[Row]] = {}
     for row in rows:
         if row.throughput is not None:
-            groups.setdefault((row.backend, row.devices), []).append(row)
+            groups.setdefault((row.label, row.devices), []).append(row)
     return {key: sorted(group, key=lambda r: r.global_batch) for key, group in sorted(groups.items())}
 
 
@@ -111,7 +111,7 @@ def breakdown_figure(rows: Sequence[Row], model: str):
         return None
     fig, ax = _figure(f"Where a step's time goes, model {model}", "backend, devices, global batch",
                       "time per step (ms)")
-    labels = [f"{r.backend}\n{r.devices} dev, b{r.global_batch}" for r in measured]
+    labels = [f"{r.label}\n{r.devices} dev, b{r.global_batch}" for r in measured]
     compute = [r.breakdown.compute_ms for r in measured]
     comm = [max(r.breakdown.comm_ms, 0.0) for r in measured]
     ax.bar(labels, compute, label="compute (step without the all-reduce)", color="#4c72b0")
@@ -125,7 +125,7 @@ def busbw_figure(results: Sequence[AllReduceResult]):
     series: dict[tuple[str, int], list[AllReduceResult]] = {}
     for r in results:
         if r.devices > 1:
-            series.setdefault((r.backend, r.devices), []).append(r)
+            series.setdefault((r.label, r.devices), []).append(r)
     if not series:
         return None
     fig, ax = _figure("All-reduce bus bandwidth", "message size per device (bytes)", "busbw (GB/s, median time)")

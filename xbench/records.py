@@ -77,7 +77,26 @@ def read_records(run_dir: Path, name: str = RECORDS_FILE) -> list[dict[str, Any]
     records = list(iter_records(Path(run_dir) / name))
     if not records:
         raise XbenchError(f"{Path(run_dir) / name} holds no records; the run finished no trial")
-    return records
+    return latest_per_trial(records) if name == RECORDS_FILE else records
+
+
+def latest_per_trial(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per trial, the last written (a resumed run appends a retried trial's new
+    record after its failed one), in the order the trials first ran."""
+    latest = {record.get("trial_id", str(i)): record for i, record in enumerate(records)}
+    return list(latest.values())
+
+
+# A resumed run retries trials whose last record has one of these statuses.
+RETRIED_STATUSES = ("failed", "crashed", "timeout", "skipped")
+
+
+def finished_trials(run_dir: Path) -> set[str]:
+    """Trial ids a resumed run skips: those whose last record is final."""
+    path = Path(run_dir) / RECORDS_FILE
+    if not path.exists():
+        return set()
+    return {r["trial_id"] for r in latest_per_trial(list(iter_records(path))) if r["status"] not in RETRIED_STATUSES}
 
 
 def iter_records(path: Path) -> Iterator[dict[str, Any]]:

@@ -84,7 +84,7 @@ def cost_columns(rows: Sequence[Row], busbw: Busbw) -> CostColumns | None:
     for row in full_rows(rows):
         if row.throughput is None:
             continue
-        line = [row.backend, str(row.devices), str(row.global_batch), f"{row.step_ms:.3f}"]
+        line = [row.label, str(row.devices), str(row.global_batch), f"{row.step_ms:.3f}"]
         line += [*_breakdown_cells(row), _busbw_cell(row, busbw)] if breakdown else []
         line += _telemetry_cells(row) if telemetry else []
         cells.append(tuple(line))
@@ -139,7 +139,7 @@ def _breakdown_cells(row: Row) -> list[str]:
 
 
 def _cells(row: Row) -> list[str]:
-    head = [row.backend, str(row.devices), str(row.global_batch)]
+    head = [row.label, str(row.devices), str(row.global_batch)]
     if row.throughput is None:
         return [*head, f"[red]{row.status}[/]", "", "", "", "", "", "", ""]
     t = row.throughput
@@ -180,14 +180,16 @@ def _caption(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def devices_line(backend: str, info: Mapping[str, Any]) -> str:
+def devices_line(backend: str, info: Mapping[str, Any], launcher: str = "subprocess") -> str:
     """What a backend runs on, e.g. 'jax (jax 0.10.2): simulated CPU devices ...'."""
     version = f"{info['framework']} {info['framework_version']}"
+    how = "one process per device" if launcher == "spmd" else "one process drives all devices"
     if info["simulated"]:
-        return (f"{backend} ({version}): no GPU found; simulated CPU devices "
-                f"(one CPU split into up to {info['available']})")
+        kind = "CPU processes" if launcher == "spmd" else "simulated CPU devices (one CPU split into"
+        limit = f"up to {info['available']}" + ("" if launcher == "spmd" else ")")
+        return f"{backend} ({version}, {how}): no GPU found; {kind} {limit}"
     names = ", ".join(dict.fromkeys(n.split(" ", 1)[-1] for n in info["device_names"]))
-    return f"{backend} ({version}): {info['available']} {info['platform'].upper()}(s): {names}"
+    return f"{backend} ({version}, {how}): {info['available']} {info['platform'].upper()}(s): {names}"
 
 
 def checks_table(checks: Sequence[Any]) -> Table:

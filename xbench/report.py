@@ -157,7 +157,7 @@ def allreduce_section(records: Sequence[Mapping[str, Any]], images: Sequence[Ima
 def _cells(row: Row) -> tuple[str, ...]:
     t = row.throughput
     s = row.scaling
-    return (row.backend, str(row.devices), str(row.global_batch), f"{t.mean:,.0f}", f"{t.ci_half_width:,.0f}",
+    return (row.label, str(row.devices), str(row.global_batch), f"{t.mean:,.0f}", f"{t.ci_half_width:,.0f}",
             f"{row.step_ms:.3f}", f"{row.first_call_s:.2f}",
             f"{s.speedup:.2f}×" if s else ("1.00×" if row.devices == 1 else ""),
             f"{s.efficiency:.0%}" if s else "", format_p(s.p_value).removeprefix("p=") if s else "", verdict(row))

@@ -46,11 +46,20 @@ class Row:
     all_reduce: bool = True  # False for a compute-only twin (--breakdown)
     breakdown: Breakdown | None = None
     telemetry: dict[str, Any] | None = None  # GPU utilisation, memory, power (xbench.telemetry)
+    launcher: str = "subprocess"  # "spmd": one process per device
+    ranks: int = 1  # processes whose window times the step time is the maximum of
 
     @property
     def trial_id(self) -> str:
         base = f"{self.backend}/{self.model}/d{self.devices}/b{self.global_batch}"
+        if self.launcher != "subprocess":
+            base += f"/{self.launcher}"
         return base if self.all_reduce else f"{base}/compute-only"
+
+    @property
+    def label(self) -> str:
+        """The backend as tables show it, with the launcher when it is not the default."""
+        return self.backend if self.launcher == "subprocess" else f"{self.backend} ({self.launcher})"
 
 
 def throughput_samples(record: Mapping[str, Any]) -> np.ndarray:
@@ -80,6 +89,7 @@ def _row(record: Mapping[str, Any]) -> Row:
         per_device_batch=trial["global_batch"] // trial["devices"],
         scaling_mode=trial["scaling"],
         all_reduce=trial.get("all_reduce", True),
+        launcher=trial.get("launcher", "subprocess"),
         status=record["status"],
         reason=record.get("reason"),
         params=record.get("work", {}).get("params"),
@@ -88,6 +98,7 @@ def _row(record: Mapping[str, Any]) -> Row:
     if record["status"] != "ok":
         return Row(**common, throughput=None, kept=(), step_ms=None, first_call_s=None)
     common["telemetry"] = record.get("telemetry")
+    common["ranks"] = len(record["timing"].get("ranks") or ()) or 1
     kept, removed = stats.remove_outliers(throughput_samples(record))
     summary = stats.describe(kept, removed)
     return Row(**common, throughput=summary, kept=tuple(kept),
@@ -104,7 +115,7 @@ def _with_scaling(row: Row, rows: list[Row]) -> Row:
         same_work = (base.global_batch == row.global_batch if row.scaling_mode == "strong"
                      else base.per_device_batch == row.per_device_batch)
         if (base.devices == 1 and base.throughput is not None and same_work
-                and (base.backend, base.model) == (row.backend, row.model)):
+                and (base.backend, base.model, base.launcher) == (row.backend, row.model, row.launcher)):
             return replace(row, scaling=stats.scaling(row.kept, base.kept, row.devices))
     return row
 
@@ -114,8 +125,8 @@ def _with_breakdown(row: Row, rows: list[Row]) -> Row:
         return row
     for twin in rows:
         if (not twin.all_reduce and twin.throughput is not None
-                and (twin.backend, twin.model, twin.devices, twin.global_batch)
-                == (row.backend, row.model, row.devices, row.global_batch)):
+                and (twin.backend, twin.model, twin.devices, twin.global_batch, twin.launcher)
+                == (row.backend, row.model, row.devices, row.global_batch, row.launcher)):
             comm = row.step_ms - twin.step_ms
             return replace(row, breakdown=Breakdown(twin.step_ms, comm, comm / row.step_ms))
     return row

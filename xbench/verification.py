@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from xbench import launcher
+from xbench.cluster import Launch
 from xbench.plan import group_trials
 from xbench.registry import BackendEntry
 from xbench.spec import Spec
@@ -42,16 +43,18 @@ class Verification:
 
 def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], work_dir: Path,
            environment: dict[str, Any], listener: launcher.Listener | None = None,
-           log_dir: Path | None = None) -> Verification:
+           log_dir: Path | None = None, launch: Launch | None = None,
+           launchers: Mapping[str, str] | None = None) -> Verification:
     """Run every backend's reference steps on 1 and each of `devices` devices, then check.
 
     Arrays go to `work_dir` (tens of MB for large models: use a temporary directory);
     worker output goes to `log_dir`/workers.log (default `work_dir`)."""
     names = [e.name for e in entries]
-    trials = verification_trials(spec, names, devices)
+    trials = verification_trials(spec, names, devices, launchers)
     records: list[dict[str, Any]] = []
     ctx = launcher.Context(run_id="verify", run_dir=log_dir or work_dir, environment=environment,
-                           write=records.append, job_extra={"mode": "verify", "arrays_dir": str(work_dir)})
+                           write=records.append, job_extra={"mode": "verify", "arrays_dir": str(work_dir)},
+                           launch=launch or Launch())
     if listener is not None:
         ctx.listener = listener
     launcher.run_groups(group_trials(trials, {e.name: e.target for e in entries}), ctx)

@@ -110,9 +110,11 @@ def _numbered(data: Mapping[str, np.ndarray], prefix: str) -> list[np.ndarray]:
     return out
 
 
-def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[int]) -> list[Trial]:
+def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[int],
+                        launchers: Mapping[str, str] | None = None) -> list[Trial]:
     """One trial per backend x device count (1 always included) x model: dropout off,
-    strict fp32, one step per call, a global batch that every device count divides."""
+    strict fp32, one step per call, a global batch that every device count divides; each
+    backend started by its launcher in `launchers` (default subprocess)."""
     counts = sorted(set(devices) | {1})
     batch = verification_batch(counts)
     protocol = Protocol(warmup_steps=0, steps=VERIFY_STEPS, repeats=2, steps_per_call=1,
@@ -121,7 +123,8 @@ def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[i
         Trial(backend=backend, model=replace(model, dropout=0.0, batch_sizes=(batch,)), devices=n,
               global_batch=batch, scaling="strong", precision="fp32", platform=spec.platform,
               learning_rate=spec.learning_rate, seed=spec.seed, samples=batch * VERIFY_BATCHES,
-              protocol=protocol, options=dict(spec.options.get(backend, {})))
+              protocol=protocol, options=dict(spec.options.get(backend, {})),
+              launcher=(launchers or {}).get(backend, "subprocess"))
         for backend in backends for n in counts for model in spec.models
     ]
 

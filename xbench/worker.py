@@ -7,6 +7,7 @@ framework prints goes to stderr, so framework noise can never corrupt the event 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -16,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from xbench.contract import Backend, DeviceInfo, DeviceUnavailable, Trial, Unsupported
+from xbench.contract import Backend, DeviceInfo, DeviceUnavailable, Process, Trial, Unsupported
 from xbench.allreduce import window_protocol
-from xbench.measure import measure, observe
+from xbench.measure import measure, observe, telemetry_steps
 from xbench.records import utc_now as _now
 from xbench.telemetry import open_sampler
 from xbench.registry import load_target
@@ -31,8 +32,9 @@ def main() -> int:
     job = json.loads(sys.stdin.read())
     emit = _emitter(events)
     backend = load_target(job["target"])
+    process = Process(**{**job["process"], "hosts": tuple(job["process"]["hosts"])}) if job.get("process") else None
     try:
-        info = backend.setup(job["devices"], job["platform"])
+        info = _setup(backend, job, process)
     except DeviceUnavailable as err:
         emit("unavailable", reason=str(err))
         return 0
@@ -41,17 +43,77 @@ def main() -> int:
         traceback.print_exc()
         return 1
     emit("ready", device_info=asdict(info))
+    ranks = Ranks(backend, process)
     if job.get("mode") == "allreduce":
         for nbytes in job["sizes"]:
-            run_allreduce(backend, nbytes, job.get("options", {}), emit)
+            run_allreduce(backend, nbytes, job.get("options", {}), emit, ranks)
         emit("done")
         return 0
     works: dict[tuple, Work] = {}
-    action = _verification(Path(job["arrays_dir"])) if job.get("mode") == "verify" else _timing(info)
+    if job.get("mode") == "verify":
+        action = _verification(Path(job["arrays_dir"]), save=process is None or process.local_rank == 0)
+    else:
+        action = _timing(info, ranks)
     for raw in job.get("trials", []):
         run_trial(backend, Trial.from_dict(raw), works, emit, action)
     emit("done")
     return 0
+
+
+def _setup(backend: Backend, job: dict[str, Any], process: Process | None) -> DeviceInfo:
+    if process is None:
+        return backend.setup(job["devices"], job["platform"])
+    missing = [m for m in ("setup_process", "all_gather") if not callable(getattr(backend, m, None))]
+    if missing:
+        raise DeviceUnavailable(f"backend {backend.name!r} cannot run one process per device: it lacks "
+                                f"{', '.join(missing)}; use --launcher subprocess")
+    return backend.setup_process(process, job["platform"])
+
+
+class Ranks:
+    """The other processes of an spmd job, as far as timing needs them: agreeing on step
+    counts (a rank running more steps than the others would wait forever in a collective)
+    and gathering every rank's window times. Without an spmd job, both are identities."""
+
+    def __init__(self, backend: Backend, process: Process | None) -> None:
+        self.process = process
+        self.gather = backend.all_gather if process is not None and process.world_size > 1 else None
+
+    @property
+    def samples_telemetry(self) -> bool:
+        """One process per node samples the node's GPUs."""
+        return self.process is None or self.process.local_rank == 0
+
+    def gpu_indices(self, trial: Trial) -> range:
+        return range(trial.devices) if self.process is None else range(self.process.local_world_size)
+
+    def agree(self, steps: int) -> int:
+        """The largest of every rank's proposed step count."""
+        if self.gather is None:
+            return steps
+        return int(max(values[0] for values in self.gather([float(steps)])))
+
+    def timing(self, result: Any) -> dict[str, Any]:
+        """Timing fields; in an spmd job each window is the slowest rank's, and every rank's
+        own times are kept under "ranks"."""
+        fields = _timing_fields(result)
+        if self.gather is None:
+            return fields
+        gathered = self.gather([result.first_call_s, *result.window_s])
+        fields["ranks"] = [{"rank": r, "first_call_s": v[0], "window_s": list(v[1:])} for r, v in enumerate(gathered)]
+        fields["first_call_s"] = max(v[0] for v in gathered)
+        fields["window_s"] = [max(column) for column in zip(*(v[1:] for v in gathered))]
+        return fields
+
+    def peaks(self, memory: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Every rank's framework memory peak (each process reports its own device)."""
+        if self.gather is None:
+            return memory
+        mine = float(max(memory["peak_bytes"])) if memory else -1.0
+        values = [v[0] for v in self.gather([mine])]
+        if min(values) < 0:
+            return None
+        return {"peak_bytes": [int(v) for v in values], "scope": memory["scope"]}
 
 
 Action = Callable[[Backend, Any, Trial, Work, Callable[..., None]], dict[str, Any]]
@@ -79,29 +141,36 @@ def run_trial(backend: Backend, trial: Trial, works: dict[tuple, Work], emit, ac
          backend=asdict(prepared.info), **fields)
 
 
-def _timing(info: DeviceInfo) -> Action:
+def _timing(info: DeviceInfo, ranks: Ranks) -> Action:
     def time_trial(backend: Backend, prepared: Any, trial: Trial, work: Work, emit) -> dict[str, Any]:
         result = measure(backend, prepared, trial.protocol,
-                         on_window=lambda done: emit("window", trial=trial.id, done=done))
-        telemetry = _telemetry(backend, prepared, trial, info)
-        return {"timing": _timing_fields(result), "telemetry": telemetry}
+                         on_window=lambda done: emit("window", trial=trial.id, done=done), agree=ranks.agree)
+        timing = ranks.timing(result)
+        telemetry = _telemetry(backend, prepared, trial, info, ranks, telemetry_steps(timing, trial.protocol))
+        return {"timing": timing, "telemetry": telemetry}
     return time_trial
 
 
-def _telemetry(backend: Backend, prepared: Any, trial: Trial, info: DeviceInfo) -> dict[str, Any]:
-    """GPU telemetry over an untimed stretch of training after the timed windows."""
+def _telemetry(backend: Backend, prepared: Any, trial: Trial, info: DeviceInfo, ranks: Ranks,
+               steps: int) -> dict[str, Any]:
+    """GPU telemetry over `steps` untimed training steps after the timed windows (every rank
+    of an spmd job runs them; one per node samples)."""
     # NVML numbers GPUs as CUDA does unless CUDA_VISIBLE_DEVICES reorders them.
-    sampler = open_sampler(range(trial.devices)) if info.platform == "gpu" else "no GPU in use"
-    if isinstance(sampler, str):
-        telemetry: dict[str, Any] = {"available": False, "reason": sampler}
+    if info.platform != "gpu":
+        sampler: Any = "no GPU in use"
     else:
-        try:
-            steps, _ = observe(backend, prepared, trial.protocol, sampler.sampling)
-            telemetry = sampler.summary(steps * trial.global_batch)
-        finally:
+        sampler = open_sampler(ranks.gpu_indices(trial)) if ranks.samples_telemetry else "sampled by local rank 0"
+    watch = sampler.sampling if not isinstance(sampler, str) else contextlib.nullcontext
+    try:
+        if info.platform == "gpu":
+            observe(backend, prepared, steps, watch)
+        telemetry = ({"available": False, "reason": sampler} if isinstance(sampler, str)
+                     else sampler.summary(steps * trial.global_batch))
+    finally:
+        if not isinstance(sampler, str):
             sampler.close()
     peak = getattr(backend, "memory_peak_bytes", None)
-    telemetry["framework_memory"] = peak(prepared) if callable(peak) else None
+    telemetry["framework_memory"] = ranks.peaks(peak(prepared) if callable(peak) else None)
     return telemetry
 
 
@@ -110,22 +179,27 @@ def _timing_fields(result: Any) -> dict[str, Any]:
             "steps_per_window": result.steps_per_window}
 
 
-def _verification(arrays_dir: Path) -> Action:
+def _verification(arrays_dir: Path, save: bool) -> Action:
+    """Reference arrays for verify; in an spmd job every rank computes them (collectives),
+    one per node saves them."""
     def capture(backend: Backend, prepared: Any, trial: Trial, work: Work, emit) -> dict[str, Any]:
         path = arrays_dir / f"{trial.id.replace('/', '_')}.npz"
-        save_reference(path, reference_run(backend, prepared, trial.protocol.steps))
+        reference = reference_run(backend, prepared, trial.protocol.steps)
+        if save:
+            save_reference(path, reference)
         return {"arrays": str(path)}
     return capture
 
 
-def run_allreduce(backend: Backend, nbytes: int, options: dict[str, Any], emit) -> None:
+def run_allreduce(backend: Backend, nbytes: int, options: dict[str, Any], emit, ranks: Ranks) -> None:
     """Time the backend's all-reduce of an `nbytes` float32 buffer per device."""
     protocol = window_protocol(nbytes)
     try:
         if not callable(getattr(backend, "allreduce_prepare", None)):
             raise Unsupported(f"backend {backend.name!r} has no allreduce_prepare/allreduce_run")
         prepared = backend.allreduce_prepare(nbytes, options)
-        result = measure(_AllReduceSteps(backend), prepared, protocol)
+        result = measure(_AllReduceSteps(backend), prepared, protocol, agree=ranks.agree)
+        timing = ranks.timing(result)
     except Unsupported as err:
         emit("allreduce", nbytes=nbytes, status="unsupported", reason=str(err))
         return
@@ -133,7 +207,7 @@ def run_allreduce(backend: Backend, nbytes: int, options: dict[str, Any], emit) 
         traceback.print_exc()
         emit("allreduce", nbytes=nbytes, status="failed", reason=_one_line(err))
         return
-    emit("allreduce", nbytes=nbytes, status="ok", timing=_timing_fields(result))
+    emit("allreduce", nbytes=nbytes, status="ok", timing=timing)
 
 
 class _AllReduceSteps:

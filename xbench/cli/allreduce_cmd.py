@@ -15,7 +15,8 @@ from rich.table import Table
 from xbench import compare as comparison
 from xbench.allreduce import format_size, parse_size, result_from_record
 from xbench.cli.consoles import data_console, status_console
-from xbench.cli.options import Platform, backend_options, integers, names, value
+from xbench.cli.options import LauncherOption, Platform, backend_options, integers, names, value
+from xbench.cluster import resolve_launch
 from xbench.environment import host_environment
 from xbench.errors import XbenchError
 from xbench.render import ALLREDUCE_HEADERS, ALLREDUCE_NOTE, allreduce_rows
@@ -31,6 +32,7 @@ def allreduce(
     platform: Annotated[Optional[Platform], typer.Option(help="auto: GPUs when present, else simulated CPU devices.")] = None,
     option: Annotated[Optional[list[str]], typer.Option(help="Backend option BACKEND.KEY=VALUE.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results to this JSON file.")] = None,
+    launcher: LauncherOption = None,
 ) -> int:
     """Time the framework's own all-reduce: time per operation, algbw and busbw (nccl-tests' definitions)."""
     try:
@@ -38,6 +40,7 @@ def allreduce(
     except ValueError as err:
         raise XbenchError(f"--sizes: {err}") from None
     counts = integers(devices, "--devices") or [2]
+    launch = resolve_launch(value(launcher) or "auto")
     # Only backends, devices, platform and options matter here; a batch every count divides
     # keeps the spec's model checks quiet.
     spec = load_spec(None, {"backends": names(backends), "devices": counts, "platform": value(platform),
@@ -48,10 +51,11 @@ def allreduce(
     err = status_console()
     with tempfile.TemporaryDirectory(prefix="xbench-allreduce-") as tmp:
         with err.status("finding devices for each backend…"):
-            entries, found = comparison.ready_backends(spec, Path(tmp))
+            ready = comparison.ready_backends(spec, Path(tmp), launch=launch)
         with err.status("timing all-reduces…"):
-            records = comparison.measure_allreduce(entries, spec.devices, spec.platform, nbytes, spec.options,
-                                                   Path(tmp), host_environment(), devices=found)
+            records = comparison.measure_allreduce(ready.entries, spec.devices, spec.platform, nbytes, spec.options,
+                                                   Path(tmp), host_environment(), devices=ready.devices,
+                                                   launchers=ready.launchers, launch=launch)
     data_console().print(allreduce_table(records))
     if json_out is not None:
         json_out.write_text(json.dumps(_as_json(records), indent=2) + "\n", encoding="utf-8")

@@ -11,11 +11,16 @@ from rich.console import Console
 from rich.markup import escape
 
 from xbench.cli.consoles import data_console, status_console
-from xbench.cli.options import Platform, Precision, Scaling, backend_options, integers, names, value
+from xbench.cli.options import (
+    CoordinatorOption, LauncherOption, NnodesOption, NodeRankOption, NprocOption, Platform, Precision, Scaling,
+    backend_options, integers, names, value,
+)
+from xbench.cluster import resolve_launch
+from xbench.errors import XbenchError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xbench import compare as comparison
-from xbench.records import RECORDS_FILE, iter_records
+from xbench.records import RECORDS_FILE, finished_trials, iter_records, read_records
 from xbench.render import busbw_by_size, devices_line, model_tables
 from xbench.spec import load_spec
 from xbench.summary import rows_from_records
@@ -42,8 +47,20 @@ def compare(
     option: Annotated[Optional[list[str]], typer.Option(help="Backend option BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl.")] = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the identical-work check before timing (records say so).")] = False,
     breakdown: Annotated[bool, typer.Option("--breakdown", help="Also time each multi-device step without its all-reduce: compute vs exposed communication.")] = False,
+    launcher: LauncherOption = None,
+    nproc_per_node: NprocOption = None,
+    nnodes: NnodesOption = None,
+    node_rank: NodeRankOption = None,
+    coordinator: CoordinatorOption = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Finish an interrupted run in this directory: its spec, trials not yet recorded (and failed ones) only.")] = None,
 ) -> int:
     """Time each backend on 1..N devices on the same weights and data; print a table per model."""
+    if resume is not None:
+        _check_resume_alone(locals())
+        return _run(comparison.resume(resume), no_verify, resumed=True)
+    launch = resolve_launch(value(launcher) or "auto", nproc_per_node, nnodes, node_rank, coordinator)
+    if devices is None and launch.nproc_per_node is not None:
+        devices = [str(n) for n in spmd_device_counts(launch)]
     overrides = {
         "backends": names(backends), "models": names(model),
         "batch_sizes": integers(batch_sizes, "--batch-sizes"), "devices": integers(devices, "--devices"),
@@ -54,23 +71,51 @@ def compare(
     spec = load_spec(config, overrides)
     err = status_console()
     with err.status("finding devices for each backend…"):
-        plan = comparison.prepare(spec, out, strict_devices=devices is not None, breakdown=breakdown)
+        plan = comparison.prepare(spec, out, strict_devices=devices is not None, breakdown=breakdown, launch=launch)
+    return _run(plan, no_verify)
+
+
+def spmd_device_counts(launch) -> list[int]:
+    """--nproc-per-node N without --devices: 1 and N devices on one node, all of them on many."""
+    total = launch.nproc_per_node * launch.nnodes
+    return sorted({1, total}) if launch.nnodes == 1 else [total]
+
+
+def _check_resume_alone(given: dict[str, Any]) -> None:
+    """--resume takes the run's own spec; anything that would change it is an error."""
+    allowed = {"resume", "no_verify"}
+    changed = [name for name, v in given.items() if name not in allowed and v not in (None, False)]
+    if changed:
+        flags = ", ".join("--" + name.replace("_", "-") for name in changed)
+        raise XbenchError(f"--resume reruns the run's own spec; drop {flags}")
+
+
+def _run(plan, no_verify: bool, resumed: bool = False) -> int:
+    err = status_console()
     for name, info in plan.devices.items():
-        err.print(devices_line(name, info))
+        err.print(devices_line(name, info, plan.launchers.get(name, "subprocess")))
+    done = finished_trials(plan.run_dir) if resumed else set()
+    if resumed:
+        err.print(f"resuming {plan.run_dir}: {len(done)} trial(s) already recorded, "
+                  f"{comparison.trial_count(plan, done)} to run")
     started = time.monotonic()
     environment = comparison.start_run(plan)
     try:
-        if no_verify:
+        if plan.launch.multi_node and not no_verify:
+            outcome = {e.name: comparison.unverified("multi-node run: run xbench verify on one node")
+                       for e in plan.entries}
+            err.print("[yellow]verify is not run across nodes[/]; run `xbench verify --launcher spmd` on one node")
+        elif no_verify:
             outcome = {e.name: comparison.unverified("--no-verify") for e in plan.entries}
         else:
             with err.status("verifying identical work and all-reduce (skip with --no-verify)…"):
                 verification = comparison.verify_backends(plan, environment)
             outcome = {e.name: verification.outcome(e.name) for e in plan.entries}
             _report_verification(err, outcome)
-        with _ProgressListener(err, comparison.trial_count(plan), spec.protocol.repeats) as listener:
-            records = comparison.execute(plan, environment, outcome, listener)
+        with _ProgressListener(err, comparison.trial_count(plan, done), plan.spec.protocol.repeats) as listener:
+            records = comparison.execute(plan, environment, outcome, listener, done)
         allreduce = []
-        if breakdown:
+        if plan.breakdown:
             with err.status("timing each backend's all-reduce at the gradient sizes…"):
                 allreduce = comparison.breakdown_allreduce(plan, environment)
     except KeyboardInterrupt:
@@ -79,6 +124,8 @@ def compare(
         err.print(f"interrupted; {kept} finished trial record(s) kept in {plan.run_dir / RECORDS_FILE}")
         return 130
     console = data_console()
+    if resumed:
+        records = read_records(plan.run_dir)
     for table in model_tables(rows_from_records(records), busbw_by_size(allreduce)):
         console.print(table)
     if any(info["simulated"] for info in plan.devices.values()):

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Annotated, Optional
 
+import typer
+
+from xbench.cluster import LAUNCHER_CHOICES
 from xbench.errors import SpecError
 from xbench.spec import PLATFORMS, PRECISIONS, SCALINGS
 
@@ -11,6 +15,15 @@ from xbench.spec import PLATFORMS, PRECISIONS, SCALINGS
 Scaling = Enum("Scaling", {name: name for name in SCALINGS}, type=str)
 Precision = Enum("Precision", {name: name for name in PRECISIONS}, type=str)
 Platform = Enum("Platform", {name: name for name in PLATFORMS}, type=str)
+Launcher = Enum("Launcher", {name: name for name in LAUNCHER_CHOICES}, type=str)
+
+# The launcher options, shared by compare, verify and allreduce.
+LauncherOption = Annotated[Optional[Launcher], typer.Option(
+    help="subprocess: one process drives all devices; spmd: one process per device; auto: each backend's own choice.")]
+NprocOption = Annotated[Optional[int], typer.Option(help="spmd: processes (devices) per node.")]
+NnodesOption = Annotated[Optional[int], typer.Option(help="spmd: nodes in the job (run xbench once on each).")]
+NodeRankOption = Annotated[Optional[int], typer.Option(help="spmd: this node's rank, 0..nnodes-1.")]
+CoordinatorOption = Annotated[Optional[str], typer.Option(help="spmd: HOST:PORT of node 0, the same on every node.")]
 
 
 def value(choice: Enum | None) -> str | None:

@@ -10,7 +10,8 @@ import typer
 from rich.markup import escape
 
 from xbench import compare as comparison
-from xbench.cli.options import Platform, integers, names, value
+from xbench.cli.options import LauncherOption, Platform, integers, names, value
+from xbench.cluster import resolve_launch
 from xbench.cli.consoles import data_console, status_console
 from xbench.environment import host_environment
 from xbench.render import checks_table, verify_caption
@@ -25,18 +26,22 @@ def verify(
     devices: Annotated[Optional[list[str]], typer.Option(help="Device counts to check against 1 device, e.g. 2.")] = None,
     platform: Annotated[Optional[Platform], typer.Option(help="auto: GPUs when present, else simulated CPU devices.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data.")] = None,
+    launcher: LauncherOption = None,
 ) -> int:
     """Check identical initial loss and gradients across backends, N-device = 1-device
     gradients, and agreeing 10-step training, with dropout off and strict fp32."""
+    launch = resolve_launch(value(launcher) or "auto")
     spec = load_spec(config, {"backends": names(backends), "models": names(model),
                               "devices": integers(devices, "--devices"), "platform": value(platform),
                               "seed": seed})
     err = status_console()
     with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
         with err.status("finding devices for each backend…"):
-            entries, _ = comparison.ready_backends(spec, Path(tmp))
+            ready = comparison.ready_backends(spec, Path(tmp), launch=launch)
+        entries = ready.entries
         with err.status("running each backend's reference steps…"):
-            result = run_verification(spec, entries, spec.devices, Path(tmp), host_environment())
+            result = run_verification(spec, entries, spec.devices, Path(tmp), host_environment(), launch=launch,
+                                      launchers=ready.launchers)
     console = data_console()
     console.print(checks_table(result.checks))
     err.print(verify_caption(spec, entries[0].name))
