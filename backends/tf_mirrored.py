@@ -197,7 +197,7 @@ class TfMirroredBackend:
         for _ in range(steps // prepared.steps_per_call):
             prepared.train(tf.constant(prepared.next_step, dtype=tf.int64))
             prepared.next_step += prepared.steps_per_call
-        self._sync()
+        self._sync()  # waits for every local device's pending work
 
     def _sync(self) -> None:
         """Wait for this process's devices' pending work (tf.test.experimental.sync_devices,
@@ -249,8 +249,6 @@ class TfMirroredBackend:
         return TfAllReduce(reduce)
 
     def allreduce_run(self, prepared: TfAllReduce, iterations: int) -> None:
-        import tensorflow as tf
-
         for _ in range(iterations):
             prepared.reduce()
         self._sync()

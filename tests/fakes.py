@@ -16,7 +16,7 @@ import numpy as np
 from xbench.contract import Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Trial, Work
 
 FAKE_DEVICES = 4
-ACTIONS = ("crash_batch", "hang_batch", "fail_batch", "work_factor")
+ACTIONS = ("crash_batch", "hang_batch", "fail_batch", "work_factor", "rank", "fail_if_env")
 
 
 @dataclass
@@ -54,7 +54,11 @@ class NumpyBackend:
 
     def run(self, prepared: NumpyPrepared, steps: int) -> None:
         batch = prepared.trial.global_batch
-        options = {k: int(v) for k, v in prepared.trial.options.items()}
+        options = {k: int(v) for k, v in prepared.trial.options.items() if k != "fail_if_env"}
+        if "rank" in options and options["rank"] != int(os.environ.get("RANK", "0")):
+            options = {"work_factor": options.get("work_factor", 1)}  # the planned mishap is another rank's
+        elif os.environ.get(str(prepared.trial.options.get("fail_if_env", "")) or "-"):
+            raise RuntimeError("planned failure (environment)")
         if options.get("crash_batch") == batch:
             os._exit(3)
         if options.get("hang_batch") == batch:
@@ -63,6 +67,23 @@ class NumpyBackend:
             raise RuntimeError("planned failure")
         for _ in range(steps * options.get("work_factor", 1)):  # work_factor: a planned slowdown
             np.maximum(prepared.x @ prepared.kernel, 0)
+
+
+class SpmdNumpyBackend(NumpyBackend):
+    """The numpy backend started one process per device (spmd launcher). Its `all_gather` is
+    not a collective: it repeats this rank's values, enough for launcher tests. Option
+    `rank=R` confines crash/hang/fail to rank R."""
+
+    name: ClassVar[str] = "numpy-spmd"
+    launchers: ClassVar[tuple[str, ...]] = ("spmd",)
+
+    def setup_process(self, process: Any, platform: str) -> DeviceInfo:
+        self.world = process.world_size
+        return DeviceInfo("numpy", np.__version__, "cpu", (f"fake:{process.local_rank}",),
+                          simulated=True, available=FAKE_DEVICES)
+
+    def all_gather(self, values: list[float]) -> list[list[float]]:
+        return [list(values) for _ in range(self.world)]
 
 
 class MissingFrameworkBackend(NumpyBackend):

@@ -62,16 +62,15 @@ def resolve_launch(launcher: str = "auto", nproc_per_node: int | None = None, nn
         raise XbenchError("--nproc-per-node, --nnodes, --node-rank and --coordinator need --launcher spmd")
     if launcher != "spmd":
         return Launch(launcher=launcher)
-    found = _from_environment(env)
-    geometry = {
-        "nnodes": nnodes if nnodes is not None else found.get("nnodes", 1),
-        "node_rank": node_rank if node_rank is not None else found.get("node_rank", 0),
-        "coordinator": coordinator or found.get("coordinator"),
-    }
     explicit = nnodes is not None or node_rank is not None or coordinator is not None
-    source = "command line" if explicit else found.get("source", "command line")
-    launch = Launch("spmd", nproc_per_node, geometry["nnodes"], geometry["node_rank"], geometry["coordinator"],
-                    tuple(found.get("hosts", ())), source)
+    # Geometry from the command line, when it gives any, else from the environment: never a mix.
+    found = _from_environment(env)
+    if explicit:
+        found = {k: v for k, v in found.items() if k == "hosts"}
+    launch = Launch("spmd", nproc_per_node, nnodes if nnodes is not None else found.get("nnodes", 1),
+                    node_rank if node_rank is not None else found.get("node_rank", 0),
+                    coordinator or found.get("coordinator"), tuple(found.get("hosts", ())),
+                    found.get("source", "command line"))
     _check(launch)
     return launch
 

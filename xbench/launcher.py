@@ -11,6 +11,7 @@ trial in flight; the rest of the group continues in a fresh worker.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import queue
@@ -168,6 +169,7 @@ class Gang:
         self.log_path = log_path
         self.log_offset = log_offset
         self.ranks = ranks
+        self.backlog: collections.deque = collections.deque()  # events read early, not yet handled
 
     @classmethod
     def start(cls, jobs: list[tuple[dict[str, Any], dict[str, str]]], log_path: Path, label: str) -> Gang:
@@ -194,6 +196,8 @@ class Gang:
     def next_event(self, deadline: float) -> tuple[int, dict[str, Any] | None] | str:
         """(member, event), with event None when that member has exited; "timeout" past the
         deadline."""
+        if self.backlog:
+            return self.backlog.popleft()
         try:
             return self.events.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
@@ -221,13 +225,18 @@ class Gang:
 
     def _await_ready(self, timeout_s: float) -> dict[str, Any]:
         """{"device_info": member 0's} once every member is ready, else what went wrong."""
-        deadline, waiting, info = time.monotonic() + timeout_s, set(range(len(self.workers))), None
+        deadline, waiting = time.monotonic() + timeout_s, set(range(len(self.workers)))
+        infos: dict[int, dict[str, Any]] = {}
+        early = []  # a ready member's later events, while others still start
         while waiting:
             item = self.next_event(deadline)
             if item == "timeout":
                 self.stop()
                 return {"status": "failed", "reason": f"worker did not start within {timeout_s:g} s"}
             index, event = item
+            if index not in waiting:
+                early.append(item)
+                continue
             if event is None:
                 return {"status": "failed", "reason": f"worker failed to start: {self._exit_reason(index)}"}
             if event.get("event") == "unavailable":
@@ -236,8 +245,11 @@ class Gang:
                 return {"status": "failed", "reason": f"backend setup failed: {self._who(index)}{event['reason']}"}
             if event.get("event") == "ready":
                 waiting.discard(index)
-                info = event["device_info"] if index == 0 else info
-        return {"device_info": info}
+                infos[index] = event["device_info"]
+        self.backlog.extend(early)
+        # Member 0 speaks for the job; each rank names only its own device.
+        names = [name for i in sorted(infos) for name in infos[i]["device_names"]]
+        return {"device_info": {**infos[0], "device_names": names}}
 
     def _trial_record(self, trial: Trial, devices: dict[str, Any], ctx: Context) -> dict[str, Any]:
         started = _now()

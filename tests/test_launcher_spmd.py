@@ -1,0 +1,211 @@
+"""The spmd launcher: node geometry, failures of one rank, resume, and real frameworks with
+one process per device giving the same training as one process driving every device."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+from tests.processes import TAG, new_tag, tagged_processes
+from xbench.cluster import Launch, expand_nodelist, job_ports, resolve_launch
+from xbench.errors import XbenchError
+from xbench.records import RECORDS_FILE, read_records
+
+FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0", "--no-verify")
+
+
+# -- node geometry ---------------------------------------------------------------------------
+
+def test_slurm_allocation_gives_nodes_rank_and_coordinator():
+    env = {"SLURM_NNODES": "3", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu[07-08],login1",
+           "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_ID": "12345"}
+    launch = resolve_launch("spmd", nproc_per_node=4, env=env)
+    assert (launch.nnodes, launch.node_rank, launch.source) == (3, 2, "SLURM")
+    assert launch.hosts == ("gpu07", "gpu08", "login1") and launch.coordinator.startswith("gpu07:")
+
+
+def test_torchrun_environment_is_one_xbench_per_node():
+    env = {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+           "LOCAL_WORLD_SIZE": "1"}
+    launch = resolve_launch("spmd", env=env)
+    assert (launch.nnodes, launch.node_rank, launch.source) == (2, 1, "torchrun environment")
+    assert launch.coordinator == "10.0.0.1:29516"  # the ranks' ports follow MASTER_PORT's
+    with pytest.raises(XbenchError, match="one xbench per node"):
+        resolve_launch("spmd", env={**env, "LOCAL_WORLD_SIZE": "4"})
+
+
+def test_command_line_wins_over_the_environment_and_bad_geometry_is_refused():
+    env = {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "10.0.0.1"}
+    assert resolve_launch("spmd", nnodes=1, env=env).nnodes == 1
+    for kwargs, message in [({"nnodes": 2}, "needs --coordinator"),
+                            ({"nnodes": 2, "node_rank": 2, "coordinator": "h:1234"}, "--node-rank must be in 0..1"),
+                            ({"coordinator": "nohost"}, "HOST:PORT"),
+                            ({"nproc_per_node": 0}, "at least 1")]:
+        with pytest.raises(XbenchError, match=message):
+            resolve_launch("spmd", env={}, **kwargs)
+    with pytest.raises(XbenchError, match="need --launcher spmd"):
+        resolve_launch("subprocess", nproc_per_node=2, env={})
+
+
+def test_nodelist_expansion_and_agreed_ports():
+    assert expand_nodelist("a[1-3,10],b,c[009-010]") == ("a1", "a2", "a3", "a10", "b", "c009", "c010")
+    launch = Launch("spmd", 1, nnodes=2, coordinator="node0:30000")
+    assert job_ports(launch, 3, 2) == job_ports(launch, 3, 2) != job_ports(launch, 4, 2)
+    coordinator, hosts = job_ports(Launch("spmd"), 0, 2)  # one node: free local ports
+    assert coordinator.startswith("127.0.0.1:") and hosts == ("127.0.0.1",)
+
+
+def test_launcher_a_backend_lacks_is_a_one_line_error(run_cli, fake_backends):
+    code, _, err = run_cli("compare", "--backends", "numpy", "--launcher", "spmd", *FAST)
+    assert code == 2 and "backend 'numpy' cannot be started by --launcher spmd (it supports: subprocess)" in err
+    code, _, err = run_cli("compare", "--backends", "numpy-spmd", "--launcher", "spmd", "--nproc-per-node", "2",
+                           "--devices", "4", *FAST)
+    assert code == 2 and "more than --nproc-per-node 2" in err
+
+
+# -- failures of one rank (numpy fake, one process per device) --------------------------------
+
+def test_killed_and_hung_rank_cost_only_their_trial(run_cli, fake_backends, tmp_path, monkeypatch):
+    """Rank 1 dies at batch 16 and hangs at batch 32; batch 48 still runs on both ranks."""
+    tag = new_tag()
+    monkeypatch.setenv(TAG, tag)
+    code, _, err = run_cli("compare", "--backends", "numpy-spmd", *FAST, "--devices", "2", "--batch-sizes", "16,32,48",
+                           "--option", "numpy-spmd.rank=1", "--option", "numpy-spmd.crash_batch=16",
+                           "--option", "numpy-spmd.hang_batch=32", "--trial-timeout", "3",
+                           "--out", str(tmp_path / "run"))
+    records = {r["trial"]["global_batch"]: r for r in read_records(tmp_path / "run")}
+    assert code == 1
+    assert records[16]["status"] == "crashed" and records[16]["reason"].startswith("rank 1: worker exit code 3")
+    assert records[32]["status"] == "timeout"
+    assert records[48]["status"] == "ok" and len(records[48]["timing"]["ranks"]) == 2
+    assert tagged_processes(tag) == []
+
+
+def test_failing_rank_fails_the_trial_at_once(run_cli, fake_backends, tmp_path):
+    started = time.monotonic()
+    code, _, _ = run_cli("compare", "--backends", "numpy-spmd", *FAST, "--devices", "2", "--batch-sizes", "16",
+                         "--option", "numpy-spmd.rank=0", "--option", "numpy-spmd.fail_batch=16",
+                         "--trial-timeout", "60", "--out", str(tmp_path / "run"))
+    [record] = read_records(tmp_path / "run")
+    assert code == 1 and record["status"] == "failed" and record["reason"] == "rank 0: RuntimeError: planned failure"
+    assert time.monotonic() - started < 30  # not the trial timeout
+
+
+def _cli_process(args, tag, extra_env=None):
+    script = (
+        "import sys\n"
+        "from xbench import registry\n"
+        "from tests.conftest import FAKES\n"
+        "installed = registry.list_entry_points()\n"
+        "registry.list_entry_points = lambda: installed + FAKES\n"
+        "from xbench.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), TAG: tag, **(extra_env or {})}
+    return subprocess.Popen([sys.executable, "-c", script, *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_ctrl_c_during_spmd_trial_keeps_records_and_reaps_every_rank(tmp_path):
+    tag, out_dir = new_tag(), tmp_path / "run"
+    process = _cli_process(["compare", "--backends", "numpy-spmd", *FAST, "--devices", "2",
+                            "--batch-sizes", "16,32", "--option", "numpy-spmd.hang_batch=32",
+                            "--out", str(out_dir)], tag)
+    records, deadline = out_dir / RECORDS_FILE, time.monotonic() + 60
+    while not (records.exists() and records.read_text().count("\n") == 1):
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    time.sleep(1.0)  # both ranks now hang in the second trial
+    assert len(tagged_processes(tag)) >= 3  # xbench and two ranks
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130 and "Traceback" not in err, err
+    assert [r["status"] for r in read_records(out_dir)] == ["ok"]
+    assert tagged_processes(tag) == []
+
+
+def test_resume_runs_only_what_is_missing_or_failed(tmp_path):
+    tag, out_dir = new_tag(), tmp_path / "run"
+    args = ["compare", "--backends", "numpy-spmd", *FAST, "--devices", "1,2", "--batch-sizes", "16",
+            "--option", "numpy-spmd.fail_if_env=XBENCH_FAKE_FAIL", "--option", "numpy-spmd.rank=1",
+            "--out", str(out_dir)]
+    first = _cli_process(args, tag, {"XBENCH_FAKE_FAIL": "1"})
+    first.communicate(timeout=120)
+    assert [r["status"] for r in read_records(out_dir)] == ["ok", "failed"]  # rank 1 exists on 2 devices only
+    second = _cli_process(["compare", "--resume", str(out_dir)], tag)
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+    assert "1 trial(s) already recorded, 1 to run" in err
+    lines = [json.loads(line) for line in (out_dir / RECORDS_FILE).read_text().splitlines()]
+    assert [r["status"] for r in lines] == ["ok", "failed", "ok"]  # the 1-device trial ran once
+    assert [r["status"] for r in read_records(out_dir)] == ["ok", "ok"]
+    assert len(json.loads((out_dir / "run.json").read_text())["resumed"]) == 1
+    third = _cli_process(["compare", "--resume", str(out_dir), "--devices", "2"], tag)
+    _, err = third.communicate(timeout=60)
+    assert third.returncode == 2 and "--resume reruns the run's own spec; drop --devices" in err
+
+
+# -- real frameworks -------------------------------------------------------------------------
+
+def _references(spec_args, backend, launcher, tmp_path):
+    from xbench.cluster import Launch
+    from xbench.compare import ready_backends
+    from xbench.spec import load_spec
+    from xbench.verification import verify
+    from xbench.verify import load_reference
+
+    spec = load_spec(None, {"backends": [backend], "models": ["medium"], "devices": [2], **spec_args})
+    launch = Launch(launcher)
+    work = tmp_path / launcher
+    work.mkdir()
+    ready = ready_backends(spec, work, launch=launch)
+    result = verify(spec, ready.entries, [2], work, {}, launch=launch, launchers=ready.launchers)
+    assert not result.failed and not result.problems, (result.problems, result.checks)
+    return {path.name.split("_d")[1][0]: load_reference(path) for path in work.glob("*.npz")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax", "tf"])
+def test_one_process_per_device_trains_like_one_process_for_all(backend, tmp_path):
+    """2 processes x 1 device against 1 process x 2 devices: the same losses and weights from
+    the same start (verify's reference steps, run both ways)."""
+    from xbench.verify import TOLERANCES, errors
+
+    single = _references({}, backend, "subprocess", tmp_path)
+    spmd = _references({}, backend, "spmd", tmp_path)
+    for devices in ("1", "2"):
+        a, b = spmd[devices], single[devices]
+        assert errors([a.loss, *a.gradients], [b.loss, *b.gradients])[2] <= TOLERANCES["gradients"]
+        assert errors([np.asarray(a.losses), *a.replicas[0]],
+                      [np.asarray(b.losses), *b.replicas[0]])[2] <= TOLERANCES["training"]
+    assert len(spmd["2"].replicas) == 2  # gathered from both processes
+
+
+@pytest.mark.slow
+def test_two_nodes_on_localhost(tmp_path):
+    """Two xbench processes, node ranks 0 and 1, one rank each, meet at one coordinator."""
+    from xbench.cluster import free_port_block
+
+    tag, port = new_tag(), free_port_block(40)
+    common = ["compare", "--backends", "jax", "--launcher", "spmd", "--nproc-per-node", "1", "--nnodes", "2",
+              "--coordinator", f"127.0.0.1:{port}", *FAST[:-1], "--batch-sizes", "16"]
+    nodes = [_cli_process([*common, "--node-rank", str(rank), "--out", str(tmp_path / f"node{rank}")], tag)
+             for rank in (0, 1)]
+    try:
+        outputs = [node.communicate(timeout=240) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    for node, (_, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err
+    for rank in (0, 1):
+        [record] = read_records(tmp_path / f"node{rank}")
+        assert record["status"] == "ok" and record["trial"]["devices"] == 2
+        assert [r["rank"] for r in record["timing"]["ranks"]] == [0, 1]
+    assert tagged_processes(tag) == []
