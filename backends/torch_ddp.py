@@ -1,0 +1,374 @@
+"""`torch`: a PyTorch MLP trained with torch.optim.Adam, data-parallel through
+`DistributedDataParallel`: one process per device (the `spmd` launcher), NCCL on GPUs and
+gloo on CPUs, the gradients averaged over ranks by DDP's bucketed all-reduce during backward.
+
+Eager PyTorch has no fused multi-step call: `steps_per_call` steps run as a Python loop.
+The module imports no torch at import time (`probe` runs in the xbench process).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import gc
+import inspect
+import os
+import socket
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import numpy as np
+
+from xbench.contract import (
+    ADAM, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial, Work, hash_arrays,
+    probe_distributions,
+)
+
+SIMULATED_DEVICE_LIMIT = 8  # as in the jax backend: CPU "devices" are processes sharing one host
+# How long joining the job and each collective may take before torch.distributed gives up, so
+# a lost rank fails the trial instead of hanging it (the core's trial timeout is 300 s too).
+TIMEOUT_S = 300.0
+# DDP's own default, spelled out: gradients are all-reduced in buckets of at most this many MiB
+# (after the first step DDP rebuilds the buckets in the order gradients become ready, with a
+# 1 MiB first bucket, so that communication starts early in the backward pass).
+BUCKET_CAP_MB = 25.0
+# The spec's precision: (cuda matmul TF32, cudnn TF32, float32 matmul precision, autocast dtype).
+PRECISION = {
+    "fp32": (False, False, "highest", None),
+    "tf32": (True, True, "high", None),
+    # bf16 mixed: bf16 compute under autocast, float32 parameters and optimizer, float32 loss;
+    # any float32 matmul left outside autocast stays strict (there is none in this step).
+    "bf16": (False, False, "highest", "bfloat16"),
+}
+
+
+@dataclass
+class TorchPrepared:
+    info: PreparedInfo
+    ddp: Any  # DistributedDataParallel around the nn.Sequential
+    linears: list[Any]  # the nn.Linear layers, in order
+    optimizer: Any
+    xs: Any  # this rank's shard: (batches, per_device_batch, inputs) on the device
+    ys: Any
+    all_reduce: bool
+    autocast: Any  # a context factory: autocast for bf16, nullcontext otherwise
+    device: Any
+    step: int = 0  # the step counter: step i uses batch i % batches
+
+
+@dataclass
+class TorchAllReduce:
+    buffer: Any
+    device: Any
+
+
+class TorchDdpBackend:
+    name: ClassVar[str] = "torch"
+    install_hint: ClassVar[str] = "pip install 'xbench[torch]'"
+    launchers: ClassVar[tuple[str, ...]] = ("spmd",)
+
+    def __init__(self) -> None:
+        self.process: Process | None = None
+        self.device: Any = None
+        self.platform: str | None = None
+
+    def probe(self) -> Availability:
+        return probe_distributions("torch", ("torch",), self.install_hint)
+
+    def validate_options(self, options: dict[str, Any]) -> None:
+        for key in options:
+            raise ValueError(f"unknown option {key!r}; the torch backend takes no options")
+
+    # -- joining the job ---------------------------------------------------------------------
+
+    def setup(self, devices: int, platform: str) -> DeviceInfo:
+        """One device without a launcher: a job of one process on a free local port."""
+        if devices != 1:
+            raise DeviceUnavailable("torch runs one process per device; use --launcher spmd")
+        process = Process(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, nnodes=1,
+                          coordinator=f"127.0.0.1:{_free_port()}", hosts=("127.0.0.1",))
+        return self.setup_process(process, platform)
+
+    def setup_process(self, process: Process, platform: str) -> DeviceInfo:
+        import torch
+        import torch.distributed as dist
+
+        cuda = torch.cuda.is_available()
+        if platform == "gpu" and not cuda:
+            raise DeviceUnavailable("torch finds no CUDA device"
+                                    + ("" if torch.version.cuda else " (this torch is a CPU-only build)"))
+        gpu = cuda and platform != "cpu"
+        details: dict[str, Any] = {"rank": process.rank, "world_size": process.world_size,
+                                   "local_rank": process.local_rank, "local_world_size": process.local_world_size,
+                                   "node_rank": process.node_rank, "nnodes": process.nnodes,
+                                   "coordinator": process.coordinator}
+        if gpu:
+            count = torch.cuda.device_count()
+            # Checked on every rank alike, so that all of them fail instead of some waiting
+            # in init_process_group for ranks that never come.
+            if max(process.local_world_size, process.local_rank + 1) > count:
+                raise DeviceUnavailable(f"{process.local_world_size} ranks on this node need as many CUDA devices "
+                                        f"(local rank {process.local_rank} uses cuda:{process.local_rank}); "
+                                        f"torch sees {count}")
+            torch.cuda.set_device(process.local_rank)
+            device = torch.device("cuda", process.local_rank)
+            name = f"cuda:{process.local_rank} {torch.cuda.get_device_name(device)}"
+            available = count
+            details.update(cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+                           nccl=".".join(map(str, torch.cuda.nccl.version())))
+        else:
+            if process.world_size > SIMULATED_DEVICE_LIMIT:
+                raise DeviceUnavailable(f"asked for {process.world_size} CPU processes; "
+                                        f"xbench allows {SIMULATED_DEVICE_LIMIT}")
+            # The ranks on a node share its cores: without this each would start one thread
+            # per core and oversubscribe the machine.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // process.local_world_size))
+            device = torch.device("cpu")
+            name = f"cpu:{process.local_rank} cpu"
+            available = SIMULATED_DEVICE_LIMIT
+
+        kwargs: dict[str, Any] = {}
+        if gpu and "device_id" in inspect.signature(dist.init_process_group).parameters:
+            kwargs["device_id"] = device  # binds the NCCL communicator to it now, not lazily
+        dist.init_process_group(backend="nccl" if gpu else "gloo", init_method=f"tcp://{process.coordinator}",
+                                rank=process.rank, world_size=process.world_size,
+                                timeout=timedelta(seconds=TIMEOUT_S), **kwargs)
+        atexit.register(_teardown)
+        self.process, self.device, self.platform = process, device, "gpu" if gpu else "cpu"
+        details.update(dist_backend=str(dist.get_backend()), threads=torch.get_num_threads(),
+                       interop_threads=torch.get_num_interop_threads(),
+                       eager_init="device_id" in kwargs)
+        return DeviceInfo(framework="torch", framework_version=torch.__version__, platform=self.platform,
+                          device_names=(name,), simulated=not gpu, available=available, details=details)
+
+    def teardown(self) -> None:
+        _teardown()
+
+    def all_gather(self, values: list[float]) -> list[list[float]]:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, [float(v) for v in values])
+        return [list(v) for v in gathered]
+
+    # -- one trial ---------------------------------------------------------------------------
+
+    def prepare(self, trial: Trial, work: Work) -> TorchPrepared:
+        import torch
+        import torch.distributed as dist
+        from torch import nn
+        from torch.nn.parallel import DistributedDataParallel
+
+        process, device, gpu = self._process(), self.device, self.platform == "gpu"
+        if trial.devices != process.world_size:
+            raise ValueError(f"trial {trial.id} wants {trial.devices} devices; this job has {process.world_size} ranks")
+        if gpu:
+            gc.collect()  # the previous trial's module and optimizer, should a cycle hold them
+            torch.cuda.reset_peak_memory_stats(device)
+
+        matmul_tf32, cudnn_tf32, matmul_precision, autocast_dtype = PRECISION[trial.precision]
+        torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
+        torch.backends.cudnn.allow_tf32 = cudnn_tf32
+        torch.set_float32_matmul_precision(matmul_precision)
+        autocast = (nullcontext if autocast_dtype is None
+                    else functools.partial(torch.autocast, device.type, dtype=getattr(torch, autocast_dtype)))
+
+        # Dropout masks come from this stream; each rank draws its own, as jax folds in its index.
+        torch.manual_seed(trial.seed + process.rank)
+
+        layers: list[nn.Module] = []
+        linears = []
+        for i, (kernel, bias) in enumerate(work.weights):
+            linear = nn.utils.skip_init(nn.Linear, kernel.shape[0], kernel.shape[1], device=device,
+                                        dtype=torch.float32)
+            with torch.no_grad():
+                linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(kernel.T)))
+                linear.bias.copy_(torch.from_numpy(bias))
+            linears.append(linear)
+            layers.append(linear)
+            if i < len(work.weights) - 1:
+                layers += [nn.ReLU(), nn.Dropout(work.model.dropout)]
+        model = nn.Sequential(*layers).train()
+
+        ddp_kwargs: dict[str, Any] = {"device_ids": [device.index] if gpu else None,
+                                      "bucket_cap_mb": BUCKET_CAP_MB, "gradient_as_bucket_view": True}
+        # The model has no buffers; say so explicitly anyway (torch 2.13 renamed the flag).
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+            ddp_kwargs["forward_sync_buffers"] = False
+        else:
+            ddp_kwargs["broadcast_buffers"] = False
+        ddp = DistributedDataParallel(model, **ddp_kwargs)
+
+        # torch's Adam is the paper's (eps added to sqrt(v_hat), after the bias correction),
+        # as is optax's. The fused kernel: one launch per step for all parameters.
+        optimizer = torch.optim.Adam(ddp.parameters(), lr=trial.learning_rate, betas=(ADAM.b1, ADAM.b2),
+                                     eps=ADAM.eps, fused=True)
+
+        xs, ys = work.shards(trial.global_batch, trial.devices)
+        xs_d = torch.from_numpy(xs[process.rank]).to(device)
+        ys_d = torch.from_numpy(ys[process.rank]).to(device)
+
+        readback = _numpy(_layer_tensors(linears))
+        info = PreparedInfo(
+            params=sum(p.numel() for p in model.parameters()),
+            weights_hash=hash_arrays(readback),
+            precision={
+                "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+                "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+                "float32_matmul_precision": torch.get_float32_matmul_precision(),
+                "autocast_dtype": autocast_dtype,
+                "param_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+                "loss_dtype": "float32",
+            },
+            sync_every_call=False,
+            notes=(
+                f"DDP over {dist.get_backend()}: bucket_cap_mb={ddp.bucket_bytes_cap / 2**20:g}, "
+                f"{_buckets(ddp)}, gradient_as_bucket_view=True, zero_grad(set_to_none=True)",
+                "Adam: torch.optim.Adam(fused=True), eps after the bias correction (paper/optax form)",
+                "no fused multi-step call: steps_per_call steps run as a Python loop",
+                *(() if trial.all_reduce else ("compute-only: each step under ddp.no_sync(), no gradient all-reduce",)),
+            ),
+        )
+        return TorchPrepared(info, ddp, linears, optimizer, xs_d, ys_d, trial.all_reduce, autocast, device)
+
+    def run(self, prepared: TorchPrepared, steps: int) -> None:
+        import torch
+
+        for _ in range(steps):
+            _train_step(prepared)
+        if prepared.device.type == "cuda":
+            torch.cuda.synchronize(prepared.device)
+
+    def memory_peak_bytes(self, prepared: TorchPrepared) -> dict[str, Any] | None:
+        """This rank's device: peak bytes allocated by torch since `prepare`; None on CPU."""
+        import torch
+
+        if prepared.device.type != "cuda":
+            return None
+        return {"peak_bytes": [int(torch.cuda.max_memory_allocated(prepared.device))], "scope": "trial"}
+
+    # -- all-reduce microbenchmark capability (xbench allreduce, --breakdown) ---------------
+
+    def allreduce_prepare(self, nbytes: int, options: dict[str, Any]) -> TorchAllReduce:
+        """A float32 buffer of `nbytes` on this rank's device, reduced in place (SUM) by
+        torch.distributed.all_reduce. In an spmd job each rank times only its own calls."""
+        import torch
+
+        self.validate_options(options)
+        return TorchAllReduce(torch.ones(nbytes // 4, dtype=torch.float32, device=self.device), self.device)
+
+    def allreduce_run(self, prepared: TorchAllReduce, iterations: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        for _ in range(iterations):
+            dist.all_reduce(prepared.buffer)  # values grow (to inf); a sum's cost does not change
+        if prepared.device.type == "cuda":
+            torch.cuda.synchronize(prepared.device)
+
+    # -- verification capability (xbench verify) -------------------------------------------
+
+    def gradients(self, prepared: TorchPrepared) -> tuple[float, list[np.ndarray]]:
+        """The global mean loss and this rank's gradient after DDP's all-reduce, at the current
+        weights on the current step's batch; no step is applied."""
+        loss = _forward_backward(prepared)
+        grads = _numpy(_layer_tensors(prepared.linears, grad=True))
+        prepared.optimizer.zero_grad(set_to_none=True)
+        return float(_global_mean(loss.reshape(1))[0]), grads
+
+    def train(self, prepared: TorchPrepared, steps: int) -> list[float]:
+        import torch
+
+        losses = torch.stack([_train_step(prepared) for _ in range(steps)])
+        return [float(x) for x in _global_mean(losses)]
+
+    def replica_weights(self, prepared: TorchPrepared) -> list[list[np.ndarray]]:
+        import torch
+        import torch.distributed as dist
+
+        tensors = _layer_tensors(prepared.linears)
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, flat)
+        replicas = []
+        for buffer in gathered:
+            pieces, offset = [], 0
+            for t in tensors:
+                pieces.append(buffer[offset:offset + t.numel()].reshape(t.shape).cpu().numpy().copy())
+                offset += t.numel()
+            replicas.append(pieces)
+        return replicas
+
+    def _process(self) -> Process:
+        if self.process is None:
+            raise RuntimeError("setup or setup_process must run before prepare")
+        return self.process
+
+
+def _forward_backward(p: TorchPrepared):
+    """Loss and gradients of the current step's batch (all-reduced unless compute-only)."""
+    import torch.nn.functional as F
+
+    index = p.step % p.xs.shape[0]
+    p.optimizer.zero_grad(set_to_none=True)
+    with nullcontext() if p.all_reduce else p.ddp.no_sync():
+        with p.autocast():
+            pred = p.ddp(p.xs[index])
+        loss = F.mse_loss(pred.float(), p.ys[index])  # mean over this rank's batch and outputs
+        loss.backward()
+    return loss.detach()
+
+
+def _train_step(p: TorchPrepared):
+    loss = _forward_backward(p)
+    p.optimizer.step()
+    p.step += 1
+    return loss
+
+
+def _global_mean(values):
+    """The mean over ranks of per-rank values (equal shards: the global-batch mean)."""
+    import torch.distributed as dist
+
+    values = values.clone()
+    dist.all_reduce(values)
+    return (values / dist.get_world_size()).cpu().tolist()
+
+
+def _layer_tensors(linears, grad: bool = False) -> list[Any]:
+    """Kernels (in, out) and biases in layer order, or their gradients: views on the device."""
+    tensors = []
+    for linear in linears:
+        weight, bias = (linear.weight.grad, linear.bias.grad) if grad else (linear.weight, linear.bias)
+        tensors += [weight.detach().T, bias.detach()]
+    return tensors
+
+
+def _numpy(tensors) -> list[np.ndarray]:
+    """Host copies (a CPU tensor's numpy() shares its memory, and gradients are bucket views)."""
+    return [t.cpu().numpy().copy() for t in tensors]
+
+
+def _buckets(ddp) -> str:
+    try:
+        sizes = ddp._get_ddp_logging_data().get("bucket_sizes")
+    except Exception:  # a private API: describe what is known without it
+        sizes = None
+    # DDP may rebuild the buckets after the first step, in the order gradients become ready,
+    # with a smaller (1 MiB) first bucket; prepare runs no step, so these are the initial ones.
+    return f"initial bucket sizes {sizes} bytes" if sizes else "bucket sizes unknown"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
