@@ -1,10 +1,13 @@
 # Two commands on a fresh machine with only Python and pip:
 #   make compare   set up .venv, install xbench with both frameworks, compare tf and jax
-#   make test      the same set-up plus the test tools, then the test suite
+#   make test      the same set-up plus torch (CPU) and the test tools, then the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?= --backends tf jax
+# The tests run torch on the CPU: this pin takes the CPU build where pip has it locally
+# (a bare `torch` would pull a multi-GB CUDA build). Override with TORCH= to skip it.
+TORCH  ?= torch==2.13.0
 
 .PHONY: compare test setup setup-dev clean
 
@@ -26,6 +29,7 @@ $(VENV)/.installed-all: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-dev: $(BIN)/python pyproject.toml
+	$(if $(TORCH),$(BIN)/python -m pip install --quiet "$(TORCH)")
 	$(BIN)/python -m pip install --quiet -e ".[all,dev]"
 	touch $@ $(VENV)/.installed-all
 

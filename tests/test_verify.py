@@ -111,3 +111,24 @@ def test_no_verify_is_recorded(fake_backends, run_cli, tmp_path):
                          "--out", str(tmp_path / "run"))
     [record] = read_records(tmp_path / "run")
     assert code == 0 and record["verification"] == {"status": "skipped", "reason": "--no-verify"}
+
+
+def test_a_third_backend_clears_the_reference():
+    """jax agrees with jax-shardmap, so a disagreement with a broken third backend is the
+    third backend's fault alone; with only two backends both stay suspect."""
+    good, off = reference(), reference(scale=1.5)
+    refs = {("jax", 1, "m"): good, ("shardmap", 1, "m"): good, ("broken", 1, "m"): off}
+    from xbench.verify import failed_backends
+
+    assert failed_backends(run_checks(refs, reference_backend="jax")) == {"broken"}
+    two = {("jax", 1, "m"): good, ("broken", 1, "m"): off}
+    assert failed_backends(run_checks(two, reference_backend="jax")) == {"jax", "broken"}
+
+
+def test_a_backend_failing_its_own_check_takes_the_blame():
+    good, doubled = reference(), reference(scale=2.0, replicas=2)
+    refs = {("jax", 1, "m"): good, ("jax", 2, "m"): reference(replicas=2),
+            ("broken", 1, "m"): good, ("broken", 2, "m"): doubled}
+    from xbench.verify import failed_backends
+
+    assert failed_backends(run_checks(refs, reference_backend="jax")) == {"broken"}

@@ -56,6 +56,12 @@ class AllReduceResult:
     devices: int
     nbytes: int
     time: stats.Summary  # seconds per all-reduce, outliers removed
+    launcher: str = "subprocess"
+
+    @property
+    def label(self) -> str:
+        """The backend as plots show it, with the launcher when it is not the default."""
+        return self.backend if self.launcher == "subprocess" else f"{self.backend} ({self.launcher})"
 
     @property
     def algbw(self) -> float:
@@ -70,7 +76,8 @@ class AllReduceResult:
 def result_from_record(record: dict) -> AllReduceResult:
     timing = record["timing"]
     per_op = np.asarray(timing["window_s"], dtype=float) / timing["steps_per_window"]
-    return AllReduceResult(record["backend"], record["devices"], record["nbytes"], stats.summarize(per_op))
+    return AllReduceResult(record["backend"], record["devices"], record["nbytes"], stats.summarize(per_op),
+                           record.get("launcher", "subprocess"))
 
 
 def ok_results(records: Sequence[dict]) -> list[AllReduceResult]:

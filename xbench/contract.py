@@ -1,8 +1,11 @@
 """The public contract between xbench and a backend plugin.
 
 A plugin is any class, registered under the entry-point group `xbench.backends`, that has the
-attributes and methods of `Backend` below; it needs no base class. It may import this module
-and `xbench.work` (for `Work` and `hash_arrays`) and nothing else from xbench.
+attributes and methods of `Backend` below; it needs no base class. It imports this module and
+nothing else from xbench (`Work` and `hash_arrays` are re-exported here).
+
+`work` is built once per worker process and shared, read-only, by its later trials: copy
+arrays before changing them in place.
 
 Life of a backend inside one worker process (one backend, one device count):
 
@@ -84,8 +87,9 @@ class DeviceInfo:
 class Process:
     """One process's place in an spmd job: one device per process, `world_size` processes on
     `nnodes` nodes, `local_world_size` of them on this node. The core sets RANK, WORLD_SIZE,
-    LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the process's environment too,
-    and CUDA_VISIBLE_DEVICES is left alone: use device `local_rank`."""
+    LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node rank), MASTER_ADDR and MASTER_PORT in
+    the process's environment too, and CUDA_VISIBLE_DEVICES is left alone: use device
+    `local_rank`."""
 
     rank: int
     world_size: int
@@ -196,7 +200,9 @@ class Backend(Protocol):
 
     def setup(self, devices: int, platform: str) -> DeviceInfo:
         """Configure `devices` devices on `platform` ("auto", "cpu" or "gpu") in this fresh
-        process, before anything else; raise `DeviceUnavailable` if they do not exist."""
+        process, before anything else; raise `DeviceUnavailable` if they do not exist.
+        Every backend needs it, spmd-only ones too: the core calls `setup(1, platform)` in a
+        short-lived process to learn which devices a backend sees (`available` = how many)."""
 
     def prepare(self, trial: Trial, work: Work) -> Prepared:
         """Build the model from `work.weights`, place `work.shards(...)` on the devices, apply

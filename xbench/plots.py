@@ -103,6 +103,27 @@ def speedup_figure(rows: Sequence[Row], model: str):
     return fig
 
 
+def scaling_figure(rows: Sequence[Row], model: str):
+    """Speedup against device count, one line per backend and global batch, with the ideal
+    line (speedup = devices); None unless at least two multi-device counts were measured."""
+    series: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for row in rows:
+        if row.scaling is not None:
+            series.setdefault((row.label, row.global_batch), []).append((row.devices, row.scaling.speedup))
+    counts = sorted({devices for points in series.values() for devices, _ in points})
+    if len(counts) < 2:
+        return None
+    fig, ax = _figure(f"Scaling with device count, model {model}", "devices", "speedup (× the 1-device throughput)")
+    ax.plot([1, *counts], [1, *counts], color="grey", linewidth=1, linestyle=":", label="ideal (speedup = devices)")
+    ax.axhline(1.0, color="black", linewidth=1, label="1.0: no gain")
+    for (backend, batch), points in sorted(series.items()):
+        points = [(1, 1.0), *sorted(points)]
+        ax.plot([d for d, _ in points], [s for _, s in points], marker="o", label=f"{backend}, batch {batch:,}")
+    ax.set_xticks([1, *counts])
+    ax.set_ylim(bottom=0)
+    return fig
+
+
 def breakdown_figure(rows: Sequence[Row], model: str):
     """Stacked bars per multi-device trial: compute-only step time, then the exposed
     communication on top (drawn from zero when the difference is within noise)."""

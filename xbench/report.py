@@ -41,16 +41,17 @@ ALLREDUCE_KEY = "all-reduce"  # the images of the all-reduce section
 
 
 def draw_plots(rows: Sequence[Row], allreduce: Sequence[Mapping[str, Any]], run_dir: Path) -> dict[str, list[Image]]:
-    """Per model: throughput, speedup and (with --breakdown) time-breakdown plots; and the
-    all-reduce bandwidth plot when the run measured it."""
-    from xbench.plots import breakdown_figure, busbw_figure, save, speedup_figure, throughput_figure
+    """Per model: throughput, speedup, scaling with device count (with three or more device
+    counts) and (with --breakdown) time-breakdown plots; and the all-reduce bandwidth plot
+    when the run measured it."""
+    from xbench.plots import breakdown_figure, busbw_figure, save, scaling_figure, speedup_figure, throughput_figure
 
     images: dict[str, list[Image]] = {}
     for model in _models(rows):
         mine = [r for r in full_rows(rows) if r.model == model]
         images[model] = []
         for kind, draw in (("throughput", throughput_figure), ("speedup", speedup_figure),
-                           ("breakdown", breakdown_figure)):
+                           ("scaling", scaling_figure), ("breakdown", breakdown_figure)):
             figure = draw(mine, model)
             if figure is not None:
                 path = save(figure, run_dir / f"{kind}-{_safe(model)}.png")

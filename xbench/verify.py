@@ -189,4 +189,17 @@ def _check(name: str, subject: str, backends: tuple[str, ...], actual, expected,
 
 
 def failed_backends(checks: Sequence[Check]) -> set[str]:
-    return {backend for check in checks if not check.passed for backend in check.backends}
+    """The backends the failed checks implicate. A check within one backend blames it; a
+    disagreement between two blames both, unless one of them fails a check of its own (it is
+    then the culprit) or one of them passes the same check against a third backend."""
+    own_failures = {c.backends[0] for c in checks if len(c.backends) == 1 and not c.passed}
+    blamed = set(own_failures)
+    for check in checks:
+        if check.passed or len(check.backends) == 1:
+            continue
+        pair = set(check.backends)
+        cleared = {b for c in checks if c.passed and c.check == check.check and len(set(c.backends) - pair) == 1
+                   for b in c.backends if b in pair}
+        suspects = (pair & own_failures) or (pair - cleared) or pair
+        blamed.update(suspects)
+    return blamed

@@ -29,7 +29,8 @@ def verify(
     launcher: LauncherOption = None,
 ) -> int:
     """Check identical initial loss and gradients across backends, N-device = 1-device
-    gradients, and agreeing 10-step training, with dropout off and strict fp32."""
+    gradients, and agreeing 10-step training, with dropout off and strict fp32. Exits 1 when a
+    check fails or a backend cannot be verified (compare would time it anyway, marked so)."""
     launch = resolve_launch(value(launcher) or "auto")
     spec = load_spec(config, {"backends": names(backends), "models": names(model),
                               "devices": integers(devices, "--devices"), "platform": value(platform),
