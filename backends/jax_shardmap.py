@@ -1,0 +1,270 @@
+"""`jax-shardmap` and `jax-auto`: the `jax` backend's model, optimizer, loss and data, stepped
+with today's JAX data-parallel idioms instead of `jax.pmap`.
+
+- `jax-shardmap`: `jax.jit` over `jax.shard_map` on a 1-D mesh (axis "d"); parameters and
+  optimizer state replicated (P()), data sharded on its leading device axis (P("d")), and an
+  explicit `lax.pmean` of the gradients inside.
+- `jax-auto`: `jax.jit` with `NamedSharding`s and no shard_map; the compiler (GSPMD/Shardy)
+  inserts the gradient all-reduce.
+
+Both run on jax 0.10 and 0.11, where `jax.shard_map` and `jax.lax.pcast` are public; older
+jax falls back to `jax.experimental.shard_map` and `lax.pvary` (untested here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from xbench.contract import PreparedInfo, Trial, Unsupported, Work, hash_arrays
+from xbench_backends.jax_pmap import AXIS, MATMUL_PRECISION, JaxAllReduce, JaxPmapBackend, _mlp_class, _optimizer
+
+
+@dataclass
+class MeshPrepared:
+    info: PreparedInfo
+    step: Any  # jitted: (state, xs, ys) -> (state, loss of the last step: per device or global)
+    grads: Any  # jitted: (state, xs, ys) -> (loss, all-reduced gradients, replicated)
+    state: Any  # (params, opt_state, step, key), every leaf replicated over the mesh
+    xs: Any
+    ys: Any
+    steps_per_call: int
+    layers: int
+
+
+class _MeshBackend(JaxPmapBackend):
+    """What both variants share with `jax` (setup, probe, memory counter, all-reduce loop)
+    and with each other (placement, readback, capabilities); subclasses build the programs."""
+
+    launchers: ClassVar[tuple[str, ...]] = ("subprocess",)
+
+    def prepare(self, trial: Trial, work: Work) -> MeshPrepared:
+        import jax
+
+        jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[trial.precision])
+        mesh = jax.sharding.Mesh(np.array(self.devices), (AXIS,))
+        params = {f"Dense_{i}": {"kernel": k, "bias": b} for i, (k, b) in enumerate(work.weights)}
+        tx = _optimizer(trial.learning_rate)
+        state = (params, tx.init(params), np.int32(0), jax.random.key_data(jax.random.key(trial.seed)))
+        state = jax.device_put(state, _sharding(mesh))
+        xs, ys = self.place_data(mesh, *work.shards(trial.global_batch, len(self.devices)))
+        step, grads, notes = self.programs(trial, work, tx, mesh)
+        layers = len(work.weights)
+        info = PreparedInfo(
+            params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
+            weights_hash=hash_arrays(self.layer_arrays(state[0], layers, replica=0)),
+            precision={"jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+                       "compute_dtype": "bfloat16" if trial.precision == "bf16" else "float32"},
+            # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
+            sync_every_call=self.devices[0].platform == "cpu",
+            notes=notes,
+        )
+        return MeshPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, layers)
+
+    def place_data(self, mesh, xs: np.ndarray, ys: np.ndarray):
+        """[devices, batches, per_device, features], split on the device axis."""
+        import jax
+
+        return jax.device_put(xs, _sharding(mesh, AXIS)), jax.device_put(ys, _sharding(mesh, AXIS))
+
+    def programs(self, trial: Trial, work: Work, tx, mesh) -> tuple[Any, Any, tuple[str, ...]]:
+        raise NotImplementedError
+
+    def run(self, prepared: MeshPrepared, steps: int) -> None:
+        import jax
+
+        for _ in range(steps // prepared.steps_per_call):
+            prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
+            if prepared.info.sync_every_call:
+                loss.block_until_ready()
+        jax.block_until_ready(prepared.state)
+
+    def layer_arrays(self, params, layers: int, replica: int) -> list[np.ndarray]:
+        """Kernels and biases in layer order, as held (and read back) by device `replica`."""
+        device = self.devices[replica]
+
+        def held(array) -> np.ndarray:
+            return next(np.asarray(s.data) for s in array.addressable_shards if s.device == device)
+
+        return [held(params[f"Dense_{i}"][part]) for i in range(layers) for part in ("kernel", "bias")]
+
+    # -- all-reduce microbenchmark capability (xbench allreduce, --breakdown) ---------------
+
+    def allreduce_prepare(self, nbytes: int, options: dict[str, Any]) -> JaxAllReduce:
+        """A float32 buffer of `nbytes` on every device, made there, and a shard_map psum."""
+        import jax
+        import jax.numpy as jnp
+        from jax import lax
+
+        mesh = jax.sharding.Mesh(np.array(self.devices), (AXIS,))
+        n, count = len(self.devices), nbytes // 4
+        buffer = jax.jit(lambda: jnp.ones((n, count), jnp.float32), out_shardings=_sharding(mesh, AXIS))()
+        # Donated, so XLA reduces in place as `jax` and torch.distributed do. The psum's result
+        # is the same on every device; out_specs P("d") keeps each device's copy where it is.
+        psum = _shard_map(lambda x: lax.psum(x, AXIS), mesh, in_specs=_spec(AXIS), out_specs=_spec(AXIS))
+        reduce = jax.jit(psum, donate_argnums=0)
+        return JaxAllReduce(reduce, buffer, sync_every_call=self.devices[0].platform == "cpu")
+
+    # -- verification capability (xbench verify) -------------------------------------------
+
+    def gradients(self, prepared: MeshPrepared) -> tuple[float, list[np.ndarray]]:
+        loss, grads = prepared.grads(prepared.state, prepared.xs, prepared.ys)
+        return float(np.mean(np.asarray(loss))), self.layer_arrays(grads, prepared.layers, replica=0)
+
+    def train(self, prepared: MeshPrepared, steps: int) -> list[float]:
+        losses = []
+        for _ in range(steps // prepared.steps_per_call):
+            prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
+            losses.append(float(np.mean(np.asarray(loss))))  # equal shards: mean of means
+        return losses
+
+    def replica_weights(self, prepared: MeshPrepared) -> list[list[np.ndarray]]:
+        return [self.layer_arrays(prepared.state[0], prepared.layers, replica=r) for r in range(len(self.devices))]
+
+
+class JaxShardMapBackend(_MeshBackend):
+    name: ClassVar[str] = "jax-shardmap"
+
+    def to_varying(self, params):
+        """Pitfall 2: under shard_map's type checking (check_vma), the gradient with respect
+        to a replicated (invariant) value comes out already summed over "d", N times the
+        single-device one. Marking the params as varying first keeps it per device, so the
+        explicit pmean below is the only reduction."""
+        from jax import lax
+
+        if hasattr(lax, "pcast"):  # jax 0.10 and 0.11; pvary (gone in 0.10) on older jax
+            return lax.pcast(params, AXIS, to="varying")
+        return lax.pvary(params, AXIS)
+
+    def programs(self, trial: Trial, work: Work, tx, mesh):
+        import jax
+        from jax import lax
+
+        loss_fn = _loss_fn(trial, work)
+        batches = work.x.shape[0] // trial.global_batch  # as Work.shards lays them out
+        reduce = self.reduce_gradients if trial.all_reduce else (lambda grads: grads)
+
+        def loss_and_grads(state, xs, ys):
+            params, _, step, key = state
+            x, y = (lax.dynamic_index_in_dim(a[0], step % batches, keepdims=False) for a in (xs, ys))
+            # As `jax`: one dropout stream per (step, device).
+            rng = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(key), step),
+                                     lax.axis_index(AXIS))
+            loss, grads = jax.value_and_grad(loss_fn)(self.to_varying(params), x, y, rng)
+            return loss[None], reduce(grads)  # [None]: one loss per device, stacked on "d"
+
+        train_steps = _train_steps(tx, loss_and_grads, trial.protocol.steps_per_call)
+        # The compute-only twin (no pmean) leaves each device with its own gradient, params and
+        # Adam moments: values the type checker rightly calls varying, so out_specs P() would
+        # be rejected. We keep P() and turn the check off for the twin only: the state keeps
+        # the real step's layout, donation and per-device compute, and each device's buffer
+        # holds its own diverged copy, which is what "each device applies its own gradient"
+        # means. (A P("d") state would need a stacked state and a different program.)
+        # The twin is timed only, never verified.
+        check = trial.all_reduce
+        specs = dict(in_specs=(_spec(), _spec(AXIS), _spec(AXIS)), out_specs=(_spec(), _spec(AXIS)))
+        step = jax.jit(_shard_map(train_steps, mesh, check_vma=check, **specs), donate_argnums=0)
+        grads_specs = dict(specs, out_specs=(_spec(AXIS), _spec()))
+        grads = jax.jit(_shard_map(loss_and_grads, mesh, check_vma=check, **grads_specs))
+        return step, grads, ()
+
+
+class JaxAutoBackend(_MeshBackend):
+    name: ClassVar[str] = "jax-auto"
+
+    def place_data(self, mesh, xs: np.ndarray, ys: np.ndarray):
+        """[batches, global_batch, features] with the batch split on "d": device r holds the
+        same rows as in `jax` (the core's shards, regrouped)."""
+        import jax
+
+        def regroup(a: np.ndarray) -> np.ndarray:
+            n, batches, per, features = a.shape
+            return np.ascontiguousarray(a.transpose(1, 0, 2, 3).reshape(batches, n * per, features))
+
+        return (jax.device_put(regroup(a), _sharding(mesh, None, AXIS)) for a in (xs, ys))
+
+    def programs(self, trial: Trial, work: Work, tx, mesh):
+        import jax
+        from jax import lax
+
+        if not trial.all_reduce:
+            raise Unsupported("jax-auto has no compute-only step: the compiler (GSPMD/Shardy) inserts "
+                              "the gradient all-reduce itself, so there is no program without it")
+        loss_fn = _loss_fn(trial, work)
+        batches = work.x.shape[0] // trial.global_batch
+
+        def loss_and_grads(state, xs, ys):
+            params, _, step, key = state
+            x, y = (lax.dynamic_index_in_dim(a, step % batches, keepdims=False) for a in (xs, ys))
+            # One stream per step; Flax draws each layer's mask over the whole global batch, so
+            # an example's mask depends on (seed, step, layer, its row in the global batch) and
+            # not on the device count (threefry is partitionable: no device draws all bits).
+            # Masks differ from `jax`'s per-device streams; verification runs without dropout.
+            rng = jax.random.fold_in(jax.random.wrap_key_data(key), step)
+            return jax.value_and_grad(loss_fn)(params, x, y, rng)
+
+        replicated, batch = _sharding(mesh), _sharding(mesh, None, AXIS)
+        shardings = dict(in_shardings=(replicated, batch, batch), out_shardings=(replicated, replicated))
+        step = jax.jit(_train_steps(tx, loss_and_grads, trial.protocol.steps_per_call), donate_argnums=0,
+                       **shardings)
+        grads = jax.jit(loss_and_grads, **shardings)
+        partitionable = bool(getattr(jax.config, "jax_threefry_partitionable", True))
+        return step, grads, (f"dropout: one mask over the global batch per step and layer "
+                             f"(jax_threefry_partitionable={partitionable})",)
+
+
+def _spec(*axes):
+    import jax
+
+    return jax.sharding.PartitionSpec(*axes)
+
+
+def _sharding(mesh, *axes):
+    import jax
+
+    return jax.sharding.NamedSharding(mesh, _spec(*axes))
+
+
+def _shard_map(f, mesh, *, in_specs, out_specs, check_vma: bool = True):
+    """`jax.shard_map` (jax >= 0.7), else the experimental one of older jax."""
+    import jax
+
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:
+        from jax.experimental.shard_map import shard_map
+    return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma)
+
+
+def _loss_fn(trial: Trial, work: Work):
+    """The `jax` backend's loss: mean squared error in float32 of the Flax MLP, dropout on."""
+    import jax.numpy as jnp
+
+    model = _mlp_class()(widths=work.model.widths, outputs=work.model.outputs, dropout=work.model.dropout,
+                         dtype=jnp.bfloat16 if trial.precision == "bf16" else jnp.float32)
+
+    def loss_fn(params, x, y, rng):
+        pred = model.apply({"params": params}, x, train=True, rngs={"dropout": rng}).astype(jnp.float32)
+        return jnp.mean((pred - y) ** 2)
+
+    return loss_fn
+
+
+def _train_steps(tx, loss_and_grads, steps_per_call: int):
+    """`steps_per_call` Adam steps fused with lax.scan; returns the last step's loss."""
+    import jax
+    from jax import lax
+
+    def one_step(state, xs, ys):
+        params, opt_state, step, key = state
+        loss, grads = loss_and_grads(state, xs, ys)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = jax.tree.map(lambda p, u: p + u, params, updates)
+        return (params, opt_state, step + 1, key), loss
+
+    def train_steps(state, xs, ys):
+        state, losses = lax.scan(lambda s, _: one_step(s, xs, ys), state, None, length=steps_per_call)
+        return state, losses[-1]
+
+    return train_steps
