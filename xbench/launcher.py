@@ -366,10 +366,13 @@ def allreduce_events(target: str, devices: int, platform: str, sizes: list[int],
     gang = Gang.start(jobs, log_path, label=f"all-reduce {target} on {devices}")
     deadline = time.monotonic() + STARTUP_TIMEOUT_S + timeout_s
     results: list[dict[str, Any]] = []
+    finished: set[int] = set()  # members that said "done" (and may exit before member 0 does)
     try:
         while True:
             item = gang.next_event(deadline)
             index, event = item if item != "timeout" else (0, "timeout")
+            if event is None and index in finished:
+                continue
             if event == "timeout" or event is None:
                 why = f"timed out after {timeout_s:g} s" if event == "timeout" else gang._exit_reason(index)
                 done = {r["nbytes"] for r in results}
@@ -380,7 +383,9 @@ def allreduce_events(target: str, devices: int, platform: str, sizes: list[int],
                          "reason": gang._who(index) + event["reason"]} for n in sizes]
             if kind == "allreduce" and index == 0:
                 results.append(event)
-            elif kind == "done" and index == 0:
-                return results
+            elif kind == "done":
+                finished.add(index)
+                if index == 0:
+                    return results
     finally:
         gang.stop()
