@@ -72,15 +72,6 @@ class _MeshBackend(JaxPmapBackend):
     def programs(self, trial: Trial, work: Work, tx, mesh) -> tuple[Any, Any, tuple[str, ...]]:
         raise NotImplementedError
 
-    def run(self, prepared: MeshPrepared, steps: int) -> None:
-        import jax
-
-        for _ in range(steps // prepared.steps_per_call):
-            prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
-            if prepared.info.sync_every_call:
-                loss.block_until_ready()
-        jax.block_until_ready(prepared.state)
-
     def layer_arrays(self, params, layers: int, replica: int) -> list[np.ndarray]:
         """Kernels and biases in layer order, as held (and read back) by device `replica`."""
         device = self.devices[replica]
