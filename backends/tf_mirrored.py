@@ -114,8 +114,12 @@ class TfMirroredBackend:
     def setup_process(self, process: Process, platform: str) -> DeviceInfo:
         """One device per process: a TF_CONFIG cluster of `world_size` workers and
         MultiWorkerMirroredStrategy, created before anything else runs in TensorFlow."""
+        try:
+            workers = [process.address(r) for r in range(process.world_size)]
+        except ValueError as err:
+            raise DeviceUnavailable(f"TF_CONFIG needs every worker's address: {err}") from None
         os.environ["TF_CONFIG"] = json.dumps({
-            "cluster": {"worker": [process.address(r) for r in range(process.world_size)]},
+            "cluster": {"worker": workers},
             "task": {"type": "worker", "index": process.rank},
         })
         import tensorflow as tf

@@ -16,7 +16,8 @@ import numpy as np
 from xbench.contract import Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Trial, Work
 
 FAKE_DEVICES = 4
-ACTIONS = ("crash_batch", "hang_batch", "fail_batch", "work_factor", "rank", "fail_if_env")
+ACTIONS = ("crash_batch", "hang_batch", "fail_batch", "work_factor", "rank", "fail_if_env", "delay_rank",
+           "fail_allreduce_bytes")
 
 
 @dataclass
@@ -55,7 +56,9 @@ class NumpyBackend:
     def run(self, prepared: NumpyPrepared, steps: int) -> None:
         batch = prepared.trial.global_batch
         options = {k: int(v) for k, v in prepared.trial.options.items() if k != "fail_if_env"}
-        if "rank" in options and options["rank"] != int(os.environ.get("RANK", "0")):
+        if options.pop("delay_rank", -1) == _rank():
+            time.sleep(2.0)  # a slow rank: the others report first
+        if "rank" in options and options["rank"] != _rank():
             options = {"work_factor": options.get("work_factor", 1)}  # the planned mishap is another rank's
         elif os.environ.get(str(prepared.trial.options.get("fail_if_env", "")) or "-"):
             raise RuntimeError("planned failure (environment)")
@@ -84,6 +87,21 @@ class SpmdNumpyBackend(NumpyBackend):
 
     def all_gather(self, values: list[float]) -> list[list[float]]:
         return [list(values) for _ in range(self.world)]
+
+    def allreduce_prepare(self, nbytes: int, options: dict[str, Any]) -> np.ndarray:
+        """Option fail_allreduce_bytes=N (with rank=R): that rank fails at that size."""
+        planned = int(options.get("fail_allreduce_bytes", -1)) == nbytes
+        if planned and int(options.get("rank", _rank())) == _rank():
+            raise RuntimeError("planned all-reduce failure")
+        return np.ones(nbytes // 4, np.float32)
+
+    def allreduce_run(self, prepared: np.ndarray, iterations: int) -> None:
+        for _ in range(iterations):
+            prepared += prepared
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
 
 
 class MissingFrameworkBackend(NumpyBackend):

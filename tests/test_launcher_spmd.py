@@ -55,10 +55,35 @@ def test_command_line_wins_over_the_environment_and_bad_geometry_is_refused():
 
 def test_nodelist_expansion_and_agreed_ports():
     assert expand_nodelist("a[1-3,10],b,c[009-010]") == ("a1", "a2", "a3", "a10", "b", "c009", "c010")
+    assert expand_nodelist("rack[1-2]-n[01-02]") == ("rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02")
+    assert expand_nodelist("gpu[01-02]-ib,login1") == ("gpu01-ib", "gpu02-ib", "login1")
     launch = Launch("spmd", 1, nnodes=2, coordinator="node0:30000")
     assert job_ports(launch, 3, 2) == job_ports(launch, 3, 2) != job_ports(launch, 4, 2)
     coordinator, hosts = job_ports(Launch("spmd"), 0, 2)  # one node: free local ports
     assert coordinator.startswith("127.0.0.1:") and hosts == ("127.0.0.1",)
+
+
+def test_multi_node_allocations_need_spmd_and_one_node_steps_are_one_node():
+    slurm = {"SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7"}
+    with pytest.raises(XbenchError, match="2-node SLURM job; use --launcher spmd"):
+        resolve_launch("auto", env=slurm)
+    step = {**slurm, "SLURM_STEP_NODELIST": "n2", "SLURM_STEP_NUM_NODES": "1"}  # srun -N1 inside it
+    launch = resolve_launch("spmd", env=step)
+    assert (launch.nnodes, launch.node_rank, launch.hosts) == (1, 0, ("n2",))
+    other_job = resolve_launch("spmd", env={**slurm, "SLURM_JOB_ID": "8"})
+    assert abs(int(other_job.coordinator.split(":")[1]) - int(launch.coordinator.split(":")[1])) >= 1024
+
+
+def test_unknown_node_addresses_are_refused_where_they_are_needed():
+    from xbench.contract import Process
+
+    launch = Launch("spmd", 1, nnodes=2, coordinator="node0:30000")
+    _, hosts = job_ports(launch, 0, 2)
+    assert hosts == ()  # not guessed
+    with pytest.raises(ValueError, match="XBENCH_HOSTS"):
+        Process(1, 2, 0, 1, 1, 2, "node0:30000", hosts).address(1)
+    with pytest.raises(XbenchError, match="port up to"):
+        resolve_launch("spmd", nnodes=2, node_rank=0, coordinator="h:65000", env={})
 
 
 def test_launcher_a_backend_lacks_is_a_one_line_error(run_cli, fake_backends):
@@ -97,6 +122,30 @@ def test_failing_rank_fails_the_trial_at_once(run_cli, fake_backends, tmp_path):
     assert time.monotonic() - started < 30  # not the trial timeout
 
 
+def test_a_rank_that_dies_after_reporting_fails_the_next_trial_at_once(run_cli, fake_backends, tmp_path):
+    """Rank 0 is slow on batch 16; rank 1 reports it, starts batch 32 and dies there before
+    rank 0 has reported: batch 32 is 'crashed', not a timeout."""
+    started = time.monotonic()
+    run_cli("compare", "--backends", "numpy-spmd", *FAST, "--devices", "2", "--batch-sizes", "16,32",
+            "--option", "numpy-spmd.delay_rank=0", "--option", "numpy-spmd.rank=1",
+            "--option", "numpy-spmd.crash_batch=32", "--trial-timeout", "60", "--out", str(tmp_path / "run"))
+    records = {r["trial"]["global_batch"]: r for r in read_records(tmp_path / "run")}
+    assert records[16]["status"] == "ok"
+    assert records[32]["status"] == "crashed" and records[32]["reason"].startswith("rank 1: worker exit code 3")
+    assert time.monotonic() - started < 50
+
+
+def test_allreduce_stops_at_a_rank_that_fails(run_cli, fake_backends, tmp_path):
+    out = tmp_path / "allreduce.json"
+    code, _, _ = run_cli("allreduce", "--backends", "numpy-spmd", "--devices", "2", "--sizes", "4KiB", "8KiB",
+                         "16KiB", "--option", "numpy-spmd.rank=1", "--option", "numpy-spmd.fail_allreduce_bytes=8192",
+                         "--json", str(out))
+    results = {r["nbytes"]: r for r in json.loads(out.read_text())}
+    assert code == 1 and results[4096]["status"] == "ok"
+    assert results[8192]["status"] == "failed" and results[8192]["reason"].startswith("rank 1: ")
+    assert results[16384]["reason"] == "not run: rank 1: failed at 8192 bytes"
+
+
 def _cli_process(args, tag, extra_env=None):
     script = (
         "import sys\n"
@@ -104,8 +153,8 @@ def _cli_process(args, tag, extra_env=None):
         "from tests.conftest import FAKES\n"
         "installed = registry.list_entry_points()\n"
         "registry.list_entry_points = lambda: installed + FAKES\n"
-        "from xbench.cli.main import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
+        "from xbench.cli.main import run\n"
+        "run()\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), TAG: tag, **(extra_env or {})}
     return subprocess.Popen([sys.executable, "-c", script, *args], cwd=ROOT, env=env,
@@ -130,6 +179,25 @@ def test_ctrl_c_during_spmd_trial_keeps_records_and_reaps_every_rank(tmp_path):
     assert tagged_processes(tag) == []
 
 
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_terminated_xbench_leaves_no_worker_behind(tmp_path, how):
+    """SIGTERM ends a run as Ctrl-C does; after SIGKILL the kernel ends the workers."""
+    tag, out_dir = new_tag(), tmp_path / "run"
+    process = _cli_process(["compare", "--backends", "numpy-spmd", *FAST, "--devices", "2", "--batch-sizes", "16",
+                            "--option", "numpy-spmd.hang_batch=16", "--out", str(out_dir)], tag)
+    deadline = time.monotonic() + 60
+    while len(tagged_processes(tag)) < 3:  # xbench and two hanging ranks
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    process.send_signal(how)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == (130 if how == signal.SIGTERM else -signal.SIGKILL), err
+    deadline = time.monotonic() + 10
+    while tagged_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert tagged_processes(tag) == []
+
+
 def test_resume_runs_only_what_is_missing_or_failed(tmp_path):
     tag, out_dir = new_tag(), tmp_path / "run"
     args = ["compare", "--backends", "numpy-spmd", *FAST, "--devices", "1,2", "--batch-sizes", "16",
@@ -146,9 +214,9 @@ def test_resume_runs_only_what_is_missing_or_failed(tmp_path):
     assert [r["status"] for r in lines] == ["ok", "failed", "ok"]  # the 1-device trial ran once
     assert [r["status"] for r in read_records(out_dir)] == ["ok", "ok"]
     assert len(json.loads((out_dir / "run.json").read_text())["resumed"]) == 1
-    third = _cli_process(["compare", "--resume", str(out_dir), "--devices", "2"], tag)
+    third = _cli_process(["compare", "--resume", str(out_dir), "--devices", "2", "--seed", "0"], tag)
     _, err = third.communicate(timeout=60)
-    assert third.returncode == 2 and "--resume reruns the run's own spec; drop --devices" in err
+    assert third.returncode == 2 and "--resume reruns the run's own spec; drop --devices, --seed" in err
 
 
 # -- real frameworks -------------------------------------------------------------------------
@@ -219,3 +287,16 @@ def test_allreduce_with_one_process_per_device(run_cli, tmp_path):
                            "--json", str(out))
     assert code == 0, err
     assert [(r["devices"], r["status"]) for r in json.loads(out.read_text())] == [(2, "ok"), (2, "ok"), (4, "ok"), (4, "ok")]
+
+
+def test_workers_do_not_inherit_the_callers_torchrun_variables(monkeypatch):
+    """Under torchrun, TORCHELASTIC_USE_AGENT_STORE would make torch's rank 0 wait for a store
+    that nobody hosts; RANK etc. are set per worker by xbench's own launcher."""
+    from xbench.launcher import worker_environment
+
+    for name, value in {"TORCHELASTIC_USE_AGENT_STORE": "True", "RANK": "1", "MASTER_PORT": "29500",
+                        "LOCAL_WORLD_SIZE": "1", "CUDA_VISIBLE_DEVICES": "0,1"}.items():
+        monkeypatch.setenv(name, value)
+    env = worker_environment()
+    assert not {"TORCHELASTIC_USE_AGENT_STORE", "RANK", "MASTER_PORT", "LOCAL_WORLD_SIZE"} & set(env)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["XBENCH_PARENT_PID"] == str(os.getpid())

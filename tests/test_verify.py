@@ -132,3 +132,14 @@ def test_a_backend_failing_its_own_check_takes_the_blame():
     from xbench.verify import failed_backends
 
     assert failed_backends(run_checks(refs, reference_backend="jax")) == {"broken"}
+
+
+def test_the_reference_failing_elsewhere_does_not_clear_a_disagreeing_backend():
+    """jax's own 2-device all-reduce is broken, and `mine` disagrees with jax on 1 device:
+    jax's d2 failure does not explain the d1 disagreement, so both are blamed (reviewer's case)."""
+    from xbench.verify import failed_backends
+
+    good = reference()
+    refs = {("jax", 1, "m"): good, ("jax", 2, "m"): reference(scale=2.0, replicas=2),
+            ("mine", 1, "m"): reference(scale=1.5)}
+    assert failed_backends(run_checks(refs, reference_backend="jax")) == {"jax", "mine"}

@@ -19,6 +19,7 @@ from xbench.errors import XbenchError
 
 LAUNCHER_CHOICES = ("auto", "subprocess", "spmd")
 DEFAULT_PORT = 29500  # torch.distributed's default; multi-node runs must agree on it
+SLURM_FIRST_PORT = 20000
 PORT_STRIDE = 16  # ports per job: the coordinator's, then one per rank (TF workers)
 
 
@@ -60,13 +61,16 @@ def resolve_launch(launcher: str = "auto", nproc_per_node: int | None = None, nn
     spmd_flags = any(v is not None for v in (nproc_per_node, nnodes, node_rank, coordinator))
     if spmd_flags and launcher != "spmd":
         raise XbenchError("--nproc-per-node, --nnodes, --node-rank and --coordinator need --launcher spmd")
+    found = _from_environment(env)
     if launcher != "spmd":
+        if found.get("nnodes", 1) > 1:
+            raise XbenchError(f"this is a {found['nnodes']}-node {found['source']} job; use --launcher spmd "
+                              "(or run xbench on one node)")
         return Launch(launcher=launcher)
     explicit = nnodes is not None or node_rank is not None or coordinator is not None
     # Geometry from the command line, when it gives any, else from the environment: never a mix.
-    found = _from_environment(env)
     if explicit:
-        found = {k: v for k, v in found.items() if k == "hosts"}
+        found = {"hosts": found["hosts"]} if env.get("XBENCH_HOSTS") and "hosts" in found else {}
     launch = Launch("spmd", nproc_per_node, nnodes if nnodes is not None else found.get("nnodes", 1),
                     node_rank if node_rank is not None else found.get("node_rank", 0),
                     coordinator or found.get("coordinator"), tuple(found.get("hosts", ())),
@@ -90,10 +94,16 @@ def _check(launch: Launch) -> None:
         raise XbenchError(f"the environment names {len(launch.hosts)} hosts for {launch.nnodes} nodes")
 
 
+# Jobs take ports base + (job index * PORT_STRIDE) % JOB_PORTS, each up to PORT_STRIDE of them.
+JOB_PORTS = 1024
+HIGHEST_BASE_PORT = 65535 - JOB_PORTS - PORT_STRIDE
+
+
 def parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 - 1024:
-        raise XbenchError(f"--coordinator must be HOST:PORT with a port below 64512, got {address!r}")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= HIGHEST_BASE_PORT:
+        raise XbenchError(f"--coordinator must be HOST:PORT with a port up to {HIGHEST_BASE_PORT} "
+                          f"(jobs use the {JOB_PORTS + PORT_STRIDE} ports after it), got {address!r}")
     return host, int(port)
 
 
@@ -101,7 +111,7 @@ def _from_environment(env: Mapping[str, str]) -> dict:
     """Node geometry from SLURM (one xbench task per node) or a torchrun-style launcher;
     XBENCH_HOSTS ("host0,host1,...") names each node where neither does (TF needs them)."""
     found: dict = {}
-    if "SLURM_NNODES" in env and "SLURM_NODEID" in env and "SLURM_JOB_NODELIST" in env:
+    if "SLURM_NNODES" in env and "SLURM_NODEID" in env and _slurm_nodelist(env):
         found = _from_slurm(env)
     elif "WORLD_SIZE" in env and "RANK" in env and "MASTER_ADDR" in env:
         found = _from_torchrun(env)
@@ -115,10 +125,20 @@ def _from_slurm(env: Mapping[str, str]) -> dict:
     if tasks_per_node not in ("", "1"):
         raise XbenchError("under SLURM run one xbench per node (srun --ntasks-per-node=1); "
                           "xbench starts --nproc-per-node ranks on each node itself")
-    hosts = expand_nodelist(env["SLURM_JOB_NODELIST"])
-    port = DEFAULT_PORT + int(env.get("SLURM_JOB_ID", "0")) % 1000 * PORT_STRIDE % 20000
-    return {"source": "SLURM", "nnodes": int(env["SLURM_NNODES"]), "node_rank": int(env["SLURM_NODEID"]),
-            "hosts": hosts, "coordinator": f"{hosts[0]}:{port}"}
+    # The step's nodes (an `srun -N1` inside a bigger allocation is a one-node job).
+    hosts = expand_nodelist(_slurm_nodelist(env))
+    nnodes = int(env.get("SLURM_STEP_NUM_NODES") or env["SLURM_NNODES"])
+    node_rank = int(env.get("SLURM_NODEID", "0")) if nnodes > 1 else 0
+    # One block of ports per job id, so jobs sharing a node do not collide (unless their ids
+    # agree modulo the number of blocks).
+    blocks = (HIGHEST_BASE_PORT - SLURM_FIRST_PORT) // (JOB_PORTS + PORT_STRIDE)
+    port = SLURM_FIRST_PORT + int(env.get("SLURM_JOB_ID", "0")) % blocks * (JOB_PORTS + PORT_STRIDE)
+    return {"source": "SLURM", "nnodes": nnodes, "node_rank": node_rank, "hosts": hosts[:nnodes],
+            "coordinator": f"{hosts[0]}:{port}"}
+
+
+def _slurm_nodelist(env: Mapping[str, str]) -> str:
+    return env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
 
 
 def _from_torchrun(env: Mapping[str, str]) -> dict:
@@ -132,17 +152,39 @@ def _from_torchrun(env: Mapping[str, str]) -> dict:
 
 
 def expand_nodelist(nodelist: str) -> tuple[str, ...]:
-    """SLURM's compressed host list ("gpu[01-03,07],login1") as host names, in order."""
+    """SLURM's compressed host list ("gpu[01-03,07],rack[1-2]-n[1-2]") as host names, in order
+    (what `scontrol show hostnames` prints)."""
     hosts: list[str] = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
-        if plain:
-            hosts.append(plain)
-            continue
-        for part in ranges.split(","):
-            first, _, last = part.partition("-")
-            for number in range(int(first), int(last or first) + 1):
-                hosts.append(f"{prefix}{number:0{len(first)}d}")
+    for item in _split_top_level(nodelist):
+        hosts.extend(_expand_item(item))
     return tuple(hosts)
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on the commas outside brackets."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def _expand_item(item: str) -> list[str]:
+    """One host expression: each bracket group multiplies the names, left to right."""
+    match = re.search(r"\[([^\]]*)\]", item)
+    if match is None:
+        return [item]
+    head, tail = item[:match.start()], item[match.end():]
+    names = []
+    for part in match.group(1).split(","):
+        first, _, last = part.partition("-")
+        width = len(first)
+        for number in range(int(first), int(last or first) + 1):
+            names.append(f"{head}{number:0{width}d}")
+    return [name + rest for name in names for rest in _expand_item(tail)]
 
 
 def job_ports(launch: Launch, job_index: int, ranks: int) -> tuple[str, tuple[str, ...]]:
@@ -156,8 +198,12 @@ def job_ports(launch: Launch, job_index: int, ranks: int) -> tuple[str, tuple[st
         port = free_port_block(ranks + 2)
         return f"127.0.0.1:{port}", ("127.0.0.1",)
     host, base = parse_address(launch.coordinator)
-    port = base + (job_index * PORT_STRIDE) % 1000
-    hosts = launch.hosts or (host,) * launch.nnodes
+    port = base + (job_index * PORT_STRIDE) % JOB_PORTS
+    if port + ranks + 1 > 65535:
+        raise XbenchError(f"{ranks} ranks need ports up to {port + ranks + 1}; use a lower --coordinator port")
+    # Nodes' own addresses are known from SLURM or XBENCH_HOSTS; else only on one host.
+    local = host in ("127.0.0.1", "localhost", "::1")
+    hosts = launch.hosts or ((host,) * launch.nnodes if local or launch.nnodes == 1 else ())
     return f"{host}:{port}", tuple(hosts)
 
 

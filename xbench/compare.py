@@ -226,8 +226,10 @@ def resume(run_dir: Path) -> Comparison:
         raise XbenchError(f"--resume: {path} is damaged ({type(err).__name__}: {err})") from None
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
         ready = ready_backends(spec, Path(tmp), strict_devices=False, launch=launch)
+    # The launchers the run started with, so that trial ids (and what counts as done) match.
+    launchers = {**ready.launchers, **saved.get("launch", {}).get("backends", {})}
     return Comparison(spec, tuple(ready.entries), ready.devices, Path(run_dir), saved["run_id"],
-                      bool(saved.get("breakdown", False)), launch, ready.launchers)
+                      bool(saved.get("breakdown", False)), launch, launchers)
 
 
 def verify_backends(comparison: Comparison, environment: dict[str, Any]) -> Verification:
@@ -267,7 +269,9 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
     if listener is not None:
         ctx.listener = listener
     records = []
-    trials = [t for t in plan(comparison) if t.id not in done]
+    everything = plan(comparison)
+    positions = {t.id: i for i, t in enumerate(everything)}
+    trials = [t for t in everything if t.id not in done]
     for trial in trials:
         if verification[trial.backend]["status"] == "failed":
             record = launcher.skipped_record(trial, ctx, "verification failed: " + "; ".join(
@@ -276,7 +280,7 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
             ctx.listener.trial_finished(trial, record)
             records.append(record)
     runnable = [t for t in trials if verification[t.backend]["status"] != "failed"]
-    groups = group_trials(runnable, {e.name: e.target for e in comparison.entries})
+    groups = group_trials(runnable, {e.name: e.target for e in comparison.entries}, positions)
     return records + launcher.run_groups(groups, ctx)
 
 

@@ -109,8 +109,12 @@ class Process:
         return int(self.coordinator.rsplit(":", 1)[1])
 
     def address(self, rank: int) -> str:
-        """A free "host:port" reserved for `rank`'s own server, for frameworks that need one per
-        process (TF_CONFIG's worker list): the ports after the coordinator's."""
+        """A "host:port" for `rank`'s own server, for frameworks that need one per process
+        (TF_CONFIG's worker list): the ports after the coordinator's (found free on one node;
+        on several, by convention). Raises ValueError when the nodes' addresses are unknown
+        (several nodes without SLURM or XBENCH_HOSTS)."""
+        if not self.hosts:
+            raise ValueError("every node's address is needed: run under SLURM or set XBENCH_HOSTS=host0,host1,...")
         host = self.hosts[rank // self.local_world_size]
         return f"{host}:{self.coordinator_port + 1 + rank}"
 

@@ -77,7 +77,7 @@ def run_group(group: Group, ctx: Context) -> list[dict[str, Any]]:
     while pending:
         # Nodes of a multi-node job derive its ports from this number, so it must not depend
         # on anything but the plan: the first pending trial's place in it.
-        gang = start_gang(group, pending, ctx, job_index=group.start + len(group.trials) - len(pending))
+        gang = start_gang(group, pending, ctx, job_index=group.positions[len(group.trials) - len(pending)])
         try:
             finished = gang.drive(pending, ctx)
         finally:
@@ -147,12 +147,15 @@ class Worker:
                     continue  # not an event; the worker keeps its event stream clean
         self.events.put((self.index, None))
 
-    def stop(self) -> None:
-        """End the worker and anything it started (it leads its own process group)."""
+    def kill(self) -> None:
+        """Kill the worker and anything it started (it leads its own process group)."""
         try:  # also when the leader has exited: its children may live on
             os.killpg(self.process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def stop(self) -> None:
+        self.kill()
         self.process.wait()
         self.reader.join(timeout=10)
 
@@ -160,34 +163,41 @@ class Worker:
 class Gang:
     """The worker processes of one job, started together and stopped together: one process
     (subprocess launcher) or one per local rank (spmd). Member 0 speaks for the job; every
-    member must report each trial, and the first one to fail fails the trial."""
+    member must report each trial, and the first one to fail fails the trial. Members of an
+    spmd job write their output to a file each (so a crash is explained by that rank's own
+    last words), appended to the run's log when the gang stops."""
 
-    def __init__(self, workers: list[Worker], events: queue.Queue, log_path: Path, log_offset: int,
+    def __init__(self, workers: list[Worker], events: queue.Queue, log_path: Path, logs: list[tuple[Path, int]],
                  ranks: list[int | None]) -> None:
         self.workers = workers
         self.events = events
         self.log_path = log_path
-        self.log_offset = log_offset
+        self.logs = logs  # each member's log file and where its output starts
         self.ranks = ranks
         self.backlog: collections.deque = collections.deque()  # events read early, not yet handled
+        self.finished: set[int] = set()  # members that said "done": their exit is expected
+        self.exited: set[int] = set()  # members that exited without "done" after reporting a trial
+        self.stopped = False
 
     @classmethod
     def start(cls, jobs: list[tuple[dict[str, Any], dict[str, str]]], log_path: Path, label: str) -> Gang:
         events: queue.Queue = queue.Queue()
-        workers = []
-        with open(log_path, "ab") as log:
-            offset = log.seek(0, os.SEEK_END)
-            try:
-                for index, (job, env) in enumerate(jobs):
+        ranks = [job.get("process", {}).get("rank") for job, _ in jobs]
+        paths = [log_path] if len(jobs) == 1 else [log_path.with_name(f"{log_path.name}.rank{r}") for r in ranks]
+        workers, logs = [], []
+        try:
+            for index, ((job, env), path) in enumerate(zip(jobs, paths)):
+                with open(path, "ab") as log:
+                    logs.append((path, log.seek(0, os.SEEK_END)))
                     workers.append(Worker.start(index, job, env, log, events))
-            except BaseException:
-                for worker in workers:
-                    worker.stop()
-                raise
+        except BaseException:
+            for worker in workers:
+                worker.stop()
+            raise
+        with open(log_path, "ab") as log:
             pids = ", ".join(str(w.process.pid) for w in workers)
             log.write(f"=== {label}, worker pid(s) {pids}, {_now()}\n".encode())
-        ranks = [job.get("process", {}).get("rank") for job, _ in jobs]
-        return cls(workers, events, log_path, offset, ranks)
+        return cls(workers, events, log_path, logs, ranks)
 
     @property
     def spmd(self) -> bool:
@@ -254,6 +264,9 @@ class Gang:
     def _trial_record(self, trial: Trial, devices: dict[str, Any], ctx: Context) -> dict[str, Any]:
         started = _now()
         ctx.listener.trial_started(trial)
+        if self.exited:
+            index = min(self.exited)
+            return _record(trial, ctx, "crashed", self._who(index) + self._exit_reason(index), devices, started)
         deadline = time.monotonic() + ctx.startup_timeout_s + trial.protocol.trial_timeout_s
         results: dict[int, dict[str, Any]] = {}
         while True:
@@ -263,12 +276,17 @@ class Gang:
                 reason = f"timed out after {trial.protocol.trial_timeout_s:g} s (protocol.trial_timeout_s)"
                 return _record(trial, ctx, "timeout", reason, devices, started)
             index, event = item
+            if event is None and index in self.finished:
+                continue  # said "done" after its last trial, then exited
             if event is None and index in results:
-                continue  # reported this trial, then finished its work and exited
+                self.exited.add(index)  # reported this trial, then died: the next trial fails at once
+                continue
             if event is None:
                 return _record(trial, ctx, "crashed", self._who(index) + self._exit_reason(index), devices, started)
             kind = event.get("event")
-            if kind == "start" and index == 0:
+            if kind == "done":
+                self.finished.add(index)
+            elif kind == "start" and index == 0:
                 deadline = time.monotonic() + trial.protocol.trial_timeout_s
             elif kind == "window" and index == 0:
                 ctx.listener.window_done(trial, event["done"])
@@ -294,12 +312,13 @@ class Gang:
     def _exit_reason(self, index: int) -> str:
         code = self.workers[index].process.wait()
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        return f"worker {how}; last output: {self._last_log_line()}"
+        return f"worker {how}; last output: {self._last_log_line(index)}"
 
-    def _last_log_line(self) -> str:
+    def _last_log_line(self, index: int) -> str:
+        path, offset = self.logs[index]
         try:
-            with open(self.log_path, "rb") as log:
-                log.seek(self.log_offset)
+            with open(path, "rb") as log:
+                log.seek(offset)
                 lines = log.read().decode(errors="replace").splitlines()
         except OSError:
             return "(no log)"
@@ -307,9 +326,26 @@ class Gang:
         return meaningful[-1][:300] if meaningful else "(none)"
 
     def stop(self) -> None:
-        """End every member and anything they started."""
+        """End every member and anything they started: all killed first, then reaped, so an
+        interruption while waiting cannot leave a later rank alive. Member logs go into the
+        run's log."""
+        for worker in self.workers:
+            worker.kill()
         for worker in self.workers:
             worker.stop()
+        if not self.stopped and len(self.workers) > 1:
+            self._collect_logs()
+        self.stopped = True
+
+    def _collect_logs(self) -> None:
+        with open(self.log_path, "ab") as combined:
+            for rank, (path, _) in zip(self.ranks, self.logs):
+                try:
+                    text = path.read_bytes()
+                except OSError:
+                    continue
+                combined.write(f"--- rank {rank}\n".encode() + text)
+                path.unlink(missing_ok=True)
 
 
 def skipped_record(trial: Trial, ctx: Context, reason: str) -> dict[str, Any]:
@@ -317,10 +353,17 @@ def skipped_record(trial: Trial, ctx: Context, reason: str) -> dict[str, Any]:
     return _record(trial, ctx, "skipped", reason, None, _now())
 
 
+# Set by torchrun for xbench itself; a worker must see only what its own launcher sets
+# (torch's TORCHELASTIC_USE_AGENT_STORE would make rank 0 wait for a store nobody hosts).
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+
 def worker_environment() -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES and not k.startswith("TORCHELASTIC_")}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep framework chatter out of the log
     env["PYTHONUNBUFFERED"] = "1"
+    env["XBENCH_PARENT_PID"] = str(os.getpid())  # the worker dies with it (see xbench.worker)
     return env
 
 
@@ -381,6 +424,13 @@ def allreduce_events(target: str, devices: int, platform: str, sizes: list[int],
             if kind in ("unavailable", "setup_failed"):
                 return [{"nbytes": n, "status": "skipped" if kind == "unavailable" else "failed",
                          "reason": gang._who(index) + event["reason"]} for n in sizes]
+            if kind == "allreduce" and event["status"] != "ok" and gang.spmd:
+                # One rank failing a size leaves the others' collectives unmatched: stop there.
+                failed = {**event, "reason": gang._who(index) + str(event.get("reason"))}
+                results = [r for r in results if r["nbytes"] != event["nbytes"]] + [failed]
+                done = {r["nbytes"] for r in results}
+                why = f"not run: {gang._who(index)}failed at {event['nbytes']} bytes"
+                return results + [{"nbytes": n, "status": "failed", "reason": why} for n in sizes if n not in done]
             if kind == "allreduce" and index == 0:
                 results.append(event)
             elif kind == "done":

@@ -18,7 +18,7 @@ class Group:
     devices: int
     trials: tuple[Trial, ...]
     launcher: str = "subprocess"
-    start: int = 0  # the first trial's place in the plan
+    positions: tuple[int, ...] = ()  # each trial's place in the whole plan
 
 
 def plan_trials(spec: Spec, backends: Sequence[str], breakdown: bool = False,
@@ -52,13 +52,17 @@ def plan_trials(spec: Spec, backends: Sequence[str], breakdown: bool = False,
     return trials
 
 
-def group_trials(trials: Sequence[Trial], targets: dict[str, str]) -> list[Group]:
-    """Consecutive trials of one backend, device count and launcher share worker processes."""
+def group_trials(trials: Sequence[Trial], targets: dict[str, str],
+                 positions: Mapping[str, int] | None = None) -> list[Group]:
+    """Consecutive trials of one backend, device count and launcher share worker processes.
+    `positions` gives each trial's place in the whole plan by id (default: in `trials`)."""
     groups: list[Group] = []
     for index, trial in enumerate(trials):
+        position = (positions or {}).get(trial.id, index)
         last = groups[-1] if groups else None
         if last and (last.backend, last.devices, last.launcher) == (trial.backend, trial.devices, trial.launcher):
-            groups[-1] = replace(last, trials=(*last.trials, trial))
+            groups[-1] = replace(last, trials=(*last.trials, trial), positions=(*last.positions, position))
         else:
-            groups.append(Group(trial.backend, targets[trial.backend], trial.devices, (trial,), trial.launcher, index))
+            groups.append(Group(trial.backend, targets[trial.backend], trial.devices, (trial,), trial.launcher,
+                                (position,)))
     return groups

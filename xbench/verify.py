@@ -69,6 +69,7 @@ class Check:
     max_rel: float
     norm_rel: float
     tolerance: float
+    keys: tuple = ()  # the (backend, devices, model) results compared; the first is the one tested
 
     @property
     def passed(self) -> bool:
@@ -165,41 +166,45 @@ def run_checks(refs: Mapping[Key, Reference], reference_backend: str) -> list[Ch
         single = refs.get((backend, 1, model))
         base = refs.get((reference_backend, 1, model))
         tag = f"{model}: {backend} d{devices}"
+        me, base_key = (backend, devices, model), (reference_backend, 1, model)
         if devices > 1 and single is not None:
             checks.append(_check("gradients: N devices = 1 device", f"{tag} vs {backend} d1", (backend,),
-                                 [ref.loss, *ref.gradients], [single.loss, *single.gradients], "gradients"))
+                                 [ref.loss, *ref.gradients], [single.loss, *single.gradients], "gradients", (me,)))
         if devices == 1 and backend != reference_backend and base is not None:
             checks.append(_check("initial loss and gradients across backends",
                                  f"{tag} vs {reference_backend} d1", (backend, reference_backend),
-                                 [ref.loss, *ref.gradients], [base.loss, *base.gradients], "gradients"))
+                                 [ref.loss, *ref.gradients], [base.loss, *base.gradients], "gradients",
+                                 (me, base_key)))
         if (backend, devices) != (reference_backend, 1) and base is not None:
             checks.append(_check(f"{VERIFY_STEPS} steps: losses and final weights", f"{tag} vs {reference_backend} d1",
                                  tuple(dict.fromkeys((backend, reference_backend))),
                                  [np.asarray(ref.losses), *ref.replicas[0]],
-                                 [np.asarray(base.losses), *base.replicas[0]], "training"))
+                                 [np.asarray(base.losses), *base.replicas[0]], "training",
+                                 (me,) if backend == reference_backend else (me, base_key)))
         if len(ref.replicas) > 1:
             worst = max((errors(r, ref.replicas[0]) for r in ref.replicas[1:]), key=lambda e: e[2])
             checks.append(Check("replicas hold the same weights", f"{tag}: replicas 1.. vs 0", (backend,),
-                                *worst, TOLERANCES["replicas"]))
+                                *worst, TOLERANCES["replicas"], keys=(me,)))
     return checks
 
 
-def _check(name: str, subject: str, backends: tuple[str, ...], actual, expected, kind: str) -> Check:
-    return Check(name, subject, backends, *errors(actual, expected), TOLERANCES[kind])
+def _check(name: str, subject: str, backends: tuple[str, ...], actual, expected, kind: str, keys: tuple) -> Check:
+    return Check(name, subject, backends, *errors(actual, expected), TOLERANCES[kind], keys=keys)
 
 
 def failed_backends(checks: Sequence[Check]) -> set[str]:
-    """The backends the failed checks implicate. A check within one backend blames it; a
-    disagreement between two blames both, unless one of them fails a check of its own (it is
-    then the culprit) or one of them passes the same check against a third backend."""
-    own_failures = {c.backends[0] for c in checks if len(c.backends) == 1 and not c.passed}
-    blamed = set(own_failures)
+    """The backends the failed checks implicate. A check within one backend blames it. A
+    disagreement between two backends blames both, unless one of the two results compared
+    fails a check of its own (that backend is then the culprit), or one of them passes the
+    same check against a third backend (it is then cleared)."""
+    own_failures = {c.keys[0] for c in checks if len(c.backends) == 1 and not c.passed and c.keys}
+    blamed = {c.backends[0] for c in checks if len(c.backends) == 1 and not c.passed}
     for check in checks:
         if check.passed or len(check.backends) == 1:
             continue
         pair = set(check.backends)
+        culprits = {key[0] for key in check.keys if key in own_failures}
         cleared = {b for c in checks if c.passed and c.check == check.check and len(set(c.backends) - pair) == 1
                    for b in c.backends if b in pair}
-        suspects = (pair & own_failures) or (pair - cleared) or pair
-        blamed.update(suspects)
+        blamed.update(culprits or (pair - cleared) or pair)
     return blamed

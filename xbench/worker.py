@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import traceback
 from dataclasses import asdict
@@ -28,6 +29,7 @@ from xbench.work import Work, build_work
 
 
 def main() -> int:
+    _die_with_parent()
     events = _claim_stdout()
     job = json.loads(sys.stdin.read())
     emit = _emitter(events)
@@ -46,7 +48,9 @@ def main() -> int:
     ranks = Ranks(backend, process)
     if job.get("mode") == "allreduce":
         for nbytes in job["sizes"]:
-            run_allreduce(backend, nbytes, job.get("options", {}), emit, ranks)
+            status = run_allreduce(backend, nbytes, job.get("options", {}), emit, ranks)
+            if status != "ok" and ranks.gather is not None:
+                break  # the other ranks' collectives would no longer match this one's
         emit("done")
         return 0
     works: dict[tuple, Work] = {}
@@ -83,6 +87,11 @@ class Ranks:
     def samples_telemetry(self) -> bool:
         """One process per node samples the node's GPUs."""
         return self.process is None or self.process.local_rank == 0
+
+    @property
+    def node_share(self) -> float:
+        """The part of each global batch this node's GPUs (which one process samples) process."""
+        return 1.0 if self.process is None else self.process.local_world_size / self.process.world_size
 
     def gpu_indices(self, trial: Trial) -> range:
         return range(trial.devices) if self.process is None else range(self.process.local_world_size)
@@ -165,7 +174,7 @@ def _telemetry(backend: Backend, prepared: Any, trial: Trial, info: DeviceInfo, 
         if info.platform == "gpu":
             observe(backend, prepared, steps, watch)
         telemetry = ({"available": False, "reason": sampler} if isinstance(sampler, str)
-                     else sampler.summary(steps * trial.global_batch))
+                     else sampler.summary(steps * trial.global_batch * ranks.node_share))
     finally:
         if not isinstance(sampler, str):
             sampler.close()
@@ -191,8 +200,9 @@ def _verification(arrays_dir: Path, save: bool) -> Action:
     return capture
 
 
-def run_allreduce(backend: Backend, nbytes: int, options: dict[str, Any], emit, ranks: Ranks) -> None:
-    """Time the backend's all-reduce of an `nbytes` float32 buffer per device."""
+def run_allreduce(backend: Backend, nbytes: int, options: dict[str, Any], emit, ranks: Ranks) -> str:
+    """Time the backend's all-reduce of an `nbytes` float32 buffer per device; returns the
+    status it reported."""
     protocol = window_protocol(nbytes)
     try:
         if not callable(getattr(backend, "allreduce_prepare", None)):
@@ -202,12 +212,13 @@ def run_allreduce(backend: Backend, nbytes: int, options: dict[str, Any], emit, 
         timing = ranks.timing(result)
     except Unsupported as err:
         emit("allreduce", nbytes=nbytes, status="unsupported", reason=str(err))
-        return
+        return "unsupported"
     except Exception as err:
         traceback.print_exc()
         emit("allreduce", nbytes=nbytes, status="failed", reason=_one_line(err))
-        return
+        return "failed"
     emit("allreduce", nbytes=nbytes, status="ok", timing=timing)
+    return "ok"
 
 
 class _AllReduceSteps:
@@ -218,6 +229,22 @@ class _AllReduceSteps:
 
     def run(self, prepared: Any, steps: int) -> None:
         self.backend.allreduce_run(prepared, steps)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this worker when the xbench process that started it dies, however it
+    dies (SIGKILL included): workers lead their own process groups, so a signal to xbench's
+    group never reaches them. (Linux ties this to the thread that started the worker; xbench
+    starts the workers that outlive a call from its main thread.)"""
+    parent = os.environ.get("XBENCH_PARENT_PID")
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != int(parent):  # it died before the request took effect
+        os._exit(1)
 
 
 def _claim_stdout() -> IO[str]:

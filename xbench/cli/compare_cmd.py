@@ -20,7 +20,7 @@ from xbench.errors import XbenchError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xbench import compare as comparison
-from xbench.records import RECORDS_FILE, finished_trials, iter_records, read_records
+from xbench.records import ALLREDUCE_FILE, RECORDS_FILE, finished_trials, iter_records, read_records
 from xbench.render import busbw_by_size, devices_line, model_tables
 from xbench.spec import load_spec
 from xbench.summary import rows_from_records
@@ -84,7 +84,8 @@ def spmd_device_counts(launch) -> list[int]:
 def _check_resume_alone(given: dict[str, Any]) -> None:
     """--resume takes the run's own spec; anything that would change it is an error."""
     allowed = {"resume", "no_verify"}
-    changed = [name for name, v in given.items() if name not in allowed and v not in (None, False)]
+    # `is not`, not `in`: 0 == False, and --seed 0 is a change the run would ignore.
+    changed = [name for name, v in given.items() if name not in allowed and v is not None and v is not False]
     if changed:
         flags = ", ".join("--" + name.replace("_", "-") for name in changed)
         raise XbenchError(f"--resume reruns the run's own spec; drop {flags}")
@@ -115,7 +116,9 @@ def _run(plan, no_verify: bool, resumed: bool = False) -> int:
         with _ProgressListener(err, comparison.trial_count(plan, done), plan.spec.protocol.repeats) as listener:
             records = comparison.execute(plan, environment, outcome, listener, done)
         allreduce = []
-        if plan.breakdown:
+        if plan.breakdown and resumed and (plan.run_dir / ALLREDUCE_FILE).exists():
+            allreduce = read_records(plan.run_dir, ALLREDUCE_FILE)  # measured before the interruption
+        elif plan.breakdown:
             with err.status("timing each backend's all-reduce at the gradient sizes…"):
                 allreduce = comparison.breakdown_allreduce(plan, environment)
     except KeyboardInterrupt:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -79,5 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     return code if isinstance(code, int) else 0
 
 
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM/SIGHUP end a run as Ctrl-C does: records kept, workers reaped
+
+
 def run() -> None:
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _interrupt)
     sys.exit(main())

@@ -12,6 +12,7 @@ from rich.markup import escape
 from xbench import compare as comparison
 from xbench.cli.options import LauncherOption, Platform, integers, names, value
 from xbench.cluster import resolve_launch
+from xbench.errors import XbenchError
 from xbench.cli.consoles import data_console, status_console
 from xbench.environment import host_environment
 from xbench.render import checks_table, verify_caption
@@ -32,6 +33,9 @@ def verify(
     gradients, and agreeing 10-step training, with dropout off and strict fp32. Exits 1 when a
     check fails or a backend cannot be verified (compare would time it anyway, marked so)."""
     launch = resolve_launch(value(launcher) or "auto")
+    if launch.multi_node:
+        raise XbenchError(f"verify runs on one node, and this {launch.source} job spans {launch.nnodes}; "
+                          "run it in a one-node step (e.g. srun -N1 xbench verify ...)")
     spec = load_spec(config, {"backends": names(backends), "models": names(model),
                               "devices": integers(devices, "--devices"), "platform": value(platform),
                               "seed": seed})
