@@ -300,3 +300,10 @@ def test_workers_do_not_inherit_the_callers_torchrun_variables(monkeypatch):
     env = worker_environment()
     assert not {"TORCHELASTIC_USE_AGENT_STORE", "RANK", "MASTER_PORT", "LOCAL_WORLD_SIZE"} & set(env)
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["XBENCH_PARENT_PID"] == str(os.getpid())
+
+
+def test_a_slurm_layout_spmd_cannot_use_does_not_stop_a_one_process_run():
+    env = {"SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_NODELIST": "n1", "SLURM_NTASKS_PER_NODE": "8"}
+    assert resolve_launch("auto", env=env).launcher == "auto"
+    with pytest.raises(XbenchError, match="one xbench per node"):
+        resolve_launch("spmd", env=env)

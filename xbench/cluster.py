@@ -61,16 +61,18 @@ def resolve_launch(launcher: str = "auto", nproc_per_node: int | None = None, nn
     spmd_flags = any(v is not None for v in (nproc_per_node, nnodes, node_rank, coordinator))
     if spmd_flags and launcher != "spmd":
         raise XbenchError("--nproc-per-node, --nnodes, --node-rank and --coordinator need --launcher spmd")
-    found = _from_environment(env)
     if launcher != "spmd":
+        try:
+            found = _from_environment(env)
+        except XbenchError:  # a layout spmd could not use says nothing against one process
+            found = {}
         if found.get("nnodes", 1) > 1:
             raise XbenchError(f"this is a {found['nnodes']}-node {found['source']} job; use --launcher spmd "
                               "(or run xbench on one node)")
         return Launch(launcher=launcher)
     explicit = nnodes is not None or node_rank is not None or coordinator is not None
     # Geometry from the command line, when it gives any, else from the environment: never a mix.
-    if explicit:
-        found = {"hosts": found["hosts"]} if env.get("XBENCH_HOSTS") and "hosts" in found else {}
+    found = _from_environment(env) if not explicit else _hosts_only(env)
     launch = Launch("spmd", nproc_per_node, nnodes if nnodes is not None else found.get("nnodes", 1),
                     node_rank if node_rank is not None else found.get("node_rank", 0),
                     coordinator or found.get("coordinator"), tuple(found.get("hosts", ())),
@@ -115,9 +117,13 @@ def _from_environment(env: Mapping[str, str]) -> dict:
         found = _from_slurm(env)
     elif "WORLD_SIZE" in env and "RANK" in env and "MASTER_ADDR" in env:
         found = _from_torchrun(env)
-    if env.get("XBENCH_HOSTS"):
-        found["hosts"] = tuple(h.strip() for h in env["XBENCH_HOSTS"].split(",") if h.strip())
-    return found
+    return {**found, **_hosts_only(env)}
+
+
+def _hosts_only(env: Mapping[str, str]) -> dict:
+    if not env.get("XBENCH_HOSTS"):
+        return {}
+    return {"hosts": tuple(h.strip() for h in env["XBENCH_HOSTS"].split(",") if h.strip())}
 
 
 def _from_slurm(env: Mapping[str, str]) -> dict:
