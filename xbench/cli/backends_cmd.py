@@ -14,6 +14,7 @@ from rich.table import Table
 
 from xbench import launcher
 from xbench.cli.options import Platform
+from xbench.contract import launchers_of
 from xbench.registry import discover
 
 
@@ -23,26 +24,30 @@ def backends(
 ) -> int:
     """List registered backends: name, framework version, devices, or why unavailable."""
     table = Table(title="xbench backends (entry-point group xbench.backends)", title_justify="left")
-    for column in ("backend", "status", "version", "devices", "plugin"):
+    for column in ("backend", "status", "version", "launchers", "devices", "plugin"):
         table.add_column(column)
     err = status_console()
     with tempfile.TemporaryDirectory() as tmp, err.status("starting each backend to find its devices…"):
         for entry in discover().values():
             if not entry.usable:
-                table.add_row(entry.name, "[red]unavailable[/]", "", escape(entry.availability.reason or ""), entry.target)
+                table.add_row(entry.name, "[red]unavailable[/]", "", "", escape(entry.availability.reason or ""),
+                              entry.target)
                 continue
-            seen = _devices(entry.target, platform.value, Path(tmp)) if devices else "(not probed)"
-            table.add_row(entry.name, "[green]available[/]", entry.availability.version or "", seen, entry.target)
+            how = launchers_of(entry.backend)
+            seen = _devices(entry.target, platform.value, Path(tmp), how) if devices else "(not probed)"
+            table.add_row(entry.name, "[green]available[/]", entry.availability.version or "", ", ".join(how), seen,
+                          entry.target)
     data_console().print(table)
     return 0
 
 
-def _devices(target: str, platform: str, tmp: Path) -> str:
+def _devices(target: str, platform: str, tmp: Path, launchers: tuple[str, ...]) -> str:
     answer = launcher.describe(target, platform, tmp / "workers.log")
     if "reason" in answer:
         return f"[red]{escape(answer['reason'])}[/]"
     info = answer["device_info"]
     if info["simulated"]:
-        return f"CPU, up to {info['available']} simulated devices (no GPU found)"
+        what = "processes" if "subprocess" not in launchers else "simulated devices"
+        return f"CPU, up to {info['available']} {what} (no GPU found)"
     names = sorted(set(n.split(" ", 1)[-1] for n in info["device_names"]))
     return f"{info['available']} {info['platform'].upper()}(s): {', '.join(names)}"
