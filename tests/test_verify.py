@@ -143,3 +143,27 @@ def test_the_reference_failing_elsewhere_does_not_clear_a_disagreeing_backend():
     refs = {("jax", 1, "m"): good, ("jax", 2, "m"): reference(scale=2.0, replicas=2),
             ("mine", 1, "m"): reference(scale=1.5)}
     assert failed_backends(run_checks(refs, reference_backend="jax")) == {"jax", "mine"}
+
+
+def test_replicas_are_compared_in_the_worker_and_only_replica_0_is_stored(tmp_path):
+    from xbench.verify import load_reference, reference_run, save_reference
+
+    class TwoReplicas:
+        name = "two"
+
+        def gradients(self, prepared):
+            return 1.0, [np.ones(3, np.float32)]
+
+        def train(self, prepared, steps):
+            return [1.0] * steps
+
+        def replica_weights(self, prepared):
+            return [[np.ones(3, np.float32)], [np.array([1, 1, 2], np.float32)]]
+
+    ref = reference_run(TwoReplicas(), None, 2)
+    save_reference(tmp_path / "r.npz", ref)
+    loaded = load_reference(tmp_path / "r.npz")
+    assert len(loaded.replicas) == 1 and loaded.replica_count == 2
+    assert loaded.worst_replica_error()[0] == 1.0
+    [check] = [c for c in run_checks({("two", 2, "m"): loaded}, "two") if c.check == "replicas hold the same weights"]
+    assert not check.passed
