@@ -402,40 +402,64 @@ def allreduce_events(target: str, devices: int, platform: str, sizes: list[int],
                      log_path: Path, timeout_s: float, launcher: str = "subprocess",
                      launch: Launch | None = None) -> list[dict[str, Any]]:
     """Run the all-reduce microbenchmark in one job; one event per size (status ok, failed,
-    or why the job could not run it). With spmd, member 0's events carry the gathered timing."""
+    or why the job could not run it). With spmd, member 0's events carry the gathered timing,
+    and the first size any rank fails ends the job (the ranks' collectives no longer match)."""
     job = {"target": target, "devices": devices, "platform": platform, "trials": [], "mode": "allreduce",
            "sizes": sizes, "options": options}
     jobs = spmd_jobs(job, devices, launch or Launch("spmd"), 0) if launcher == "spmd" else [(job, {})]
     gang = Gang.start(jobs, log_path, label=f"all-reduce {target} on {devices}")
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S + timeout_s
-    results: list[dict[str, Any]] = []
-    finished: set[int] = set()  # members that said "done" (and may exit before member 0 does)
     try:
+        return _AllReduceReader(gang, sizes, timeout_s).read()
+    finally:
+        gang.stop()
+
+
+class _AllReduceReader:
+    """Turns a gang's all-reduce events into one result per size."""
+
+    GRACE_S = 10.0  # after a rank fails: time for member 0 to report the sizes before it
+
+    def __init__(self, gang: Gang, sizes: list[int], timeout_s: float) -> None:
+        self.gang, self.sizes, self.timeout_s = gang, sizes, timeout_s
+        self.order = {n: i for i, n in enumerate(sizes)}
+        self.results: list[dict[str, Any]] = []
+        self.finished: set[int] = set()  # members that said "done" (and may exit before member 0)
+        self.failure: dict[str, Any] | None = None  # the first size a rank failed, spmd
+
+    def read(self) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S + self.timeout_s
         while True:
-            item = gang.next_event(deadline)
+            item = self.gang.next_event(deadline)
             index, event = item if item != "timeout" else (0, "timeout")
-            if event is None and index in finished:
+            if event is None and index in self.finished:
                 continue
+            if self.failure is not None and (event == "timeout" or event is None):
+                return self._after_failure()
             if event == "timeout" or event is None:
-                why = f"timed out after {timeout_s:g} s" if event == "timeout" else gang._exit_reason(index)
-                done = {r["nbytes"] for r in results}
-                return results + [{"nbytes": n, "status": "failed", "reason": why} for n in sizes if n not in done]
+                why = f"timed out after {self.timeout_s:g} s" if event == "timeout" else self.gang._exit_reason(index)
+                return self._rest_failed(why)
             kind = event.get("event")
             if kind in ("unavailable", "setup_failed"):
                 return [{"nbytes": n, "status": "skipped" if kind == "unavailable" else "failed",
-                         "reason": gang._who(index) + event["reason"]} for n in sizes]
-            if kind == "allreduce" and event["status"] != "ok" and gang.spmd:
-                # One rank failing a size leaves the others' collectives unmatched: stop there.
-                failed = {**event, "reason": gang._who(index) + str(event.get("reason"))}
-                results = [r for r in results if r["nbytes"] != event["nbytes"]] + [failed]
-                done = {r["nbytes"] for r in results}
-                why = f"not run: {gang._who(index)}failed at {event['nbytes']} bytes"
-                return results + [{"nbytes": n, "status": "failed", "reason": why} for n in sizes if n not in done]
-            if kind == "allreduce" and index == 0:
-                results.append(event)
+                         "reason": self.gang._who(index) + event["reason"]} for n in self.sizes]
+            if kind == "allreduce" and event["status"] != "ok" and self.gang.spmd and self.failure is None:
+                self.failure = {**event, "reason": self.gang._who(index) + str(event.get("reason")),
+                                "rank": self.gang.ranks[index]}
+                deadline = min(deadline, time.monotonic() + self.GRACE_S)
+            elif kind == "allreduce" and index == 0:
+                if self.failure is not None and self.order[event["nbytes"]] >= self.order[self.failure["nbytes"]]:
+                    return self._after_failure()
+                self.results.append(event)
             elif kind == "done":
-                finished.add(index)
+                self.finished.add(index)
                 if index == 0:
-                    return results
-    finally:
-        gang.stop()
+                    return self._after_failure() if self.failure is not None else self.results
+
+    def _after_failure(self) -> list[dict[str, Any]]:
+        failed = {k: v for k, v in self.failure.items() if k != "rank"}
+        self.results = [r for r in self.results if r["nbytes"] != failed["nbytes"]] + [failed]
+        return self._rest_failed(f"not run: rank {self.failure['rank']}: failed at {failed['nbytes']} bytes")
+
+    def _rest_failed(self, why: str) -> list[dict[str, Any]]:
+        done = {r["nbytes"] for r in self.results}
+        return self.results + [{"nbytes": n, "status": "failed", "reason": why} for n in self.sizes if n not in done]
