@@ -135,6 +135,15 @@ def test_a_rank_that_dies_after_reporting_fails_the_next_trial_at_once(run_cli, 
     assert time.monotonic() - started < 50
 
 
+def test_a_fast_ranks_failure_in_the_next_trial_is_not_charged_to_this_one(run_cli, fake_backends, tmp_path):
+    run_cli("compare", "--backends", "numpy-spmd", *FAST, "--devices", "2", "--batch-sizes", "16,32",
+            "--option", "numpy-spmd.delay_rank=0", "--option", "numpy-spmd.rank=1",
+            "--option", "numpy-spmd.fail_batch=32", "--out", str(tmp_path / "run"))
+    records = {r["trial"]["global_batch"]: r for r in read_records(tmp_path / "run")}
+    assert records[16]["status"] == "ok", records[16]["reason"]
+    assert records[32]["status"] == "failed" and records[32]["reason"] == "rank 1: RuntimeError: planned failure"
+
+
 def test_allreduce_stops_at_a_rank_that_fails(run_cli, fake_backends, tmp_path):
     out = tmp_path / "allreduce.json"
     code, _, _ = run_cli("allreduce", "--backends", "numpy-spmd", "--devices", "2", "--sizes", "4KiB", "8KiB",

@@ -176,6 +176,7 @@ class Gang:
         self.ranks = ranks
         self.backlog: collections.deque = collections.deque()  # events read early, not yet handled
         self.finished: set[int] = set()  # members that said "done": their exit is expected
+        self.ahead: list[tuple[int, dict[str, Any]]] = []  # a fast member's events for a later trial
         self.exited: set[int] = set()  # members that exited without "done" after reporting a trial
         self.stopped = False
 
@@ -264,6 +265,8 @@ class Gang:
     def _trial_record(self, trial: Trial, devices: dict[str, Any], ctx: Context) -> dict[str, Any]:
         started = _now()
         ctx.listener.trial_started(trial)
+        self.backlog.extendleft(reversed(self.ahead))
+        self.ahead = []
         if self.exited:
             index = min(self.exited)
             return _record(trial, ctx, "crashed", self._who(index) + self._exit_reason(index), devices, started)
@@ -284,6 +287,9 @@ class Gang:
             if event is None:
                 return _record(trial, ctx, "crashed", self._who(index) + self._exit_reason(index), devices, started)
             kind = event.get("event")
+            if kind in ("start", "window", "result") and event.get("trial") != trial.id:
+                self.ahead.append(item)  # this member already works on a later trial
+                continue
             if kind == "done":
                 self.finished.add(index)
             elif kind == "start" and index == 0:
