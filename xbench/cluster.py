@@ -13,7 +13,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from xbench.errors import XbenchError
 
@@ -34,7 +34,6 @@ class Launch:
     coordinator: str | None = None  # "host:port" of node 0; None: this host, free ports per job
     hosts: tuple[str, ...] = ()  # each node's address, by node rank, where known
     source: str = "command line"  # or "SLURM", "torchrun environment"
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def multi_node(self) -> bool:
