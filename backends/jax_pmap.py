@@ -317,6 +317,15 @@ def _programs(trial: Trial, work: Work, tx, batches: int, reduce_gradients):
         loss, grads = jax.value_and_grad(loss_fn)(params)
         return loss, reduce_gradients(grads)
 
+    # This device's loss of the last step; no extra collective in the timed step.
+    return _train_steps(tx, loss_and_grads, trial.protocol.steps_per_call), loss_and_grads
+
+
+def _train_steps(tx, loss_and_grads, steps_per_call: int):
+    """`steps_per_call` Adam steps fused with lax.scan; returns the last step's loss."""
+    import jax
+    from jax import lax
+
     def one_step(state, xs, ys):
         params, opt_state, step, key = state
         loss, grads = loss_and_grads(state, xs, ys)
@@ -325,11 +334,10 @@ def _programs(trial: Trial, work: Work, tx, batches: int, reduce_gradients):
         return (params, opt_state, step + 1, key), loss
 
     def train_steps(state, xs, ys):
-        state, losses = lax.scan(lambda s, _: one_step(s, xs, ys), state, None,
-                                 length=trial.protocol.steps_per_call)
-        return state, losses[-1]  # this device's loss; no extra collective in the timed step
+        state, losses = lax.scan(lambda s, _: one_step(s, xs, ys), state, None, length=steps_per_call)
+        return state, losses[-1]
 
-    return train_steps, loss_and_grads
+    return train_steps
 
 
 def _layer_arrays(params, layers: int, replica: int) -> list[np.ndarray]:

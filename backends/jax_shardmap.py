@@ -19,7 +19,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import PreparedInfo, Trial, Unsupported, Work, hash_arrays
-from xbench_backends.jax_pmap import AXIS, MATMUL_PRECISION, JaxAllReduce, JaxPmapBackend, _mlp_class, _optimizer
+from xbench_backends.jax_pmap import (
+    AXIS, MATMUL_PRECISION, JaxAllReduce, JaxPmapBackend, _mlp_class, _optimizer, _train_steps,
+)
 
 
 @dataclass
@@ -240,22 +242,3 @@ def _loss_fn(trial: Trial, work: Work):
         return jnp.mean((pred - y) ** 2)
 
     return loss_fn
-
-
-def _train_steps(tx, loss_and_grads, steps_per_call: int):
-    """`steps_per_call` Adam steps fused with lax.scan; returns the last step's loss."""
-    import jax
-    from jax import lax
-
-    def one_step(state, xs, ys):
-        params, opt_state, step, key = state
-        loss, grads = loss_and_grads(state, xs, ys)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = jax.tree.map(lambda p, u: p + u, params, updates)
-        return (params, opt_state, step + 1, key), loss
-
-    def train_steps(state, xs, ys):
-        state, losses = lax.scan(lambda s, _: one_step(s, xs, ys), state, None, length=steps_per_call)
-        return state, losses[-1]
-
-    return train_steps

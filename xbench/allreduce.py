@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xbench import stats
+from xbench.contract import backend_label
 from xbench.spec import Protocol
 
 _UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
@@ -60,8 +61,7 @@ class AllReduceResult:
 
     @property
     def label(self) -> str:
-        """The backend as plots show it, with the launcher when it is not the default."""
-        return self.backend if self.launcher == "subprocess" else f"{self.backend} ({self.launcher})"
+        return backend_label(self.backend, self.launcher)
 
     @property
     def algbw(self) -> float:

@@ -169,10 +169,8 @@ class Trial:
 
     @property
     def id(self) -> str:
-        base = f"{self.backend}/{self.model.name}/d{self.devices}/b{self.global_batch}"
-        if self.launcher != "subprocess":
-            base += f"/{self.launcher}"
-        return base if self.all_reduce else f"{base}/compute-only"
+        return trial_id(self.backend, self.model.name, self.devices, self.global_batch, self.launcher,
+                        self.all_reduce)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -252,6 +250,20 @@ class Backend(Protocol):
     # def memory_peak_bytes(self, prepared) -> dict | None:
     #     """{"peak_bytes": [per device], "scope": "trial" or "worker process"}: the
     #     framework's own peak counter, or None where it has none."""
+
+
+def trial_id(backend: str, model: str, devices: int, global_batch: int, launcher: str = "subprocess",
+             all_reduce: bool = True) -> str:
+    """e.g. "jax/medium/d2/b32", "torch/large/d2/b256/spmd/compute-only"."""
+    base = f"{backend}/{model}/d{devices}/b{global_batch}"
+    if launcher != "subprocess":
+        base += f"/{launcher}"
+    return base if all_reduce else f"{base}/compute-only"
+
+
+def backend_label(backend: str, launcher: str = "subprocess") -> str:
+    """A backend as tables and plots show it, with its launcher when not the default."""
+    return backend if launcher == "subprocess" else f"{backend} ({launcher})"
 
 
 def launchers_of(backend: Any) -> tuple[str, ...]:

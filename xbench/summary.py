@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from xbench import stats
+from xbench.contract import backend_label, trial_id
 
 
 @dataclass(frozen=True)
@@ -51,15 +52,11 @@ class Row:
 
     @property
     def trial_id(self) -> str:
-        base = f"{self.backend}/{self.model}/d{self.devices}/b{self.global_batch}"
-        if self.launcher != "subprocess":
-            base += f"/{self.launcher}"
-        return base if self.all_reduce else f"{base}/compute-only"
+        return trial_id(self.backend, self.model, self.devices, self.global_batch, self.launcher, self.all_reduce)
 
     @property
     def label(self) -> str:
-        """The backend as tables show it, with the launcher when it is not the default."""
-        return self.backend if self.launcher == "subprocess" else f"{self.backend} ({self.launcher})"
+        return backend_label(self.backend, self.launcher)
 
 
 def throughput_samples(record: Mapping[str, Any]) -> np.ndarray:
