@@ -24,14 +24,18 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed-all: $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[all]"
+# A regular (not editable) install, redone whenever a source file changes: setuptools warns
+# about every editable install of this layout (backends/ installs as xbench_backends).
+SOURCES := pyproject.toml $(shell find xbench backends -name '*.py' 2>/dev/null)
+
+$(VENV)/.installed-all: $(BIN)/python $(SOURCES)
+	$(BIN)/python -m pip install --quiet ".[all]"
 	touch $@
 
-$(VENV)/.installed-dev: $(BIN)/python pyproject.toml
+$(VENV)/.installed-dev: $(BIN)/python $(SOURCES)
 	$(if $(TORCH),$(BIN)/python -m pip install --quiet "$(TORCH)")
-	$(BIN)/python -m pip install --quiet -e ".[all,dev]"
+	$(BIN)/python -m pip install --quiet ".[all,dev]"
 	touch $@ $(VENV)/.installed-all
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info build

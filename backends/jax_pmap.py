@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import (
-    ADAM, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial, Work, hash_arrays,
+    ADAM, COMPILE_CACHE_VARIABLE, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial, Work, hash_arrays,
     probe_distributions,
 )
 
@@ -68,6 +68,7 @@ class JaxPmapBackend:
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         import jax
 
+        use_compile_cache()
         if platform == "cpu":
             jax.config.update("jax_platforms", "cpu")
         # Only the CPU client reads this; it splits the host into `devices` logical devices.
@@ -100,6 +101,7 @@ class JaxPmapBackend:
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         import jax
 
+        use_compile_cache()
         gpu = platform == "gpu" or (platform == "auto" and _cuda_plugin_present())
         if not gpu:
             jax.config.update("jax_platforms", "cpu")
@@ -166,6 +168,7 @@ class JaxPmapBackend:
                        "compute_dtype": "bfloat16" if trial.precision == "bf16" else "float32"},
             # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
             sync_every_call=self.devices[0].platform == "cpu",
+            settings=kernel_settings(),
         )
         return JaxPrepared(info, step, grads, replicated, xs, ys, trial.protocol.steps_per_call,
                            len(work.weights))
@@ -343,3 +346,28 @@ def _train_steps(tx, loss_and_grads, steps_per_call: int):
 def _layer_arrays(params, layers: int, replica: int) -> list[np.ndarray]:
     """Kernels and biases in layer order, from one replica of device-stacked params."""
     return [np.asarray(params[f"Dense_{i}"][part][replica]) for i in range(layers) for part in ("kernel", "bias")]
+
+
+def use_compile_cache() -> bool:
+    """Point JAX's persistent compilation cache at the run's directory when xbench gives one
+    (contract: "Replicates"), caching every program however fast it compiled; call before
+    anything compiles."""
+    path = os.environ.get(COMPILE_CACHE_VARIABLE)
+    if not path:
+        return False
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    return True
+
+
+def kernel_settings() -> dict[str, Any]:
+    """What decides which kernels run, as this process sees it: XLA's flags (autotuning
+    level among them; unset means XLA's default, autotuning on) and the compilation cache."""
+    import jax
+
+    return {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+            "compile_cache": jax.config.jax_compilation_cache_dir or None,
+            "jax_default_matmul_precision": jax.config.jax_default_matmul_precision}

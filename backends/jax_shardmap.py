@@ -20,7 +20,7 @@ import numpy as np
 
 from xbench.contract import PreparedInfo, Trial, Unsupported, Work, hash_arrays
 from xbench_backends.jax_pmap import (
-    AXIS, MATMUL_PRECISION, JaxAllReduce, JaxPmapBackend, _mlp_class, _optimizer, _train_steps,
+    AXIS, MATMUL_PRECISION, JaxAllReduce, JaxPmapBackend, _mlp_class, _optimizer, _train_steps, kernel_settings,
 )
 
 
@@ -62,6 +62,7 @@ class _MeshBackend(JaxPmapBackend):
             # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
             sync_every_call=self.devices[0].platform == "cpu",
             notes=notes,
+            settings=kernel_settings(),
         )
         return MeshPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, layers)
 

@@ -192,6 +192,9 @@ class TfMirroredBackend:
             precision={"tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled(),
                        "keras_policy": keras.mixed_precision.global_policy().name},
             notes=(f"cross_device_ops={type(strategy.extended._cross_device_ops).__name__}",),
+            # tf.function without XLA: no compilation cache; cuDNN autotuning unless turned off.
+            settings={"TF_CUDNN_USE_AUTOTUNE": os.environ.get("TF_CUDNN_USE_AUTOTUNE", "1 (default)"),
+                      "TF_XLA_FLAGS": os.environ.get("TF_XLA_FLAGS", ""), "compile_cache": None},
         )
         return TfPrepared(info, *programs, strategy, variables, trial.protocol.steps_per_call)
 

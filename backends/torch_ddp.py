@@ -223,6 +223,10 @@ class TorchDdpBackend:
                 "loss_dtype": "float32",
             },
             sync_every_call=False,
+            # Eager: no compiled program, so no compilation cache; cuDNN's benchmark mode (off
+            # unless a user turns it on) is what picks kernels by timing them.
+            settings={"cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+                      "cudnn_deterministic": bool(torch.backends.cudnn.deterministic), "compile_cache": None},
             notes=(
                 f"DDP over {dist.get_backend()}: bucket_cap_mb={ddp.bucket_bytes_cap / 2**20:g}, "
                 f"{_buckets(ddp)}, gradient_as_bucket_view=True, zero_grad(set_to_none=True)",

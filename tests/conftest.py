@@ -60,3 +60,18 @@ def real_run(tmp_path_factory):
     code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "large",
                  "--devices", "1,2", *TINY, "--out", str(out)])
     return code, out
+
+
+def order_seed_starting_with(trial_id: str, backend: str, batch_sizes: list[int], devices: list[int],
+                             launcher: str = "subprocess") -> str:
+    """An --order-seed whose shuffled plan (medium model, 2 replicates) starts with `trial_id`,
+    for tests whose trials must run in a known order (a hang after a finished trial, say)."""
+    from xbench.plan import plan_trials
+    from xbench.spec import load_spec
+
+    overrides = {"models": ["medium"], "batch_sizes": batch_sizes, "devices": devices, "replicates": 2}
+    for seed in range(1000):
+        spec = load_spec(None, {**overrides, "order_seed": seed})
+        if plan_trials(spec, [backend], launchers={backend: launcher})[0].id == trial_id:
+            return str(seed)
+    raise AssertionError(f"no order seed puts {trial_id} first")

@@ -21,7 +21,7 @@ def test_every_trial_ran(fp32_run):
     code, records = fp32_run
     assert code == 0
     assert sorted(r["trial_id"] for r in records) == sorted(
-        f"{b}/{m}/d{d}/b16" for b in ("tf", "jax") for m in ("medium", "large") for d in (1, 2))
+        f"{b}/{m}/d{d}/b16/r{k}" for b in ("tf", "jax") for m in ("medium", "large") for d in (1, 2) for k in (0, 1))
     assert all(r["status"] == "ok" for r in records), [r["reason"] for r in records]
 
 

@@ -117,8 +117,8 @@ def test_breakdown_records_are_complete(breakdown_run):
     assert code == 0
     records = {r["trial_id"]: r for r in read_records(out)}
     for backend in ("tf", "jax"):
-        assert records[f"{backend}/medium/d2/b64/compute-only"]["trial"]["all_reduce"] is False
-        assert f"{backend}/medium/d1/b64/compute-only" not in records  # nothing to remove on 1 device
+        assert records[f"{backend}/medium/d2/b64/compute-only/r0"]["trial"]["all_reduce"] is False
+        assert f"{backend}/medium/d1/b64/compute-only/r0" not in records  # nothing to remove on 1 device
     assert all(r["status"] == "ok" for r in records.values())
     assert all(r["telemetry"] == {"available": False, "reason": "no GPU in use", "framework_memory": None}
                for r in records.values())

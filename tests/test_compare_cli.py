@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import order_seed_starting_with
 from tests.processes import TAG, new_tag, tagged_processes
 
 from xbench.records import read_records
@@ -22,10 +23,16 @@ def test_compare_writes_a_record_per_trial(fake_backends, run_cli, tmp_path):
                              "--devices", "1,2", "--out", str(tmp_path / "run"))
     assert code == 0, err
     records = records_of(tmp_path / "run")
-    assert set(records) == {f"numpy/medium/d{d}/b{b}" for d in (1, 2) for b in (16, 32)}
+    # Two replicates (the CPU default), each in its own worker process.
+    assert set(records) == {f"numpy/medium/d{d}/b{b}/r{r}" for d in (1, 2) for b in (16, 32) for r in (0, 1)}
     assert all(r["status"] == "ok" and len(r["timing"]["window_s"]) == 3 for r in records.values())
+    assert all(r["replicate"]["host_before"]["cpu_count"] == os.cpu_count() for r in records.values())
+    assert "worker pid" in (tmp_path / "run" / "workers.log").read_text()
+    starts = (tmp_path / "run" / "workers.log").read_text().count("=== numpy on")
+    assert starts == 4  # one worker per backend x device count x replicate, not one per trial
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["spec"]["devices"] == [1, 2] and run["environment"]["cpu_count"] == os.cpu_count()
+    assert run["spec"]["protocol"]["replicates"] == 2 and isinstance(run["spec"]["protocol"]["order_seed"], int)
     assert "model medium — 54,403 parameters" in out and "numpy" in out
     assert "simulated CPU devices" in err
 
@@ -38,10 +45,10 @@ def test_a_crashing_trial_loses_nothing_else(fake_backends, run_cli, tmp_path):
                              "--out", str(tmp_path / "run"))
     assert code == 1
     records = records_of(tmp_path / "run")
-    assert records["numpy/medium/d1/b16"]["status"] == "ok"
-    assert records["numpy/medium/d1/b32"]["status"] == "crashed"
-    assert "exit code 3" in records["numpy/medium/d1/b32"]["reason"]
-    assert records["numpy/medium/d1/b64"]["status"] == "ok"  # ran in a fresh worker
+    assert records["numpy/medium/d1/b16/r0"]["status"] == "ok"
+    assert records["numpy/medium/d1/b32/r0"]["status"] == "crashed"
+    assert "exit code 3" in records["numpy/medium/d1/b32/r0"]["reason"]
+    assert records["numpy/medium/d1/b64/r0"]["status"] == "ok"  # ran in a fresh worker
 
 
 def test_a_hanging_trial_times_out_and_the_rest_run(fake_backends, run_cli, tmp_path):
@@ -50,9 +57,9 @@ def test_a_hanging_trial_times_out_and_the_rest_run(fake_backends, run_cli, tmp_
                              "--out", str(tmp_path / "run"))
     assert code == 1
     records = records_of(tmp_path / "run")
-    assert records["numpy/medium/d1/b16"]["status"] == "timeout"
-    assert "timed out after 3 s" in records["numpy/medium/d1/b16"]["reason"]
-    assert [records[f"numpy/medium/d1/b{b}"]["status"] for b in (32, 64)] == ["ok", "ok"]
+    assert records["numpy/medium/d1/b16/r0"]["status"] == "timeout"
+    assert "timed out after 3 s" in records["numpy/medium/d1/b16/r0"]["reason"]
+    assert [records[f"numpy/medium/d1/b{b}/r0"]["status"] for b in (32, 64)] == ["ok", "ok"]
 
 
 def test_an_exception_in_a_trial_is_a_failed_record(fake_backends, run_cli, tmp_path):
@@ -60,8 +67,8 @@ def test_an_exception_in_a_trial_is_a_failed_record(fake_backends, run_cli, tmp_
                          "--devices", "1", "--option", "numpy.fail_batch=16", "--out", str(tmp_path / "run"))
     records = records_of(tmp_path / "run")
     assert code == 1
-    assert records["numpy/medium/d1/b16"]["reason"] == "RuntimeError: planned failure"
-    assert records["numpy/medium/d1/b32"]["status"] == "ok"
+    assert records["numpy/medium/d1/b16/r0"]["reason"] == "RuntimeError: planned failure"
+    assert records["numpy/medium/d1/b32/r0"]["status"] == "ok"
 
 
 def test_devices_from_a_config_beyond_the_machine_are_skipped(fake_backends, run_cli, tmp_path):
@@ -71,8 +78,8 @@ def test_devices_from_a_config_beyond_the_machine_are_skipped(fake_backends, run
                          "--out", str(tmp_path / "run"))
     records = records_of(tmp_path / "run")
     assert code == 0
-    assert records["numpy/medium/d8/b16"]["status"] == "skipped"
-    assert "numpy fakes 4" in records["numpy/medium/d8/b16"]["reason"]
+    assert records["numpy/medium/d8/b16/r0"]["status"] == "skipped"
+    assert "numpy fakes 4" in records["numpy/medium/d8/b16/r0"]["reason"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -147,9 +154,10 @@ def test_ctrl_c_keeps_finished_records_and_leaves_no_worker(tmp_path):
         "from xbench.cli.main import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
+    seed = order_seed_starting_with("numpy/medium/d1/b16/r0", "numpy", [16, 32], [1])
     process = subprocess.Popen(
         [sys.executable, "-c", script, "compare", "--backends", "numpy", *FAST, "--batch-sizes", "16,32",
-         "--devices", "1", "--option", "numpy.hang_batch=32", "--out", str(out_dir)],
+         "--devices", "1", "--option", "numpy.hang_batch=32", "--order-seed", seed, "--out", str(out_dir)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), TAG: tag},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     records = out_dir / "records.jsonl"
@@ -172,7 +180,8 @@ def test_schema_1_records_are_migrated_and_newer_ones_refused(tmp_path):
     from tests.conftest import ROOT
 
     old = read_records(ROOT / "results" / "2026-11-22-h200x2-jax-quick")  # written with schema 1
-    assert old and all(r["schema"] == 3 and r["trial"]["all_reduce"] is True for r in old)
+    assert old and all(r["schema"] == 4 and r["trial"]["all_reduce"] is True for r in old)
+    assert all(r["trial"]["replicate"] == 0 and r["trial_id"].endswith("/r0") for r in old)
     assert old[0]["verification"]["status"] == "skipped"
     newer = tmp_path / "records.jsonl"
     newer.write_text(json.dumps({"schema": 99}) + "\n")

@@ -87,12 +87,13 @@ def test_compare_with_breakdown(shardmap_backends, run_cli, tmp_path):
     code, _, err = run_cli(*args)
     assert code == 0, err  # an unsupported compute-only twin is not a failure
     records = {r["trial_id"]: r for r in read_records(tmp_path / "run")}
-    twin = "jax-auto/medium/d2/b16/compute-only"
+    twins = [f"jax-auto/medium/d2/b16/compute-only/r{k}" for k in (0, 1)]
     assert sorted(records) == sorted(
-        [f"{b}/medium/d{d}/b16" for b in ("jax-shardmap", "jax-auto") for d in (1, 2)]
-        + ["jax-shardmap/medium/d2/b16/compute-only", twin])
-    assert all(r["status"] == "ok" for tid, r in records.items() if tid != twin), records
-    assert records[twin]["status"] == "unsupported" and "inserts the gradient all-reduce" in records[twin]["reason"]
+        [f"{b}/medium/d{d}/b16/r{k}" for b in ("jax-shardmap", "jax-auto") for d in (1, 2) for k in (0, 1)]
+        + [f"jax-shardmap/medium/d2/b16/compute-only/r{k}" for k in (0, 1)] + twins)
+    assert all(r["status"] == "ok" for tid, r in records.items() if tid not in twins), records
+    for twin in twins:
+        assert records[twin]["status"] == "unsupported" and "inserts the gradient all-reduce" in records[twin]["reason"]
     assert {r["verification"]["status"] for r in records.values()} == {"passed"}
     for record in records.values():
         if record["status"] == "ok":

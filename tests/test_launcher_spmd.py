@@ -11,13 +11,16 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, order_seed_starting_with
 from tests.processes import TAG, new_tag, tagged_processes
 from xbench.cluster import Launch, expand_nodelist, job_ports, resolve_launch
 from xbench.errors import XbenchError
 from xbench.records import RECORDS_FILE, read_records
 
 FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0", "--no-verify")
+# Batch 16 runs first, then batch 32 in the same worker processes (replicate 0).
+B16_FIRST = ("--order-seed", order_seed_starting_with("numpy-spmd/medium/d2/b16/spmd/r0", "numpy-spmd", [16, 32], [2],
+                                                      "spmd"))
 
 
 # -- node geometry ---------------------------------------------------------------------------
@@ -117,8 +120,9 @@ def test_failing_rank_fails_the_trial_at_once(run_cli, fake_backends, tmp_path):
     code, _, _ = run_cli("compare", "--backends", "numpy-spmd", *FAST, "--devices", "2", "--batch-sizes", "16",
                          "--option", "numpy-spmd.rank=0", "--option", "numpy-spmd.fail_batch=16",
                          "--trial-timeout", "60", "--out", str(tmp_path / "run"))
-    [record] = read_records(tmp_path / "run")
-    assert code == 1 and record["status"] == "failed" and record["reason"] == "rank 0: RuntimeError: planned failure"
+    records = read_records(tmp_path / "run")
+    assert code == 1 and len(records) == 2  # both replicates
+    assert all(r["status"] == "failed" and r["reason"] == "rank 0: RuntimeError: planned failure" for r in records)
     assert time.monotonic() - started < 30  # not the trial timeout
 
 
@@ -126,20 +130,20 @@ def test_a_rank_that_dies_after_reporting_fails_the_next_trial_at_once(run_cli, 
     """Rank 0 is slow on batch 16; rank 1 reports it, starts batch 32 and dies there before
     rank 0 has reported: batch 32 is 'crashed', not a timeout."""
     started = time.monotonic()
-    run_cli("compare", "--backends", "numpy-spmd", *FAST, "--devices", "2", "--batch-sizes", "16,32",
+    run_cli("compare", "--backends", "numpy-spmd", *FAST, "--devices", "2", "--batch-sizes", "16,32", *B16_FIRST,
             "--option", "numpy-spmd.delay_rank=0", "--option", "numpy-spmd.rank=1",
             "--option", "numpy-spmd.crash_batch=32", "--trial-timeout", "60", "--out", str(tmp_path / "run"))
-    records = {r["trial"]["global_batch"]: r for r in read_records(tmp_path / "run")}
+    records = {r["trial"]["global_batch"]: r for r in read_records(tmp_path / "run") if r["trial"]["replicate"] == 0}
     assert records[16]["status"] == "ok"
     assert records[32]["status"] == "crashed" and records[32]["reason"].startswith("rank 1: worker exit code 3")
     assert time.monotonic() - started < 50
 
 
 def test_a_fast_ranks_failure_in_the_next_trial_is_not_charged_to_this_one(run_cli, fake_backends, tmp_path):
-    run_cli("compare", "--backends", "numpy-spmd", *FAST, "--devices", "2", "--batch-sizes", "16,32",
+    run_cli("compare", "--backends", "numpy-spmd", *FAST, "--devices", "2", "--batch-sizes", "16,32", *B16_FIRST,
             "--option", "numpy-spmd.delay_rank=0", "--option", "numpy-spmd.rank=1",
             "--option", "numpy-spmd.fail_batch=32", "--out", str(tmp_path / "run"))
-    records = {r["trial"]["global_batch"]: r for r in read_records(tmp_path / "run")}
+    records = {r["trial"]["global_batch"]: r for r in read_records(tmp_path / "run") if r["trial"]["replicate"] == 0}
     assert records[16]["status"] == "ok", records[16]["reason"]
     assert records[32]["status"] == "failed" and records[32]["reason"] == "rank 1: RuntimeError: planned failure"
 
@@ -173,7 +177,7 @@ def _cli_process(args, tag, extra_env=None):
 def test_ctrl_c_during_spmd_trial_keeps_records_and_reaps_every_rank(tmp_path):
     tag, out_dir = new_tag(), tmp_path / "run"
     process = _cli_process(["compare", "--backends", "numpy-spmd", *FAST, "--devices", "2",
-                            "--batch-sizes", "16,32", "--option", "numpy-spmd.hang_batch=32",
+                            "--batch-sizes", "16,32", *B16_FIRST, "--option", "numpy-spmd.hang_batch=32",
                             "--out", str(out_dir)], tag)
     records, deadline = out_dir / RECORDS_FILE, time.monotonic() + 60
     while not (records.exists() and records.read_text().count("\n") == 1):
@@ -214,14 +218,18 @@ def test_resume_runs_only_what_is_missing_or_failed(tmp_path):
             "--out", str(out_dir)]
     first = _cli_process(args, tag, {"XBENCH_FAKE_FAIL": "1"})
     first.communicate(timeout=120)
-    assert [r["status"] for r in read_records(out_dir)] == ["ok", "failed"]  # rank 1 exists on 2 devices only
+    # rank 1 exists on 2 devices only; each configuration ran in 2 replicates
+    status = {r["trial_id"]: r["status"] for r in read_records(out_dir)}
+    assert status == {f"numpy-spmd/medium/d{d}/b16/spmd/r{k}": "ok" if d == 1 else "failed"
+                      for d in (1, 2) for k in (0, 1)}
     second = _cli_process(["compare", "--resume", str(out_dir)], tag)
     _, err = second.communicate(timeout=120)
     assert second.returncode == 0, err
-    assert "1 trial(s) already recorded, 1 to run" in err
+    assert "2 trial(s) already recorded, 2 to run" in err
     lines = [json.loads(line) for line in (out_dir / RECORDS_FILE).read_text().splitlines()]
-    assert [r["status"] for r in lines] == ["ok", "failed", "ok"]  # the 1-device trial ran once
-    assert [r["status"] for r in read_records(out_dir)] == ["ok", "ok"]
+    assert len(lines) == 6 and {r["trial_id"] for r in lines[4:]} == {
+        "numpy-spmd/medium/d2/b16/spmd/r0", "numpy-spmd/medium/d2/b16/spmd/r1"}  # the 1-device ones ran once
+    assert [r["status"] for r in read_records(out_dir)] == ["ok"] * 4
     assert len(json.loads((out_dir / "run.json").read_text())["resumed"]) == 1
     third = _cli_process(["compare", "--resume", str(out_dir), "--devices", "2", "--seed", "0"], tag)
     _, err = third.communicate(timeout=60)

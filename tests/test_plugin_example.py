@@ -80,7 +80,7 @@ def test_compare_times_it(plugin_env):
                   *TINY, "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     mine = [r for r in read_records(out) if r["trial"]["backend"] == NAME]
-    assert sorted(r["trial_id"] for r in mine) == [f"{NAME}/medium/d1/b16", f"{NAME}/medium/d2/b16"]
+    assert sorted(r["trial_id"] for r in mine) == [f"{NAME}/medium/d{d}/b16/r{k}" for d in (1, 2) for k in (0, 1)]
     for record in mine:
         assert record["status"] == "ok", record["reason"]
         assert record["verification"]["status"] == "passed"

@@ -90,10 +90,10 @@ def test_compare_skips_timing_of_a_backend_that_fails_verification(fake_backends
                            "--devices", "1,2", "--repeats", "2", "--steps", "2", "--out", str(tmp_path / "run"))
     assert code == 1 and "verify jax-sum: FAILED" in " ".join(err.split())
     records = {r["trial_id"]: r for r in read_records(tmp_path / "run")}
-    assert records["jax/medium/d2/b32"]["status"] == "ok"
-    assert records["jax/medium/d2/b32"]["verification"]["status"] == "passed"
-    assert records["jax-sum/medium/d2/b32"]["status"] == "skipped"
-    assert "verification failed" in records["jax-sum/medium/d2/b32"]["reason"]
+    assert records["jax/medium/d2/b32/r0"]["status"] == "ok"
+    assert records["jax/medium/d2/b32/r0"]["verification"]["status"] == "passed"
+    assert records["jax-sum/medium/d2/b32/r0"]["status"] == "skipped"
+    assert "verification failed" in records["jax-sum/medium/d2/b32/r0"]["reason"]
     assert json.loads((tmp_path / "run" / "verify.json").read_text())["failed_backends"] == ["jax-sum"]
 
 
@@ -101,16 +101,17 @@ def test_a_backend_without_the_capability_is_timed_but_marked(fake_backends, run
     code, _, err = run_cli("compare", "--backends", "numpy", "--model", "medium", "--batch-sizes", "16",
                            "--devices", "1", "--repeats", "2", "--steps", "2", "--out", str(tmp_path / "run"))
     assert code == 0 and "not verifiable" in err
-    [record] = read_records(tmp_path / "run")
-    assert record["status"] == "ok" and record["verification"]["status"] == "unverifiable"
+    records = read_records(tmp_path / "run")
+    assert len(records) == 2  # replicates
+    assert all(r["status"] == "ok" and r["verification"]["status"] == "unverifiable" for r in records)
 
 
 def test_no_verify_is_recorded(fake_backends, run_cli, tmp_path):
     code, _, _ = run_cli("compare", "--backends", "numpy", "--model", "medium", "--batch-sizes", "16",
                          "--devices", "1", "--repeats", "2", "--steps", "2", "--no-verify",
                          "--out", str(tmp_path / "run"))
-    [record] = read_records(tmp_path / "run")
-    assert code == 0 and record["verification"] == {"status": "skipped", "reason": "--no-verify"}
+    records = read_records(tmp_path / "run")
+    assert code == 0 and all(r["verification"] == {"status": "skipped", "reason": "--no-verify"} for r in records)
 
 
 def test_a_third_backend_clears_the_reference():

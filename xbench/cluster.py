@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -212,14 +214,28 @@ def job_ports(launch: Launch, job_index: int, ranks: int) -> tuple[str, tuple[st
     return f"{host}:{port}", tuple(hosts)
 
 
+# Ports given to jobs of this process, and when: the workers bind them only later, so a block
+# is held back from other jobs for HOLD_PORTS_S (by then its workers have bound it or are gone).
+_HANDED_OUT: dict[int, float] = {}
+_PORTS_LOCK = threading.Lock()
+HOLD_PORTS_S = 300.0
+
+
 def free_port_block(count: int, attempts: int = 50) -> int:
-    """A port p such that p .. p+count-1 can be bound on this host now."""
-    for _ in range(attempts):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            start = probe.getsockname()[1]
-        if start + count < 65536 and all(_bindable(start + i) for i in range(count)):
-            return start
+    """A port p such that p .. p+count-1 can be bound on this host now and were not handed
+    to another job of this process (jobs may start side by side)."""
+    with _PORTS_LOCK:
+        now = time.monotonic()
+        for port in [p for p, at in _HANDED_OUT.items() if now - at > HOLD_PORTS_S]:
+            del _HANDED_OUT[port]
+        for _ in range(attempts):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                start = probe.getsockname()[1]
+            block = range(start, start + count)
+            if start + count < 65536 and not any(p in _HANDED_OUT for p in block) and all(map(_bindable, block)):
+                _HANDED_OUT.update(dict.fromkeys(block, now))
+                return start
     raise XbenchError(f"found no {count} free consecutive local ports for the spmd job")
 
 

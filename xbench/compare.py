@@ -7,14 +7,20 @@ trial in `records.jsonl` as each trial ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import secrets
+import shutil
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from xbench import launcher
 from xbench.environment import command_line, host_environment
@@ -22,10 +28,10 @@ from xbench.errors import BackendError, XbenchError
 from xbench.plan import group_trials, plan_trials
 from xbench.allreduce import sizes_for
 from xbench.cluster import Launch
-from xbench.contract import launchers_of
-from xbench.records import ALLREDUCE_FILE, RUN_FILE, RecordWriter, prepare_run_dir, write_json
+from xbench.contract import COMPILE_CACHE_VARIABLE, launchers_of
+from xbench.records import ALLREDUCE_FILE, RUN_FILE, RecordWriter, finished_trials, prepare_run_dir, read_records, write_json
 from xbench.registry import BackendEntry, discover, resolve
-from xbench.spec import Spec, build_spec
+from xbench.spec import Spec, build_spec, resolve_protocol
 from xbench.verification import Verification, checks_as_dicts, verify
 
 VERIFY_FILE = "verify.json"
@@ -180,12 +186,22 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, break
     launch = launch or Launch()
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
         ready = ready_backends(spec, Path(tmp), strict_devices, launch)
+        spec = resolved(spec, ready.devices, launch)
         run_id = new_run_id()
         run_dir = prepare_run_dir(run_dir or default_run_dir(run_id))
         with open(run_dir / launcher.LOG_FILE, "a", encoding="utf-8") as log:
             for path in sorted(Path(tmp).iterdir()):
                 log.write(path.read_text(encoding="utf-8", errors="replace"))
     return Comparison(spec, tuple(ready.entries), ready.devices, run_dir, run_id, breakdown, launch, ready.launchers)
+
+
+def resolved(spec: Spec, devices: Mapping[str, Mapping[str, Any]], launch: Launch) -> Spec:
+    """The spec with what it left open decided for this machine: replicates (GPUs vary most
+    between processes) and the seed of the run order: random, so that independent runs do not
+    share an order, except across the nodes of one run, which must agree on it."""
+    gpu = any(not info["simulated"] for info in devices.values())
+    order_seed = spec.seed if launch.multi_node else secrets.randbelow(2**31)
+    return replace(spec, protocol=resolve_protocol(spec.protocol, gpu, order_seed))
 
 
 def start_run(comparison: Comparison) -> dict[str, Any]:
@@ -217,7 +233,7 @@ def resume(run_dir: Path) -> Comparison:
     path = Path(run_dir) / RUN_FILE
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
-        spec = build_spec(saved["spec"], source=str(path))
+        spec = _saved_spec(saved["spec"], str(path))
         fields = {k: v for k, v in saved.get("launch", {}).items() if k != "backends"}
         launch = Launch(**{**fields, "hosts": tuple(fields.get("hosts", ()))})
     except FileNotFoundError:
@@ -232,19 +248,41 @@ def resume(run_dir: Path) -> Comparison:
                       bool(saved.get("breakdown", False)), launch, launchers)
 
 
+def _saved_spec(raw: Mapping[str, Any], source: str) -> Spec:
+    """A run's spec from its run.json. A run recorded before replicates existed is finished
+    the way it started: one replicate, in plan order, every window, no time budget."""
+    protocol = dict(raw.get("protocol") or {})
+    if "replicates" in protocol:
+        return build_spec(raw, source=source)
+    legacy = {**protocol, "target_ci": 0, "window_budget_s": 1e9}
+    spec = build_spec({**raw, "protocol": legacy}, source=source)
+    return replace(spec, protocol=replace(spec.protocol, replicates=1, order_seed=spec.seed))
+
+
 def verify_backends(comparison: Comparison, environment: dict[str, Any]) -> Verification:
     """Check identical work and real all-reduces for the backends and device counts about to
     be timed; writes verify.json. Arrays stay in a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
         result = verify(comparison.spec, comparison.entries, comparison.spec.devices, Path(tmp),
                         environment, log_dir=comparison.run_dir, launch=comparison.launch,
-                        launchers=comparison.launchers)
+                        launchers=comparison.launchers, parallel=parallel_verification(comparison.devices))
     write_json(comparison.run_dir / VERIFY_FILE, {
         "checks": checks_as_dicts(result.checks),
         "problems": result.problems,
         "failed_backends": sorted(result.failed),
     })
     return result
+
+
+def parallel_verification(devices: Mapping[str, Mapping[str, Any]]) -> int:
+    """Worker processes that may verify at once: verification is not timed, so the backends and
+    device counts run side by side, a few per core (most of a verification worker's time is
+    the framework's import and compilation). Simulated CPU devices share the host's cores,
+    so there at most one per core: their collectives wait for each other (pitfall 3)."""
+    cores = os.cpu_count() or 1
+    if any(info["simulated"] for info in devices.values()):
+        return max(1, min(2, cores))
+    return max(1, min(8, cores // 4))
 
 
 def unverified(reason: str) -> dict[str, Any]:
@@ -258,14 +296,37 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
     skipped record with the reason; trials in `done` (a resumed run's) are left out.
     Returns the new records, each already in records.jsonl."""
     writer = RecordWriter(comparison.run_dir)
-    ctx = launcher.Context(
-        run_id=comparison.run_id,
-        run_dir=comparison.run_dir,
-        environment=environment,
-        write=writer.append,
-        annotate=lambda trial: {"verification": verification[trial.backend]},
-        launch=comparison.launch,
-    )
+    with compile_cache(comparison.spec.protocol) as cache_env:
+        ctx = launcher.Context(
+            run_id=comparison.run_id,
+            run_dir=comparison.run_dir,
+            environment=environment,
+            write=writer.append,
+            annotate=lambda trial: {"verification": verification[trial.backend]},
+            launch=comparison.launch,
+            env=cache_env,
+        )
+        return _execute(comparison, ctx, writer, verification, listener, done)
+
+
+@contextlib.contextmanager
+def compile_cache(protocol: Any):
+    """The workers' environment for `protocol.compile_cache`: "run" gives the replicates of
+    this run a compilation cache of their own (so a run never reuses another run's programs),
+    removed when the run ends."""
+    if protocol.compile_cache != "run":
+        yield {}
+        return
+    path = tempfile.mkdtemp(prefix="xbench-compile-cache-")
+    try:
+        yield {COMPILE_CACHE_VARIABLE: path}
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _execute(comparison: Comparison, ctx: launcher.Context, writer: RecordWriter,
+             verification: dict[str, dict[str, Any]], listener: launcher.Listener | None,
+             done: set[str] | frozenset[str]) -> list[dict[str, Any]]:
     if listener is not None:
         ctx.listener = listener
     records = []
@@ -333,3 +394,64 @@ def plan(comparison: Comparison) -> list:
 def trial_count(comparison: Comparison, done: set[str] | frozenset[str] = frozenset()) -> int:
     return len([t for t in plan(comparison) if t.id not in done])
 
+
+
+class Observer(launcher.Listener, Protocol):
+    """What a run tells whoever watches it (the CLI draws progress and messages from it)."""
+
+    def phase(self, text: str) -> AbstractContextManager[Any]:
+        """A stretch of work without per-trial progress (verification, all-reduce timing)."""
+
+    def verified(self, outcome: Mapping[str, Mapping[str, Any]]) -> None:
+        """Each backend's verification outcome, before timing starts."""
+
+    def note(self, text: str) -> None:
+        """A one-line message for the user."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished comparison."""
+
+    records: list[dict[str, Any]]  # every trial's latest record, this run's and a resumed run's earlier ones
+    allreduce: list[dict[str, Any]]
+    failures: int  # trials or all-reduce sizes that failed, or backends that failed verification
+    seconds: float
+
+
+def run(comparison: Comparison, observer: Observer, no_verify: bool = False, resumed: bool = False) -> Outcome:
+    """Verify, time every trial not yet done, time the all-reduce (--breakdown); every record
+    is in the run directory as soon as it exists. Ctrl-C propagates as KeyboardInterrupt,
+    with every finished record kept."""
+    started = time.monotonic()
+    done = finished_trials(comparison.run_dir) if resumed else set()
+    environment = start_run(comparison)
+    outcome = _verification_outcome(comparison, environment, observer, no_verify)
+    records = execute(comparison, environment, outcome, observer, done)
+    allreduce: list[dict[str, Any]] = []
+    if comparison.breakdown and resumed and (comparison.run_dir / ALLREDUCE_FILE).exists():
+        allreduce = read_records(comparison.run_dir, ALLREDUCE_FILE)  # measured before the interruption
+    elif comparison.breakdown:
+        with observer.phase("timing each backend's all-reduce at the gradient sizes…"):
+            allreduce = breakdown_allreduce(comparison, environment)
+    if resumed:
+        records = read_records(comparison.run_dir)
+    # "unsupported": a capability the backend lacks (e.g. jax-auto's compute-only twin), not a failure.
+    failed = [r for r in records if r["status"] not in ("ok", "skipped", "unsupported")
+              or r.get("verification", {}).get("status") == "failed"]
+    failed += [r for r in allreduce if r["status"] == "failed"]
+    return Outcome(records, allreduce, len(failed), time.monotonic() - started)
+
+
+def _verification_outcome(comparison: Comparison, environment: dict[str, Any], observer: Observer,
+                          no_verify: bool) -> dict[str, dict[str, Any]]:
+    if comparison.launch.multi_node and not no_verify:
+        observer.note("verify is not run across nodes; run `xbench verify --launcher spmd` on one node")
+        return {e.name: unverified("multi-node run: run xbench verify on one node") for e in comparison.entries}
+    if no_verify:
+        return {e.name: unverified("--no-verify") for e in comparison.entries}
+    with observer.phase("verifying identical work and all-reduce (skip with --no-verify)…"):
+        verification = verify_backends(comparison, environment)
+    outcome = {e.name: verification.outcome(e.name) for e in comparison.entries}
+    observer.verified(outcome)
+    return outcome

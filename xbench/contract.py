@@ -15,6 +15,12 @@ Life of a backend inside one worker process (one backend, one device count):
         prepared = backend.prepare(trial, work)   # model from work.weights, data on devices
         backend.run(prepared, steps)              # timed by the core, many times
 
+Replicates. The core measures each configuration in several fresh worker processes; a
+backend sees nothing of it but `trial.replicate`. When the environment variable
+`XBENCH_COMPILE_CACHE_DIR` (`COMPILE_CACHE_VARIABLE`) is set, a backend whose framework has a
+persistent compilation cache may point it there in `setup`, so that the replicates of one run
+share compiled programs; it says whether it did in `PreparedInfo.settings["compile_cache"]`.
+
 Launchers. With the `subprocess` launcher (the default for a backend that does not say
 otherwise) one process drives all `devices` devices, as above. With the `spmd` launcher there
 is one process per device: every process calls `setup_process(process, platform)` instead of
@@ -39,11 +45,12 @@ from xbench.work import Work, hash_arrays
 
 __all__ = [
     "ADAM", "Adam", "Availability", "Backend", "DeviceInfo", "DeviceUnavailable", "LAUNCHERS", "Prepared",
-    "PreparedInfo", "Process", "Trial", "Unsupported", "Work", "hash_arrays", "launchers_of",
-    "probe_distributions",
+    "PreparedInfo", "Process", "Trial", "Unsupported", "Work", "COMPILE_CACHE_VARIABLE", "hash_arrays",
+    "launchers_of", "probe_distributions", "replicate_id",
 ]
 
 LAUNCHERS = ("subprocess", "spmd")
+COMPILE_CACHE_VARIABLE = "XBENCH_COMPILE_CACHE_DIR"  # see "Replicates" above
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,10 @@ class PreparedInfo:
     precision: dict[str, Any]  # the matmul-precision settings as read back from the framework
     sync_every_call: bool = False  # True when each compiled call is waited for (see pitfalls)
     notes: tuple[str, ...] = ()
+    # Settings in force that change which kernels run (autotuning, cuDNN benchmark mode,
+    # compiler flags, the compilation cache), read back from the framework; recorded with
+    # every replicate.
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 class Prepared(Protocol):
@@ -162,15 +173,22 @@ class Trial:
     options: dict[str, Any] = field(default_factory=dict)
     all_reduce: bool = True  # False: the compute-only step, the same step without the gradient all-reduce
     launcher: str = "subprocess"  # how its processes start: "subprocess" or "spmd" (one per device)
+    replicate: int = 0  # which fresh worker process of the configuration measures it (0, 1, ...)
 
     @property
     def per_device_batch(self) -> int:
         return self.global_batch // self.devices
 
     @property
-    def id(self) -> str:
+    def config_id(self) -> str:
+        """The configuration, the same for all its replicates, e.g. "jax/medium/d2/b32"."""
         return trial_id(self.backend, self.model.name, self.devices, self.global_batch, self.launcher,
                         self.all_reduce)
+
+    @property
+    def id(self) -> str:
+        """One replicate of the configuration, e.g. "jax/medium/d2/b32/r1"."""
+        return replicate_id(self.config_id, self.replicate)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -259,6 +277,10 @@ def trial_id(backend: str, model: str, devices: int, global_batch: int, launcher
     if launcher != "subprocess":
         base += f"/{launcher}"
     return base if all_reduce else f"{base}/compute-only"
+
+
+def replicate_id(config_id: str, replicate: int) -> str:
+    return f"{config_id}/r{replicate}"
 
 
 def backend_label(backend: str, launcher: str = "subprocess") -> str:

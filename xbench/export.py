@@ -1,34 +1,48 @@
-"""Records as a table for pandas users: one row per trial, statistics included."""
+"""Records as a table for pandas users: one row per configuration, statistics included."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from xbench.present import notes
 from xbench.summary import energy_mj_per_sample, gpu_util_pct, memory_gib, rows_from_records, verdict
 
 
 def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One flat dict per trial: configuration, environment facts, and its statistics."""
+    """One flat dict per configuration (its replicates combined): configuration, environment
+    facts, and its statistics."""
     out = []
-    for record, row in zip(records, rows_from_records(records)):
+    first: dict[tuple, Mapping[str, Any]] = {}
+    for record in records:  # a measured replicate's facts where there is one
+        if _config(record) not in first or (record["status"] == "ok" and first[_config(record)]["status"] != "ok"):
+            first[_config(record)] = record
+    for row in rows_from_records(records):
+        record = first[(row.backend, row.model, row.devices, row.global_batch, row.launcher, row.all_reduce)]
         trial, devices = record["trial"], record.get("devices") or {}
         t, s, b = row.throughput, row.scaling, row.breakdown
         out.append({
-            "run_id": record.get("run_id"), "trial_id": record.get("trial_id"),
-            "status": record["status"], "reason": record.get("reason"),
+            "run_id": record.get("run_id"), "config_id": row.trial_id,
+            "status": row.status, "reason": row.reason,
             "backend": row.backend, "launcher": row.launcher, "model": row.model, "params": row.params,
             "devices": row.devices, "global_batch": row.global_batch, "per_device_batch": row.per_device_batch,
             "scaling": trial["scaling"], "precision": trial["precision"],
             "steps_per_call": trial["protocol"]["steps_per_call"], "all_reduce": row.all_reduce,
             "framework": devices.get("framework"), "framework_version": devices.get("framework_version"),
             "platform": devices.get("platform"), "simulated": devices.get("simulated"),
+            "replicates": t.replicates if t else 0, "replicates_planned": max(row.planned, len(row.replicates)),
+            "replicate_means": ";".join(f"{m:.6g}" for m in t.means) if t else None,
             "samples_per_s_mean": t.mean if t else None, "samples_per_s_median": t.median if t else None,
             "ci95_low": t.ci_low if t else None, "ci95_high": t.ci_high if t else None,
-            "windows_kept": t.n if t else None, "outliers_removed": t.removed if t else None,
+            "between_var": t.between_var if t else None, "within_var": t.within_var if t else None,
+            "anova_p": t.anova_p if t else None, "replicate_spread": t.spread if t else None,
+            "unstable": row.unstable, "host_bound": row.host_bound, "throttled": "; ".join(row.throttled) or None,
+            "windows_kept": t.windows if t else None, "outliers_removed": t.removed if t else None,
             "step_ms": row.step_ms, "first_call_s": row.first_call_s,
-            "speedup": s.speedup if s else None, "efficiency": s.efficiency if s else None,
+            "speedup": s.speedup if s else None, "speedup_ci95_low": s.ci_low if s else None,
+            "speedup_ci95_high": s.ci_high if s else None, "efficiency": s.efficiency if s else None,
             "p_value": s.p_value if s else None, "verdict": verdict(row),
+            "notes": "; ".join(notes(row)) if t else None,
             "compute_ms": b.compute_ms if b else None, "exposed_comm_ms": b.comm_ms if b else None,
             "comm_fraction": b.comm_fraction if b else None,
             "gpu_util_pct": gpu_util_pct(row), "memory_gib": memory_gib(row),
@@ -36,6 +50,12 @@ def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "verification": (record.get("verification") or {}).get("status"),
         })
     return out
+
+
+def _config(record: Mapping[str, Any]) -> tuple:
+    trial = record["trial"]
+    return (trial["backend"], trial["model"]["name"], trial["devices"], trial["global_batch"],
+            trial.get("launcher", "subprocess"), trial.get("all_reduce", True))
 
 
 def to_frame(records: Sequence[Mapping[str, Any]]):

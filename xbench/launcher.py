@@ -12,6 +12,7 @@ trial in flight; the rest of the group continues in a fresh worker.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import queue
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from xbench.cluster import Launch, job_ports
-from xbench.contract import Process, Trial
+from xbench.contract import COMPILE_CACHE_VARIABLE, Process, Trial
 from xbench.plan import Group
 from xbench.records import utc_now as _now
 
@@ -61,23 +62,43 @@ class Context:
     job_extra: dict[str, Any] = field(default_factory=dict)  # e.g. {"mode": "verify", ...}
     annotate: Callable[[Trial], dict[str, Any]] = lambda trial: {}  # extra record fields
     launch: Launch = field(default_factory=Launch)  # spmd node geometry
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of every worker
+    cancel: threading.Event = field(default_factory=threading.Event)  # set: start no more workers
 
 
-def run_groups(groups: list[Group], ctx: Context) -> list[dict[str, Any]]:
-    """Run every group; return all records (each also written through `ctx.write`)."""
-    records: list[dict[str, Any]] = []
-    for group in groups:
-        records.extend(run_group(group, ctx))
+def run_groups(groups: list[Group], ctx: Context, parallel: int = 1) -> list[dict[str, Any]]:
+    """Run every group, up to `parallel` at once (only for work that is not timed); return
+    all records (each also written through `ctx.write`), in the groups' order."""
+    if parallel <= 1 or len(groups) <= 1:
+        return [record for group in groups for record in run_group(group, ctx)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=min(parallel, len(groups)))
+    futures = [pool.submit(run_group, group, ctx) for group in groups]
+    try:
+        records = [record for future in futures for record in future.result()]
+    except BaseException:  # Ctrl-C: no new gang starts, every running one stops
+        ctx.cancel.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        with _LIVE_LOCK:
+            live = list(_LIVE)
+        for gang in live:
+            gang.stop()
+        raise
+    pool.shutdown()
     return records
 
 
 def run_group(group: Group, ctx: Context) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     pending = list(group.trials)
-    while pending:
+    while pending and not ctx.cancel.is_set():
         # Nodes of a multi-node job derive its ports from this number, so it must not depend
         # on anything but the plan: the first pending trial's place in it.
         gang = start_gang(group, pending, ctx, job_index=group.positions[len(group.trials) - len(pending)])
+        if ctx.cancel.is_set():  # interrupted while it started: the interrupt may have missed it
+            gang.stop()
+            break
         try:
             finished = gang.drive(pending, ctx)
         finally:
@@ -91,11 +112,11 @@ def start_gang(group: Group, trials: list[Trial], ctx: Context, job_index: int =
     """The processes for a group's `trials`: one worker, or one per local rank (spmd)."""
     job = {"target": group.target, "devices": group.devices, "platform": trials[0].platform,
            "trials": [t.to_dict() for t in trials], **ctx.job_extra}
-    label = f"{group.backend} on {group.devices} device(s)"
+    label = f"{group.backend} on {group.devices} device(s), replicate {trials[0].replicate}"
     if group.launcher != "spmd":
-        return Gang.start([(job, {})], ctx.run_dir / LOG_FILE, label)
-    return Gang.start(spmd_jobs(job, group.devices, ctx.launch, job_index), ctx.run_dir / LOG_FILE,
-                      f"{label}, spmd")
+        return Gang.start([(job, dict(ctx.env))], ctx.run_dir / LOG_FILE, label)
+    jobs = [(rank_job, {**ctx.env, **env}) for rank_job, env in spmd_jobs(job, group.devices, ctx.launch, job_index)]
+    return Gang.start(jobs, ctx.run_dir / LOG_FILE, f"{label}, spmd")
 
 
 def spmd_jobs(job: dict[str, Any], world: int, launch: Launch, job_index: int
@@ -160,6 +181,11 @@ class Worker:
         self.reader.join(timeout=10)
 
 
+_LIVE: set[Gang] = set()  # gangs started and not yet stopped (several at once only when not timing)
+_LIVE_LOCK = threading.Lock()
+_LOG_NUMBERS = itertools.count()  # each gang member writes a log file of its own
+
+
 class Gang:
     """The worker processes of one job, started together and stopped together: one process
     (subprocess launcher) or one per local rank (spmd). Member 0 speaks for the job; every
@@ -184,7 +210,10 @@ class Gang:
     def start(cls, jobs: list[tuple[dict[str, Any], dict[str, str]]], log_path: Path, label: str) -> Gang:
         events: queue.Queue = queue.Queue()
         ranks = [job.get("process", {}).get("rank") for job, _ in jobs]
-        paths = [log_path] if len(jobs) == 1 else [log_path.with_name(f"{log_path.name}.rank{r}") for r in ranks]
+        # Each member writes a file of its own (gangs may run side by side), appended to the
+        # run's log when the gang stops, so a crash is explained by that member's own output.
+        number = next(_LOG_NUMBERS)
+        paths = [log_path.with_name(f"{log_path.name}.{os.getpid()}-{number}-{i}") for i in range(len(jobs))]
         workers, logs = [], []
         try:
             for index, ((job, env), path) in enumerate(zip(jobs, paths)):
@@ -198,7 +227,10 @@ class Gang:
         with open(log_path, "ab") as log:
             pids = ", ".join(str(w.process.pid) for w in workers)
             log.write(f"=== {label}, worker pid(s) {pids}, {_now()}\n".encode())
-        return cls(workers, events, log_path, logs, ranks)
+        gang = cls(workers, events, log_path, logs, ranks)
+        with _LIVE_LOCK:
+            _LIVE.add(gang)
+        return gang
 
     @property
     def spmd(self) -> bool:
@@ -303,7 +335,7 @@ class Gang:
                 results[index] = event
                 if len(results) == len(self.workers):
                     first = results[0]
-                    extra = {k: first[k] for k in ("work", "backend", "timing", "arrays", "telemetry") if k in first}
+                    extra = {k: first[k] for k in ("work", "backend", "timing", "arrays", "telemetry", "replicate") if k in first}
                     return _record(trial, ctx, first["status"], first.get("reason"), devices, started, extra)
 
     def _who(self, index: int) -> str:
@@ -339,9 +371,11 @@ class Gang:
             worker.kill()
         for worker in self.workers:
             worker.stop()
-        if not self.stopped and len(self.workers) > 1:
+        if not self.stopped:
             self._collect_logs()
         self.stopped = True
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
 
     def _collect_logs(self) -> None:
         with open(self.log_path, "ab") as combined:
@@ -350,7 +384,7 @@ class Gang:
                     text = path.read_bytes()
                 except OSError:
                     continue
-                combined.write(f"--- rank {rank}\n".encode() + text)
+                combined.write((f"--- rank {rank}\n".encode() if self.spmd else b"") + text)
                 path.unlink(missing_ok=True)
 
 
@@ -366,7 +400,10 @@ LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GRO
 
 
 def worker_environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES and not k.startswith("TORCHELASTIC_")}
+    """xbench's own environment for a worker, less what only xbench's launcher may set: the
+    launch variables and the run's compilation cache (a run without one has none)."""
+    private = (*LAUNCH_VARIABLES, COMPILE_CACHE_VARIABLE)
+    env = {k: v for k, v in os.environ.items() if k not in private and not k.startswith("TORCHELASTIC_")}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep framework chatter out of the log
     env["PYTHONUNBUFFERED"] = "1"
     env["XBENCH_PARENT_PID"] = str(os.getpid())  # the worker dies with it (see xbench.worker)

@@ -1,31 +1,37 @@
 """The measurement protocol, shared by every backend.
 
-One trial: the first call (compilation plus `steps_per_call` steps) is timed on its own, then
-warmup steps run untimed, then `repeats` windows of `steps` steps are timed with a monotonic
-clock. `Backend.run` returns only after a device sync, so each window ends with one.
+One trial (one replicate of a configuration): the first call (compilation plus
+`steps_per_call` steps) is timed on its own, then warmup steps run untimed, then up to
+`repeats` windows of `steps` steps are timed with a monotonic clock, stopping early when they
+are steady enough or have used their time budget. `Backend.run` returns only after a device
+sync, so each window ends with one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ContextManager
 from dataclasses import dataclass
 
+from xbench import stats
 from xbench.contract import Backend, Prepared
 from xbench.spec import Protocol
 
 
-# NVML averages utilisation over 1/6 s to 1 s and power over about 1 s on recent GPUs.
-TELEMETRY_MIN_S = 2.0
+# NVML averages utilisation over 1/6 s to 1 s on recent GPUs: the untimed stretch that stands
+# in for windows too short for the driver's samples (first replicate only) lasts this long.
+TELEMETRY_MIN_S = 1.0
 
 
 @dataclass(frozen=True)
 class Measurement:
     first_call_s: float  # compile + first `steps_per_call` steps, reported separately
-    window_s: tuple[float, ...]  # one per repeat
+    window_s: tuple[float, ...]  # one per timed window
     steps_per_window: int
+    stopped: str = "repeats"  # why the windows ended: "repeats", "target_ci" or "window_budget_s"
 
 
 def measure(
@@ -34,19 +40,43 @@ def measure(
     protocol: Protocol,
     on_window: Callable[[int], None] = lambda done: None,
     agree: Callable[[int], int] = lambda steps: steps,
+    watch: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+    all_stop: Callable[[bool], bool] = lambda stop: stop,
 ) -> Measurement:
     """Time one prepared trial; `on_window(k)` is called after the k-th timed window.
     `agree` turns this process's choice of steps per window into the one every process of
-    the job uses (one process per device: all must run the same steps)."""
+    the job uses (one process per device: all must run the same steps), and `all_stop` this
+    process's wish to stop into the job's decision. `watch()` brackets the timed windows
+    (telemetry reads before the first and after the last, none in between)."""
     first_call_s = _timed(backend, prepared, protocol.steps_per_call)
     if protocol.warmup_steps:
         backend.run(prepared, warmup_steps(protocol))
     steps = agree(window_steps(backend, prepared, protocol))
-    windows = []
-    for done in range(1, protocol.repeats + 1):
-        windows.append(_timed(backend, prepared, steps))
-        on_window(done)
-    return Measurement(first_call_s, tuple(windows), steps)
+    windows: list[float] = []
+    stopped = "repeats"
+    with watch():
+        all_stop(False)  # one process per node read telemetry: every rank starts the windows together
+        while len(windows) < protocol.repeats:
+            windows.append(_timed(backend, prepared, steps))
+            on_window(len(windows))
+            reason = stop_reason(windows, protocol)
+            if all_stop(reason is not None) and len(windows) < protocol.repeats:
+                stopped = reason or "another rank"
+                break
+    return Measurement(first_call_s, tuple(windows), steps, stopped)
+
+
+def stop_reason(windows: Sequence[float], protocol: Protocol) -> str | None:
+    """Why the timed windows may end before `repeats`, or None: their 95 % interval is within
+    `target_ci` of the mean (judged on throughputs, 1 / window time, since every window has
+    the same steps), or they have used `window_budget_s`. Never before `least_windows`."""
+    if len(windows) < protocol.least_windows:
+        return None
+    if stats.enough_windows([1 / w for w in windows], protocol.target_ci, protocol.least_windows):
+        return "target_ci"
+    if sum(windows) >= protocol.window_budget_s:
+        return "window_budget_s"
+    return None
 
 
 def window_steps(backend: Backend, prepared: Prepared, protocol: Protocol) -> int:

@@ -9,6 +9,9 @@ Schema history:
 2. adds `verification` (the identical-work check before timing; `xbench verify`).
 3. adds `trial.all_reduce` (False for --breakdown's compute-only twins), `telemetry`, and
    allreduce.jsonl records.
+4. one record per replicate: `trial.replicate`, a trial id ending in "/r<replicate>", and
+   `replicate` (host load before and after, kernel-choice settings, why the windows stopped,
+   throttling); telemetry over the timed windows. Older records are replicate 0.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from xbench.errors import XbenchError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 RECORDS_FILE = "records.jsonl"
 ALLREDUCE_FILE = "allreduce.jsonl"  # the all-reduce microbenchmark, one record per size
 RUN_FILE = "run.json"
@@ -139,7 +142,16 @@ def _v2_to_v3(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "schema": 3}
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(record: dict[str, Any]) -> dict[str, Any]:
+    """Before replicates every configuration ran in one process: replicate 0."""
+    if "trial" not in record:
+        return {**record, "schema": 4}
+    trial = {**record["trial"], "replicate": record["trial"].get("replicate", 0)}
+    ids = {"trial_id": f"{record['trial_id']}/r0"} if "trial_id" in record else {}
+    return {**record, **ids, "trial": trial, "schema": 4}
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 # What every record of each file must hold; anything less is a damaged or foreign file.
 REQUIRED = {RECORDS_FILE: ("trial", "status"), ALLREDUCE_FILE: ("backend", "devices", "nbytes", "status")}

@@ -9,8 +9,8 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from xbench import stats
 from xbench.allreduce import format_size, ok_results, result_from_record
+from xbench.present import NUMERIC_COLUMNS, RESULT_HEADERS, result_cells
 from xbench.summary import Row, energy_mj_per_sample, full_rows, gpu_util_pct, memory_gib
 
 
@@ -57,9 +57,10 @@ def model_tables(rows: Sequence[Row], busbw: Busbw | None = None) -> list[Table]
 BREAKDOWN_NOTE = ("compute ms: the same step without the gradient all-reduce; comm ms: exposed communication "
                   "= step ms - compute ms (negative: within noise); comm %: of the step; busbw: the backend's "
                   "own all-reduce of the gradient's bytes (xbench allreduce)")
-TELEMETRY_NOTE = ("GPU util %: NVML mean over at least 2 s of untimed training after the timed windows; "
-                  "mem GiB: the framework's own peak counter (its scope, trial or worker process, is in the "
-                  "record), else NVML's peak 'used'; mJ/sample: NVML energy over those seconds per sample")
+TELEMETRY_NOTE = ("GPU util %: NVML's own samples of the timed windows, averaged over devices and replicates "
+                  "(where it kept none, an untimed second of training after them); mem GiB: the framework's own "
+                  "peak counter (its scope, trial or worker process, is in the record), else NVML's peak 'used'; "
+                  "mJ/sample: NVML energy over the timed windows per sample")
 
 
 @dataclass(frozen=True)
@@ -109,12 +110,9 @@ def _model_table(model: str, rows: list[Row]) -> Table:
     params = next((r.params for r in rows if r.params is not None), None)
     title = f"model {model}" + (f" — {params:,} parameters" if params else "")
     table = Table(title=title, title_justify="left", caption=_caption(rows), caption_justify="left")
-    for header, justify in [
-        ("backend", "left"), ("dev", "right"), ("batch", "right"), ("samples/s", "right"),
-        ("±95%", "right"), ("step ms", "right"), ("1st call s", "right"), ("speedup", "right"),
-        ("eff.", "right"), ("vs 1 dev", "left"), ("outl.", "right"),
-    ]:
-        table.add_column(header, justify=justify, no_wrap=header != "backend")
+    for index, header in enumerate(RESULT_HEADERS):
+        table.add_column(header, justify="right" if index in NUMERIC_COLUMNS else "left",
+                         no_wrap=header not in ("backend", "notes"))
     for row in full_rows(rows):
         table.add_row(*_cells(row))
     return table
@@ -138,29 +136,21 @@ def _breakdown_cells(row: Row) -> list[str]:
     return [f"{b.compute_ms:.3f}", f"{b.comm_ms:.3f}", f"{b.comm_fraction:.0%}"]
 
 
+VERDICT_STYLE = {"multi-device beneficial": "green", "single device preferred": "red"}
+
+
 def _cells(row: Row) -> list[str]:
-    head = [row.label, str(row.devices), str(row.global_batch)]
     if row.throughput is None:
-        return [*head, f"[red]{row.status}[/]", "", "", "", "", "", "", ""]
-    t = row.throughput
-    return [
-        *head,
-        f"{t.mean:,.0f}",
-        f"{t.ci_half_width:,.0f}",
-        f"{row.step_ms:.3f}",
-        f"{row.first_call_s:.2f}",
-        *_scaling_cells(row.scaling, row.devices),
-        f"{t.removed}/{t.n + t.removed}",
-    ]
-
-
-def _scaling_cells(scaling: stats.Scaling | None, devices: int) -> list[str]:
-    if devices == 1:
-        return ["1.00×", "", "baseline"]
-    if scaling is None:
-        return ["", "", "no 1-device result"]
-    verdict = ("faster" if scaling.speedup > 1 else "slower") if scaling.significant else "n.s."
-    return [f"{scaling.speedup:.2f}×", f"{scaling.efficiency:.0%}", f"{verdict} {format_p(scaling.p_value)}"]
+        head = [row.label, str(row.devices), str(row.global_batch)]
+        return [*head, f"[red]{row.status}[/]", *[""] * (len(RESULT_HEADERS) - 4)]
+    cells = [escape(cell) for cell in result_cells(row)]
+    verdict_at, notes_at = RESULT_HEADERS.index("verdict"), RESULT_HEADERS.index("notes")
+    style = VERDICT_STYLE.get(cells[verdict_at])
+    if style:
+        cells[verdict_at] = f"[{style}]{cells[verdict_at]}[/]"
+    if row.unstable or row.throttled:
+        cells[notes_at] = f"[yellow]{cells[notes_at]}[/]"
+    return cells
 
 
 def format_p(p: float) -> str:
@@ -170,10 +160,10 @@ def format_p(p: float) -> str:
 def _caption(rows: list[Row]) -> str:
     modes = " and ".join(sorted({r.scaling_mode for r in rows}))
     lines = [
-        f"{modes} scaling; samples/s: mean of timed windows, ±95%: t-interval half-width; "
-        "speedup: mean over the same backend's 1-device mean (eff. = speedup / dev); "
-        f"vs 1 dev: Welch's t-test, n.s. = not significant at {stats.SIGNIFICANCE}; "
-        f"outl.: windows dropped at |modified z| > {stats.OUTLIER_THRESHOLD}",
+        f"{modes} scaling; samples/s: mean of the replicates' means (reps: replicates, each a fresh worker "
+        "process); ±95%: t-interval over replicate means; speedup (95% interval) over the same backend's "
+        "1-device mean; verdict from Welch's test on replicate means; unstable: replicates disagree beyond "
+        "their windows; host-bound: the step measures dispatch, not arithmetic (details in the report)",
     ]
     lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}"
               for r in rows if r.throughput is None]

@@ -7,14 +7,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from xbench import stats
 from xbench.document import Block, Bullets, Heading, Image, Paragraph, TableBlock, to_html, to_markdown
 from xbench.allreduce import ok_results
 from xbench.records import ALLREDUCE_FILE, RUN_FILE, read_records
 from xbench.render import (
     ALLREDUCE_HEADERS, ALLREDUCE_NOTE, Busbw, allreduce_rows, busbw_by_size, cost_columns, format_p,
 )
-from xbench.summary import BENEFICIAL_SPEEDUP, SINGLE_PREFERRED_BELOW, Row, full_rows, rows_from_records, verdict
+from xbench.present import NUMERIC_COLUMNS, READING_NOTES, RESULT_HEADERS, result_cells, spread_text
+from xbench.summary import Row, full_rows, rows_from_records
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -124,16 +124,14 @@ def verification_section(records: Sequence[Mapping[str, Any]]) -> list[Block]:
             Bullets(tuple(items))]
 
 
-HEADERS = ("backend", "devices", "global batch", "samples/s", "±95% CI", "step ms", "first call s",
-           "speedup", "efficiency", "p (Welch)", "verdict")
-
-
 def model_section(model: str, rows: Sequence[Row], images: Sequence[Image], busbw: Busbw) -> list[Block]:
     params = next((r.params for r in rows if r.params), None)
-    table_rows = tuple(_cells(row) for row in full_rows(rows) if row.throughput is not None)
+    measured = [row for row in full_rows(rows) if row.throughput is not None]
     blocks: list[Block] = [Heading(f"Model {model}" + (f" ({params:,} parameters)" if params else ""))]
-    if table_rows:
-        blocks.append(TableBlock(HEADERS, table_rows, right_aligned=frozenset(range(1, 10))))
+    if measured:
+        blocks.append(TableBlock(RESULT_HEADERS, tuple(result_cells(row) for row in measured),
+                                 right_aligned=NUMERIC_COLUMNS))
+        blocks += replicates_section(model, [row for row in rows if row.throughput is not None])
     else:
         blocks.append(Paragraph("No trial of this model finished."))
     costs = cost_columns(rows, busbw)
@@ -142,6 +140,28 @@ def model_section(model: str, rows: Sequence[Row], images: Sequence[Image], busb
                    TableBlock(costs.headers, costs.rows, right_aligned=frozenset(range(1, len(costs.headers)))),
                    Bullets(costs.notes)]
     return blocks + list(images)
+
+
+REPLICATE_HEADERS = ("backend", "dev", "batch", "replicate means (samples/s)", "between / within sd",
+                     "ANOVA p", "windows", "stopped", "unstable")
+
+
+def replicates_section(model: str, rows: Sequence[Row]) -> list[Block]:
+    """Each configuration's replicates: their means, the two variance components (as relative
+    standard deviations), and the test behind the unstable label."""
+    lines = []
+    for row in rows:
+        t = row.throughput
+        stopped = sorted({r.stopped for r in row.replicates if r.stopped})
+        lines.append((row.label + ("" if row.all_reduce else " (compute-only)"), str(row.devices),
+                      str(row.global_batch), ", ".join(f"{m:,.0f}" for m in t.means), spread_text(row),
+                      "" if t.anova_p != t.anova_p else format_p(t.anova_p).removeprefix("p="),
+                      str(t.windows), ", ".join(stopped), "yes" if t.unstable else ""))
+    return [Heading(f"Replicates, model {model}", 3),
+            TableBlock(REPLICATE_HEADERS, tuple(lines), right_aligned=frozenset({1, 2, 5, 6})),
+            Bullets(("between / within sd: the standard deviation between replicates (after the window noise in "
+                     "their means is taken out) and of windows within a replicate, both over the mean; stopped: "
+                     "why replicates ended their windows (repeats, target_ci: steady enough, window_budget_s).",))]
 
 
 def allreduce_section(records: Sequence[Mapping[str, Any]], images: Sequence[Image]) -> list[Block]:
@@ -155,15 +175,6 @@ def allreduce_section(records: Sequence[Mapping[str, Any]], images: Sequence[Ima
             *images]
 
 
-def _cells(row: Row) -> tuple[str, ...]:
-    t = row.throughput
-    s = row.scaling
-    return (row.label, str(row.devices), str(row.global_batch), f"{t.mean:,.0f}", f"{t.ci_half_width:,.0f}",
-            f"{row.step_ms:.3f}", f"{row.first_call_s:.2f}",
-            f"{s.speedup:.2f}×" if s else ("1.00×" if row.devices == 1 else ""),
-            f"{s.efficiency:.0%}" if s else "", format_p(s.p_value).removeprefix("p=") if s else "", verdict(row))
-
-
 def problems_section(rows: Sequence[Row]) -> list[Block]:
     problems = tuple((r.trial_id, r.status, r.reason or "")
                      for r in rows if r.throughput is None)
@@ -175,16 +186,9 @@ def problems_section(rows: Sequence[Row]) -> list[Block]:
 def reading_section(rows: Sequence[Row]) -> list[Block]:
     modes = " and ".join(sorted({r.scaling_mode for r in rows})) or "strong"
     return [Heading("How to read this"), Bullets((
-        "samples/s is the mean over timed windows (each many steps, ending with a device sync) after "
-        f"removing windows whose modified z-score exceeds {stats.OUTLIER_THRESHOLD}; ±95% CI is the half-width "
-        "of the Student-t interval of that mean. step ms is the global batch over the median throughput; "
-        "first call s is compilation plus the first call, excluded from throughput.",
+        *READING_NOTES,
         f"Scaling is {modes}: strong splits a fixed global batch across devices; weak keeps the per-device "
-        "batch. speedup is the mean throughput over the same backend's 1-device mean with the same work per "
-        "step; efficiency is speedup / devices.",
-        f"verdict: multi-device beneficial when speedup ≥ {BENEFICIAL_SPEEDUP:.2f} and Welch's t-test finds the "
-        f"difference significant (p < {stats.SIGNIFICANCE}); single device preferred when speedup < "
-        f"{SINGLE_PREFERRED_BELOW:.2f} and significant; marginal otherwise.",
+        "batch.",
     ))]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,18 +65,49 @@ class DataSpec:
     samples: int = 4096
 
 
+# Replicates (fresh worker processes) per configuration when the spec leaves it open.
+DEFAULT_REPLICATES = {"gpu": 3, "cpu": 2}
+MIN_REPLICATES = 2  # an interval over replicate means needs two of them
+COMPILE_CACHES = ("run", "off")
+
+
 @dataclass(frozen=True)
 class Protocol:
-    """How each trial is timed; see `xbench.measure`. Warmup runs whole calls: at least
-    `warmup_steps` steps, rounded up to a multiple of `steps_per_call`. A window has `steps`
-    steps, or a whole multiple of them when that is needed to last `min_window_s`."""
+    """How each configuration is timed; see `xbench.measure`.
 
-    warmup_steps: int = 5
-    steps: int = 40
-    repeats: int = 10
+    A configuration is measured by `replicates` replicates, each a fresh worker process (a
+    fresh start of the framework); None until resolved: 3 on GPUs, 2 on CPUs. Within a
+    replicate, warmup runs whole calls (at least `warmup_steps` steps, rounded up to a
+    multiple of `steps_per_call`), then up to `repeats` windows are timed. A window has
+    `steps` steps, or a whole multiple of them when that is needed to last `min_window_s`.
+    Windows stop early once their own 95 % interval is within `target_ci` of the mean (after
+    `stats.MIN_WINDOWS` windows; 0: never early) or once they have taken `window_budget_s`.
+    `compile_cache` "run" lets the replicates of one run share compiled programs (the first
+    compiles, the others load). Off by default: measured on an H200, replicates that share
+    one compilation also share its autotuned kernel choices, which are a large part of the
+    variation between processes (large @64: replicate means within 2.4 % with a shared
+    cache, 117k-247k samples/s with fresh compilation), so the interval would no longer
+    cover a rerun.
+    `order_seed` shuffles the order of (configuration, replicate); None until resolved."""
+
+    warmup_steps: int = 2
+    steps: int = 4
+    repeats: int = 5
     steps_per_call: int = 1
     trial_timeout_s: float = 300.0
     min_window_s: float = 0.1  # windows shorter than this get more steps (0: exactly `steps`)
+    replicates: int | None = None
+    target_ci: float = 0.01
+    window_budget_s: float = 1.0
+    compile_cache: str = "off"
+    order_seed: int | None = None
+
+    @property
+    def least_windows(self) -> int:
+        """The windows every replicate times before it may stop early."""
+        from xbench.stats import MIN_WINDOWS
+
+        return min(self.repeats, MIN_WINDOWS)
 
 
 @dataclass(frozen=True)
@@ -267,13 +298,37 @@ def _protocol(table: Any, source: str) -> Protocol:
         steps_per_call=_integer(table, "steps_per_call", d.steps_per_call, where, minimum=1),
         trial_timeout_s=_positive_number(table, "trial_timeout_s", d.trial_timeout_s, where),
         min_window_s=_non_negative_number(table, "min_window_s", d.min_window_s, where),
+        replicates=(None if table.get("replicates") is None
+                    else _integer(table, "replicates", None, where, minimum=MIN_REPLICATES, maximum=MAX_COUNT)),
+        target_ci=_non_negative_number(table, "target_ci", d.target_ci, where),
+        window_budget_s=_positive_number(table, "window_budget_s", d.window_budget_s, where),
+        compile_cache=_choice(table, "compile_cache", COMPILE_CACHES, d.compile_cache, where),
+        order_seed=(None if table.get("order_seed") is None
+                    else _integer(table, "order_seed", None, where, minimum=0, maximum=MAX_SEED)),
     )
     if protocol.steps % protocol.steps_per_call:
         raise SpecError(
             f"'steps' ({protocol.steps}) in {where} must be a multiple of "
             f"steps_per_call ({protocol.steps_per_call})"
         )
+    needed = protocol.least_windows * protocol.min_window_s
+    if protocol.window_budget_s < needed:
+        raise SpecError(
+            f"'window_budget_s' ({protocol.window_budget_s:g}) in {where} cannot hold one replicate: "
+            f"{protocol.least_windows} windows of at least min_window_s ({protocol.min_window_s:g} s) need "
+            f"{needed:g} s; raise window_budget_s or lower min_window_s"
+        )
     return protocol
+
+
+def resolve_protocol(protocol: Protocol, gpu: bool, order_seed: int) -> Protocol:
+    """Fill what the spec left open once the devices are known: replicates (more on GPUs,
+    where process-to-process variation is largest) and the seed of the run order."""
+    return replace(
+        protocol,
+        replicates=protocol.replicates or DEFAULT_REPLICATES["gpu" if gpu else "cpu"],
+        order_seed=protocol.order_seed if protocol.order_seed is not None else order_seed,
+    )
 
 
 def _options(table: Any, source: str) -> dict[str, dict[str, Any]]:
@@ -316,10 +371,17 @@ def _reject_unknown(table: Mapping[str, Any], known: set[str], where: str, sourc
         )
 
 
-def _integer(table: Mapping[str, Any], key: str, default: int, where: str, minimum: int) -> int:
+MAX_SEED = 2**31 - 1  # the largest seed every framework's generator accepts
+MAX_COUNT = 10_000
+
+
+def _integer(table: Mapping[str, Any], key: str, default: int | None, where: str, minimum: int,
+             maximum: int | None = None) -> int:
     value = table.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise SpecError(f"'{key}' in {where} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise SpecError(f"'{key}' in {where} must be an integer <= {maximum}, got {value!r}")
     return value
 
 

@@ -1,7 +1,13 @@
-"""From records to result rows: statistics per trial and scaling against 1 device.
+"""From records to result rows: one row per configuration, its replicates combined.
 
-Pure functions over record dicts; computed on demand from the raw timing windows stored in
-the records, so nothing cached can go stale.
+A record is one replicate (one fresh worker process) of a configuration. A row combines them:
+two-level statistics over the replicates' timing windows (`stats.replicated_summary`: the
+interval is over replicate means), speedup against 1 device from replicate means, and the
+labels a reader needs before trusting a number: unstable (replicates disagree beyond what their
+windows explain), host-bound (the step measures dispatch, not arithmetic), throttled.
+
+Pure functions over record dicts, computed on demand from the raw windows stored in the
+records, so nothing cached can go stale.
 """
 
 from __future__ import annotations
@@ -27,8 +33,22 @@ class Breakdown:
 
 
 @dataclass(frozen=True)
+class Replicate:
+    """One replicate's share of a row: what its record says."""
+
+    index: int
+    status: str
+    reason: str | None
+    windows: tuple[float, ...] = ()  # samples/s per timed window
+    first_call_s: float | None = None
+    telemetry: Mapping[str, Any] | None = None
+    throttled: tuple[str, ...] = ()  # why this replicate counts as throttled (empty: it does not)
+    stopped: str | None = None  # why its timed windows ended (xbench.measure.stop_reason)
+
+
+@dataclass(frozen=True)
 class Row:
-    """One trial as a table shows it."""
+    """One configuration as tables show it, its replicates combined."""
 
     backend: str
     model: str
@@ -36,27 +56,46 @@ class Row:
     global_batch: int
     per_device_batch: int
     scaling_mode: str  # "strong" or "weak"
-    status: str
+    status: str  # "ok" when at least one replicate measured, else the last replicate's status
     reason: str | None
     params: int | None
-    throughput: stats.Summary | None  # samples/s, outliers removed
-    kept: tuple[float, ...]  # the throughput values the summary used
+    replicates: tuple[Replicate, ...]
+    throughput: stats.Replicated | None  # samples/s, two levels: windows within replicates
     step_ms: float | None  # global batch / median throughput
-    first_call_s: float | None
+    first_call_s: float | None  # the slowest first call: compilation without a warm cache
     scaling: stats.Scaling | None
     all_reduce: bool = True  # False for a compute-only twin (--breakdown)
     breakdown: Breakdown | None = None
-    telemetry: dict[str, Any] | None = None  # GPU utilisation, memory, power (xbench.telemetry)
     launcher: str = "subprocess"  # "spmd": one process per device
     ranks: int = 1  # processes whose window times the step time is the maximum of
+    host_bound: str | None = None  # why the step measures host dispatch rather than arithmetic
+    planned: int = 0  # replicates the run's spec asked for (records may hold fewer: an interrupted run)
 
     @property
     def trial_id(self) -> str:
+        """The configuration's id (its replicates' ids add "/r<k>")."""
         return trial_id(self.backend, self.model, self.devices, self.global_batch, self.launcher, self.all_reduce)
 
     @property
     def label(self) -> str:
         return backend_label(self.backend, self.launcher)
+
+    @property
+    def means(self) -> tuple[float, ...]:
+        """Each measured replicate's mean throughput: the sample behind intervals and tests."""
+        return self.throughput.means if self.throughput else ()
+
+    @property
+    def failed_replicates(self) -> tuple[Replicate, ...]:
+        return tuple(r for r in self.replicates if r.status != "ok")
+
+    @property
+    def throttled(self) -> tuple[str, ...]:
+        return tuple(f"r{r.index}: {why}" for r in self.replicates for why in r.throttled)
+
+    @property
+    def unstable(self) -> bool:
+        return bool(self.throughput and self.throughput.unstable)
 
 
 def throughput_samples(record: Mapping[str, Any]) -> np.ndarray:
@@ -67,8 +106,27 @@ def throughput_samples(record: Mapping[str, Any]) -> np.ndarray:
 
 
 def rows_from_records(records: Sequence[Mapping[str, Any]]) -> list[Row]:
-    rows = [_row(record) for record in records]
-    return [_with_breakdown(_with_scaling(row, rows), rows) for row in rows]
+    """One row per configuration, in reading order (`_display_order`)."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for record in records:
+        groups.setdefault(_config_key(record), []).append(record)
+    rows = sorted((_row(group) for group in groups.values()), key=_display_order(records))
+    rows = [_with_breakdown(_with_scaling(row, rows), rows) for row in rows]
+    return [replace(row, host_bound=host_bound_reason(row, rows)) for row in rows]
+
+
+def _display_order(records: Sequence[Mapping[str, Any]]):
+    """Rows in a reading order, whatever the (shuffled) order the trials ran in: models from
+    the smallest, backends by name, then launcher, devices, batch, and the full step before
+    its compute-only twin."""
+    sizes = {r["trial"]["model"]["name"]: _model_size(r["trial"]["model"]) for r in records}
+    return lambda row: (sizes[row.model], row.model, row.backend, row.launcher, row.devices, row.global_batch,
+                        not row.all_reduce)
+
+
+def _model_size(model: Mapping[str, Any]) -> int:
+    sizes = [model.get("inputs", 0), *model.get("widths", ()), model.get("outputs", 0)]
+    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
 
 
 def full_rows(rows: Sequence[Row]) -> list[Row]:
@@ -76,8 +134,27 @@ def full_rows(rows: Sequence[Row]) -> list[Row]:
     return [row for row in rows if row.all_reduce]
 
 
-def _row(record: Mapping[str, Any]) -> Row:
+def _config_key(record: Mapping[str, Any]) -> str:
     trial = record["trial"]
+    return trial_id(trial["backend"], trial["model"]["name"], trial["devices"], trial["global_batch"],
+                    trial.get("launcher", "subprocess"), trial.get("all_reduce", True))
+
+
+def _replicate(record: Mapping[str, Any]) -> Replicate:
+    index = record["trial"].get("replicate", 0)
+    if record["status"] != "ok":
+        return Replicate(index, record["status"], record.get("reason"))
+    confounders = record.get("replicate") or {}
+    return Replicate(index, "ok", None, tuple(throughput_samples(record)), record["timing"]["first_call_s"],
+                     record.get("telemetry"), tuple(confounders.get("throttle_reasons") or ()),
+                     record["timing"].get("stopped"))
+
+
+def _row(records: Sequence[Mapping[str, Any]]) -> Row:
+    trial = records[0]["trial"]
+    replicates = tuple(sorted((_replicate(r) for r in records), key=lambda r: r.index))
+    measured = [r for r in replicates if r.status == "ok"]
+    last = records[-1]
     common = dict(
         backend=trial["backend"],
         model=trial["model"]["name"],
@@ -87,25 +164,25 @@ def _row(record: Mapping[str, Any]) -> Row:
         scaling_mode=trial["scaling"],
         all_reduce=trial.get("all_reduce", True),
         launcher=trial.get("launcher", "subprocess"),
-        status=record["status"],
-        reason=record.get("reason"),
-        params=record.get("work", {}).get("params"),
+        params=next((r.get("work", {}).get("params") for r in records if r.get("work")), None),
+        replicates=replicates,
         scaling=None,
+        planned=max(len(replicates), (trial.get("protocol") or {}).get("replicates") or 0),
     )
-    if record["status"] != "ok":
-        return Row(**common, throughput=None, kept=(), step_ms=None, first_call_s=None)
-    common["telemetry"] = record.get("telemetry")
-    common["ranks"] = len(record["timing"].get("ranks") or ()) or 1
-    kept, removed = stats.remove_outliers(throughput_samples(record))
-    summary = stats.describe(kept, removed)
-    return Row(**common, throughput=summary, kept=tuple(kept),
+    if not measured:
+        return Row(**common, status=last["status"], reason=last.get("reason"), throughput=None, step_ms=None,
+                   first_call_s=None)
+    summary = stats.replicated_summary([r.windows for r in measured])
+    ranks = max(len(r["timing"].get("ranks") or ()) for r in records if r["status"] == "ok") or 1
+    return Row(**common, status="ok", reason=None, throughput=summary,
                step_ms=1e3 * trial["global_batch"] / summary.median,
-               first_call_s=record["timing"]["first_call_s"])
+               first_call_s=max(r.first_call_s for r in measured), ranks=ranks)
 
 
 def _with_scaling(row: Row, rows: list[Row]) -> Row:
     """Attach speedup against the same backend's 1-device row with the same work per step:
-    the same global batch under strong scaling, the same per-device batch under weak."""
+    the same global batch under strong scaling, the same per-device batch under weak. The
+    sample on each side is the replicate means."""
     if row.throughput is None or row.devices == 1 or not row.all_reduce:
         return row
     for base in full_rows(rows):
@@ -113,7 +190,7 @@ def _with_scaling(row: Row, rows: list[Row]) -> Row:
                      else base.per_device_batch == row.per_device_batch)
         if (base.devices == 1 and base.throughput is not None and same_work
                 and (base.backend, base.model, base.launcher) == (row.backend, row.model, row.launcher)):
-            return replace(row, scaling=stats.scaling(row.kept, base.kept, row.devices))
+            return replace(row, scaling=stats.scaling(row.means, base.means, row.devices))
     return row
 
 
@@ -129,8 +206,51 @@ def _with_breakdown(row: Row, rows: list[Row]) -> Row:
     return row
 
 
-# Verdict thresholds on speedup (the seed study's), applied only when Welch's test says the
-# N-device and 1-device throughputs differ; otherwise the difference is not established.
+# Host-bound: the GPU computed for less than this share of the timed windows, or the step time
+# grew by less than FLAT_STEP_GROWTH while the batch grew FLAT_BATCH_SPAN-fold or more.
+HOST_BOUND_GPU_UTIL_PCT = 50.0
+FLAT_STEP_GROWTH = 1.25
+FLAT_BATCH_SPAN = 4
+
+
+def host_bound_reason(row: Row, rows: Sequence[Row]) -> str | None:
+    """Why this row's step time measures the host (Python, the framework's dispatch, launch
+    latency) rather than the devices' arithmetic, or None. Such a number is real (a user's own
+    loop pays it too) but says nothing about the devices or the model's size."""
+    if row.throughput is None:
+        return None
+    util = gpu_util_pct(row)
+    if util is not None and util < HOST_BOUND_GPU_UTIL_PCT:
+        return f"GPU busy {util:.0f} % of the time"
+    flat = _flat_span(row, rows)
+    if flat is not None:
+        return f"step time flat from batch {flat[0]} to {flat[1]}"
+    return None
+
+
+def _flat_span(row: Row, rows: Sequence[Row]) -> tuple[int, int] | None:
+    """The batch range over which this row's group (same backend, model, devices, kind of
+    step) keeps a step time within FLAT_STEP_GROWTH of its smallest batch's, when that range
+    spans FLAT_BATCH_SPAN or more and holds this row."""
+    group = sorted((r for r in rows if r.throughput is not None and _same_group(r, row)),
+                   key=lambda r: r.global_batch)
+    if len(group) < 2:
+        return None
+    smallest = group[0]
+    flat = [r for r in group if r.step_ms <= FLAT_STEP_GROWTH * smallest.step_ms]
+    widest = max(r.global_batch for r in flat)
+    if widest < FLAT_BATCH_SPAN * smallest.global_batch or row not in flat:
+        return None
+    return smallest.global_batch, widest
+
+
+def _same_group(a: Row, b: Row) -> bool:
+    return ((a.backend, a.model, a.devices, a.launcher, a.all_reduce, a.scaling_mode)
+            == (b.backend, b.model, b.devices, b.launcher, b.all_reduce, b.scaling_mode))
+
+
+# Verdict thresholds on speedup (the seed study's), applied only when the speedup's interval
+# excludes 1 (Welch's test on replicate means); otherwise the difference is not established.
 BENEFICIAL_SPEEDUP = 1.10
 SINGLE_PREFERRED_BELOW = 0.95
 
@@ -151,23 +271,42 @@ def verdict(row: Row) -> str:
     return "marginal"
 
 
+def _measured_telemetry(row: Row) -> list[Mapping[str, Any]]:
+    """Each measured replicate's telemetry over its timed windows, or (where the driver had
+    no sample of them) over the untimed stretch after them."""
+    found = []
+    for replicate in row.replicates:
+        telemetry = replicate.telemetry or {}
+        devices = telemetry.get("devices") or []
+        if any(d.get("util_mean_pct") is not None for d in devices):
+            found.append(telemetry)
+        elif telemetry.get("after_windows"):
+            found.append(telemetry["after_windows"])
+    return found
+
+
 def gpu_util_pct(row: Row) -> float | None:
-    """Mean NVML utilisation over the devices, while the timed windows ran."""
-    devices = ((row.telemetry or {}).get("devices")) or []
-    values = [d["util_mean_pct"] for d in devices if d.get("util_mean_pct") is not None]
+    """Mean NVML utilisation over the devices and replicates."""
+    values = [d["util_mean_pct"] for t in _measured_telemetry(row) for d in t.get("devices") or []
+              if d.get("util_mean_pct") is not None]
     return sum(values) / len(values) if values else None
 
 
 def memory_gib(row: Row) -> float | None:
     """The framework's own peak where it has one (pitfall 6), else NVML's peak 'used'."""
-    telemetry = row.telemetry or {}
-    peak = (telemetry.get("framework_memory") or {}).get("peak_bytes")
-    if peak:
-        return max(peak) / 2**30
-    used = [d["nvml_memory_max_mib"] for d in telemetry.get("devices") or [] if d.get("nvml_memory_max_mib")]
+    telemetry = [r.telemetry or {} for r in row.replicates]
+    peaks = [p for t in telemetry for p in ((t.get("framework_memory") or {}).get("peak_bytes") or [])]
+    if peaks:
+        return max(peaks) / 2**30
+    used = [d["nvml_memory_max_mib"] for t in telemetry for d in t.get("devices") or []
+            if d.get("nvml_memory_max_mib")]
     return max(used) / 1024 if used else None
 
 
 def energy_mj_per_sample(row: Row) -> float | None:
-    energy = (row.telemetry or {}).get("energy_per_sample_j")
-    return energy * 1e3 if energy is not None else None
+    """Mean over replicates of NVML energy per sample."""
+    values = [r.telemetry.get("energy_per_sample_j") for r in row.replicates if r.telemetry]
+    values = [v for v in values if v is not None]
+    if not values:
+        values = [t.get("energy_per_sample_j") for t in _measured_telemetry(row) if t.get("energy_per_sample_j")]
+    return 1e3 * sum(values) / len(values) if values else None

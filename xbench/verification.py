@@ -44,11 +44,12 @@ class Verification:
 def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], work_dir: Path,
            environment: dict[str, Any], listener: launcher.Listener | None = None,
            log_dir: Path | None = None, launch: Launch | None = None,
-           launchers: Mapping[str, str] | None = None) -> Verification:
+           launchers: Mapping[str, str] | None = None, parallel: int = 1) -> Verification:
     """Run every backend's reference steps on 1 and each of `devices` devices, then check.
 
     Arrays go to `work_dir` (tens of MB for large models: use a temporary directory);
-    worker output goes to `log_dir`/workers.log (default `work_dir`)."""
+    worker output goes to `log_dir`/workers.log (default `work_dir`). Up to `parallel` worker
+    processes run at once (nothing here is timed)."""
     names = [e.name for e in entries]
     trials = verification_trials(spec, names, devices, launchers)
     records: list[dict[str, Any]] = []
@@ -57,7 +58,7 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
                            launch=launch or Launch())
     if listener is not None:
         ctx.listener = listener
-    launcher.run_groups(group_trials(trials, {e.name: e.target for e in entries}), ctx)
+    launcher.run_groups(group_trials(trials, {e.name: e.target for e in entries}), ctx, parallel)
     refs, problems, unverifiable = {}, {}, {}
     for record in records:
         trial = record["trial"]

@@ -22,7 +22,7 @@ from xbench.contract import Backend, DeviceInfo, DeviceUnavailable, Process, Tri
 from xbench.allreduce import window_protocol
 from xbench.measure import measure, observe, telemetry_steps
 from xbench.records import utc_now as _now
-from xbench.telemetry import open_sampler
+from xbench.telemetry import host_state, open_sampler, open_window_watch
 from xbench.registry import load_target
 from xbench.verify import reference_run, save_reference
 from xbench.work import Work, build_work
@@ -96,11 +96,22 @@ class Ranks:
     def gpu_indices(self, trial: Trial) -> range:
         return range(trial.devices) if self.process is None else range(self.process.local_world_size)
 
+    def gpu_indices_for(self, info: DeviceInfo) -> range:
+        """This node's GPUs of the job, known at setup (NVML numbers GPUs as CUDA does unless
+        CUDA_VISIBLE_DEVICES reorders them)."""
+        return range(len(info.device_names)) if self.process is None else range(self.process.local_world_size)
+
     def agree(self, steps: int) -> int:
         """The largest of every rank's proposed step count."""
         if self.gather is None:
             return steps
         return int(max(values[0] for values in self.gather([float(steps)])))
+
+    def any_stop(self, stop: bool) -> bool:
+        """Stop the timed windows when any rank would (every rank must run the same windows)."""
+        if self.gather is None:
+            return stop
+        return max(values[0] for values in self.gather([float(stop)])) > 0
 
     def timing(self, result: Any) -> dict[str, Any]:
         """Timing fields; in an spmd job each window is the slowest rank's, and every rank's
@@ -151,41 +162,76 @@ def run_trial(backend: Backend, trial: Trial, works: dict[tuple, Work], emit, ac
 
 
 def _timing(info: DeviceInfo, ranks: Ranks) -> Action:
+    watch = _window_watch(info, ranks)
+
     def time_trial(backend: Backend, prepared: Any, trial: Trial, work: Work, emit) -> dict[str, Any]:
+        host_before = host_state()
         result = measure(backend, prepared, trial.protocol,
-                         on_window=lambda done: emit("window", trial=trial.id, done=done), agree=ranks.agree)
+                         on_window=lambda done: emit("window", trial=trial.id, done=done), agree=ranks.agree,
+                         watch=watch.watching if not isinstance(watch, str) else contextlib.nullcontext,
+                         all_stop=ranks.any_stop)
         timing = ranks.timing(result)
-        telemetry = _telemetry(backend, prepared, trial, info, ranks, telemetry_steps(timing, trial.protocol))
-        return {"timing": timing, "telemetry": telemetry}
+        telemetry = _telemetry(backend, prepared, trial, info, ranks, watch, timing)
+        replicate = {"index": trial.replicate, "host_before": host_before, "host_after": host_state(),
+                     "settings": dict(prepared.info.settings), "stopped": result.stopped,
+                     "throttled": bool(telemetry.get("throttled")),
+                     "throttle_reasons": list(telemetry.get("throttle_reasons") or [])}
+        return {"timing": timing, "telemetry": telemetry, "replicate": replicate}
     return time_trial
 
 
-def _telemetry(backend: Backend, prepared: Any, trial: Trial, info: DeviceInfo, ranks: Ranks,
-               steps: int) -> dict[str, Any]:
-    """GPU telemetry over `steps` untimed training steps after the timed windows (every rank
-    of an spmd job runs them; one per node samples)."""
-    # NVML numbers GPUs as CUDA does unless CUDA_VISIBLE_DEVICES reorders them.
+def _window_watch(info: DeviceInfo, ranks: Ranks) -> Any:
+    """NVML reads around each trial's timed windows, or why there are none; one process per
+    node watches the node's GPUs."""
     if info.platform != "gpu":
-        sampler: Any = "no GPU in use"
+        return "no GPU in use"
+    if not ranks.samples_telemetry:
+        return "sampled by local rank 0"
+    return open_window_watch(ranks.gpu_indices_for(info))
+
+
+def _telemetry(backend: Backend, prepared: Any, trial: Trial, info: DeviceInfo, ranks: Ranks, watch: Any,
+               timing: dict[str, Any]) -> dict[str, Any]:
+    """GPU telemetry over the timed windows (the driver's own samples, read afterwards), and
+    the framework's peak memory. Only where the driver had no utilisation sample for them
+    (windows shorter than its sampling period) does the first replicate run a short untimed
+    stretch of training under a polling sampler, as every rank of an spmd job must."""
+    windows_samples = len(timing["window_s"]) * timing["steps_per_window"]
+    if isinstance(watch, str):
+        telemetry: dict[str, Any] = {"available": False, "reason": watch}
     else:
-        sampler = open_sampler(ranks.gpu_indices(trial)) if ranks.samples_telemetry else "sampled by local rank 0"
-    watch = sampler.sampling if not isinstance(sampler, str) else contextlib.nullcontext
-    try:
-        if info.platform == "gpu":
-            observe(backend, prepared, steps, watch)
-        telemetry = ({"available": False, "reason": sampler} if isinstance(sampler, str)
-                     else sampler.summary(steps * trial.global_batch * ranks.node_share))
-    finally:
-        if not isinstance(sampler, str):
-            sampler.close()
+        telemetry = watch.summary(windows_samples * trial.global_batch * ranks.node_share)
+    if _needs_tail(telemetry, trial, info, ranks):
+        telemetry["after_windows"] = _tail(backend, prepared, trial, ranks, telemetry_steps(timing, trial.protocol))
     peak = getattr(backend, "memory_peak_bytes", None)
     telemetry["framework_memory"] = ranks.peaks(peak(prepared) if callable(peak) else None)
     return telemetry
 
 
+def _needs_tail(telemetry: dict[str, Any], trial: Trial, info: DeviceInfo, ranks: Ranks) -> bool:
+    """Every rank of an spmd job takes part in the decision (the tail trains, so all must run
+    it); only the processes that watch GPUs have a say."""
+    if info.platform != "gpu" or trial.replicate != 0:
+        return False
+    no_samples = ranks.samples_telemetry and not any(d.get("util_samples") for d in telemetry.get("devices") or [])
+    return ranks.any_stop(no_samples)
+
+
+def _tail(backend: Backend, prepared: Any, trial: Trial, ranks: Ranks, steps: int) -> dict[str, Any]:
+    sampler: Any = open_sampler(ranks.gpu_indices(trial)) if ranks.samples_telemetry else "sampled by local rank 0"
+    watch = sampler.sampling if not isinstance(sampler, str) else contextlib.nullcontext
+    try:
+        observe(backend, prepared, steps, watch)
+        return ({"available": False, "reason": sampler} if isinstance(sampler, str)
+                else sampler.summary(steps * trial.global_batch * ranks.node_share))
+    finally:
+        if not isinstance(sampler, str):
+            sampler.close()
+
+
 def _timing_fields(result: Any) -> dict[str, Any]:
     return {"first_call_s": result.first_call_s, "window_s": list(result.window_s),
-            "steps_per_window": result.steps_per_window}
+            "steps_per_window": result.steps_per_window, "stopped": result.stopped}
 
 
 def _verification(arrays_dir: Path, save: bool) -> Action:

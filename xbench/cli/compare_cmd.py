@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -12,7 +11,7 @@ from rich.markup import escape
 
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import (
-    CoordinatorOption, LauncherOption, NnodesOption, NodeRankOption, NprocOption, Platform, Precision, Scaling,
+    CompileCache, CoordinatorOption, LauncherOption, NnodesOption, NodeRankOption, NprocOption, Platform, Precision, Scaling,
     backend_options, integers, names, value,
 )
 from xbench.cluster import resolve_launch
@@ -20,7 +19,7 @@ from xbench.errors import XbenchError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xbench import compare as comparison
-from xbench.records import ALLREDUCE_FILE, RECORDS_FILE, finished_trials, iter_records, read_records
+from xbench.records import RECORDS_FILE, finished_trials, iter_records
 from xbench.render import busbw_by_size, devices_line, model_tables
 from xbench.spec import load_spec
 from xbench.summary import rows_from_records
@@ -42,6 +41,11 @@ def compare(
     steps_per_call: Annotated[Optional[int], typer.Option(help="Steps fused into one compiled call.")] = None,
     trial_timeout: Annotated[Optional[float], typer.Option(help="Seconds before a trial is stopped.")] = None,
     min_window: Annotated[Optional[float], typer.Option(help="Seconds a timed window lasts at least (0: exactly --steps).")] = None,
+    replicates: Annotated[Optional[int], typer.Option(help="Fresh worker processes per configuration, at least 2 (default: 3 on GPUs, 2 on CPUs).")] = None,
+    target_ci: Annotated[Optional[float], typer.Option(help="Stop a replicate's windows once their 95% interval is within this fraction of the mean (0: run every window).")] = None,
+    window_budget: Annotated[Optional[float], typer.Option(help="Seconds of timed windows per replicate at most.")] = None,
+    compile_cache: Annotated[Optional[CompileCache], typer.Option(help="run: the replicates of this run share compiled programs; off: each compiles afresh.")] = None,
+    order_seed: Annotated[Optional[int], typer.Option(help="Seed of the shuffled order of configurations and replicates (default: random, recorded).")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data.")] = None,
     samples: Annotated[Optional[int], typer.Option(help="Rows of synthetic data (at least one global batch).")] = None,
     option: Annotated[Optional[list[str]], typer.Option(help="Backend option BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl.")] = None,
@@ -66,7 +70,9 @@ def compare(
         "batch_sizes": integers(batch_sizes, "--batch-sizes"), "devices": integers(devices, "--devices"),
         "scaling": value(scaling), "precision": value(precision), "platform": value(platform),
         "repeats": repeats, "steps": steps, "warmup_steps": warmup_steps, "steps_per_call": steps_per_call,
-        "trial_timeout_s": trial_timeout, "min_window_s": min_window, "seed": seed, "samples": samples, "options": backend_options(option),
+        "trial_timeout_s": trial_timeout, "min_window_s": min_window, "replicates": replicates,
+        "target_ci": target_ci, "window_budget_s": window_budget, "compile_cache": value(compile_cache),
+        "order_seed": order_seed, "seed": seed, "samples": samples, "options": backend_options(option),
     }
     spec = load_spec(config, overrides)
     err = status_console()
@@ -92,59 +98,38 @@ def _check_resume_alone(given: dict[str, Any]) -> None:
 
 
 def _run(plan, no_verify: bool, resumed: bool = False) -> int:
+    """Print what runs where, call the orchestrator under a progress display, print the tables."""
     err = status_console()
     for name, info in plan.devices.items():
         err.print(devices_line(name, info, plan.launchers.get(name, "subprocess")))
     done = finished_trials(plan.run_dir) if resumed else set()
+    protocol = plan.spec.protocol
     if resumed:
         err.print(f"resuming {plan.run_dir}: {len(done)} trial(s) already recorded, "
                   f"{comparison.trial_count(plan, done)} to run")
-    started = time.monotonic()
-    environment = comparison.start_run(plan)
+    err.print(f"{protocol.replicates} replicate(s) per configuration (fresh worker processes), "
+              f"in a shuffled order (order seed {protocol.order_seed})")
     try:
-        if plan.launch.multi_node and not no_verify:
-            outcome = {e.name: comparison.unverified("multi-node run: run xbench verify on one node")
-                       for e in plan.entries}
-            err.print("[yellow]verify is not run across nodes[/]; run `xbench verify --launcher spmd` on one node")
-        elif no_verify:
-            outcome = {e.name: comparison.unverified("--no-verify") for e in plan.entries}
-        else:
-            with err.status("verifying identical work and all-reduce (skip with --no-verify)…"):
-                verification = comparison.verify_backends(plan, environment)
-            outcome = {e.name: verification.outcome(e.name) for e in plan.entries}
-            _report_verification(err, outcome)
-        with _ProgressListener(err, comparison.trial_count(plan, done), plan.spec.protocol.repeats) as listener:
-            records = comparison.execute(plan, environment, outcome, listener, done)
-        allreduce = []
-        if plan.breakdown and resumed and (plan.run_dir / ALLREDUCE_FILE).exists():
-            allreduce = read_records(plan.run_dir, ALLREDUCE_FILE)  # measured before the interruption
-        elif plan.breakdown:
-            with err.status("timing each backend's all-reduce at the gradient sizes…"):
-                allreduce = comparison.breakdown_allreduce(plan, environment)
+        with _Observer(err, comparison.trial_count(plan, done), protocol.repeats) as observer:
+            outcome = comparison.run(plan, observer, no_verify=no_verify, resumed=resumed)
     except KeyboardInterrupt:
         records_path = plan.run_dir / RECORDS_FILE
         kept = len(list(iter_records(records_path))) if records_path.exists() else 0
         err.print(f"interrupted; {kept} finished trial record(s) kept in {plan.run_dir / RECORDS_FILE}")
         return 130
     console = data_console()
-    if resumed:
-        records = read_records(plan.run_dir)
-    for table in model_tables(rows_from_records(records), busbw_by_size(allreduce)):
+    for table in model_tables(rows_from_records(outcome.records), busbw_by_size(outcome.allreduce)):
         console.print(table)
     if any(info["simulated"] for info in plan.devices.values()):
         err.print("note: simulated CPU devices share this machine's cores; these numbers test the "
                   "harness and the frameworks' CPU paths, not multi-GPU scaling.")
-    # "unsupported": a capability the backend lacks (e.g. jax-auto's compute-only twin), not a failure.
-    failed = [r for r in records if r["status"] not in ("ok", "skipped", "unsupported")
-              or r.get("verification", {}).get("status") == "failed"]
-    failed += [r for r in allreduce if r["status"] == "failed"]
-    err.print(f"{len(records)} trials in {time.monotonic() - started:.0f} s; "
-              f"records: {plan.run_dir / 'records.jsonl'}")
+    err.print(f"{len(outcome.records)} trial replicate(s) in {outcome.seconds:.0f} s; "
+              f"records: {plan.run_dir / RECORDS_FILE}")
     from xbench.cli.report_cmd import make_report
 
     err.print(f"report: {make_report(plan.run_dir, html=True)[0]}")
-    if failed:
-        err.print(f"[red]{len(failed)} trial(s) or all-reduce measurement(s) failed or did not pass "
+    if outcome.failures:
+        err.print(f"[red]{outcome.failures} trial(s) or all-reduce measurement(s) failed or did not pass "
                   f"verification[/]; reasons in the tables, verify.json and {plan.run_dir / 'workers.log'}")
         return 1
     return 0
@@ -164,10 +149,11 @@ def _report_verification(err: Console, outcome: dict[str, dict]) -> None:
                 err.print(f"  {escape(line)}")
 
 
-class _ProgressListener:
-    """A progress bar over timed windows, on stderr."""
+class _Observer:
+    """A progress bar over timed windows, and the run's messages, on stderr."""
 
     def __init__(self, console: Console, trials: int, repeats: int) -> None:
+        self.console = console
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console, transient=True)
         self.trials = trials
@@ -177,14 +163,24 @@ class _ProgressListener:
         self.current: str | None = None
         self.windows = 0
 
-    def __enter__(self) -> _ProgressListener:
-        self.progress.start()
+    def phase(self, text: str):
+        self.progress.stop()  # rich shows one live display at a time
+        return self.console.status(text)
+
+    def verified(self, outcome: dict) -> None:
+        _report_verification(self.progress.console, outcome)
+
+    def note(self, text: str) -> None:
+        self.progress.console.print(f"[yellow]{escape(text)}[/]")
+
+    def __enter__(self) -> _Observer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.progress.stop()
 
     def trial_started(self, trial) -> None:
+        self.progress.start()  # after verification: one live display at a time
         self.current, self.windows = trial.id, 0
         self.progress.update(self.task, description=f"[{self.finished + 1}/{self.trials}] {trial.id}")
 
@@ -193,7 +189,8 @@ class _ProgressListener:
         self.windows = done
 
     def trial_finished(self, trial, record) -> None:
-        counted = self.windows if self.current == trial.id else 0  # skipped trials never started
+        # Skipped trials never started; windows may stop before `repeats` (steady, or out of budget).
+        counted = self.windows if self.current == trial.id else 0
         self.progress.advance(self.task, self.repeats - counted)
         self.current, self.windows = None, 0
         self.finished += 1

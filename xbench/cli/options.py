@@ -9,13 +9,14 @@ import typer
 
 from xbench.cluster import LAUNCHER_CHOICES
 from xbench.errors import SpecError
-from xbench.spec import PLATFORMS, PRECISIONS, SCALINGS
+from xbench.spec import COMPILE_CACHES, PLATFORMS, PRECISIONS, SCALINGS
 
 # Choices come from the spec, so the CLI and the TOML accept the same words.
 Scaling = Enum("Scaling", {name: name for name in SCALINGS}, type=str)
 Precision = Enum("Precision", {name: name for name in PRECISIONS}, type=str)
 Platform = Enum("Platform", {name: name for name in PLATFORMS}, type=str)
 Launcher = Enum("Launcher", {name: name for name in LAUNCHER_CHOICES}, type=str)
+CompileCache = Enum("CompileCache", {name: name for name in COMPILE_CACHES}, type=str)
 
 # The launcher options, shared by compare, verify and allreduce.
 LauncherOption = Annotated[Optional[Launcher], typer.Option(

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from xbench.cli.consoles import data_console, status_console
 from xbench.diff import diff_runs
+from xbench.stats import SIGNIFICANCE
 from xbench.errors import XbenchError
 from xbench.records import read_records
 from xbench.report import write_report
@@ -73,9 +74,13 @@ def diff(
     limit = parse_threshold(threshold)
     result = diff_runs(read_records(a), read_records(b))
     table = Table(title=f"xbench diff: B = {b} over A = {a}", title_justify="left",
-                  caption=f"B/A: ratio of mean throughputs with its 95% interval; p: Welch's t-test; "
-                          f"regression: significant and B/A < {1 - limit:.3f}", caption_justify="left")
-    for header in ("model", "backend", "dev", "batch", "A samples/s", "B samples/s", "B/A", "95% CI", "p", "change"):
+                  caption=f"B/A: ratio of mean throughputs with its 95% interval; p: Welch's t-test on the "
+                          f"replicate means (reps: A/B replicates); p adj.: after Holm's correction over the "
+                          f"{len(result.rows)} configurations; regression: p adj. < {SIGNIFICANCE} and B/A < "
+                          f"{1 - limit:.3f}; improvement: p adj. < {SIGNIFICANCE} and B/A > {1 + limit:.3f}",
+                  caption_justify="left")
+    for header in ("model", "backend", "dev", "batch", "A samples/s", "B samples/s", "B/A", "95% CI", "p", "p adj.",
+                   "reps", "change"):
         table.add_column(header, justify="left" if header in ("model", "backend", "change") else "right")
     for row in result.rows:
         backend, model, devices, batch, _, _, all_reduce = row.key
@@ -83,8 +88,8 @@ def diff(
         r, change = row.ratio, row.change(limit)
         style = {"regression": "[red]", "improvement": "[green]"}.get(change, "")
         table.add_row(model, backend, str(devices), str(batch), f"{row.a_mean:,.0f}", f"{row.b_mean:,.0f}",
-                      f"{r.ratio:.3f}", f"{r.ci_low:.3f}–{r.ci_high:.3f}",
-                      "<0.001" if r.p_value < 0.001 else f"{r.p_value:.3f}",
+                      f"{r.ratio:.3f}", "" if r.ci_low != r.ci_low else f"{r.ci_low:.3f}–{r.ci_high:.3f}",
+                      _p_text(r.p_value), _p_text(row.adjusted_p), f"{row.a_replicates}/{row.b_replicates}",
                       f"{style}{change}[/]" if style else change)
     data_console().print(table)
     err = status_console()
@@ -96,12 +101,27 @@ def diff(
                 f"{k[0]}/{k[1]}/d{k[2]}/b{k[3]}" + ("" if k[6] else "/compute-only") for k in keys))
     if not result.rows:
         raise XbenchError("the runs share no measured configuration; nothing to compare")
+    untested = result.untested
+    if len(untested) == len(result.rows):
+        raise XbenchError(f"none of the {len(result.rows)} shared configurations has 2 or more replicates in both "
+                          "runs, so no difference can be tested; rerun them with --replicates 2 or more")
+    if untested:
+        err.print(f"[yellow]{len(untested)} configuration(s) have fewer than 2 replicates in a run: not tested "
+                  "(n.s. says nothing there)[/]")
     regressions = result.regressions(limit)
+    changed = [row for row in result.rows if row.change(limit) in ("regression", "improvement")]
+    err.print(f"{len(changed)} of {len(result.rows)} configuration(s) changed significantly beyond {limit:.1%}")
     if regressions:
         err.print(f"[red]{len(regressions)} significant slowdown(s) beyond {limit:.1%}[/]")
         return 1
     err.print(f"no significant slowdown beyond {limit:.1%}")
     return 0
+
+
+def _p_text(p: float) -> str:
+    if p != p:
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def parse_threshold(text: str) -> float:

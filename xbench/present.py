@@ -1,0 +1,106 @@
+"""The one place that turns a result row into the words and numbers people read.
+
+The terminal table, the Markdown/HTML report and the CSV export all take their cells, verdicts
+and labels from here, so they can never say different things about the same configuration.
+"""
+
+from __future__ import annotations
+
+import math
+
+from xbench import stats
+from xbench.summary import BENEFICIAL_SPEEDUP, SINGLE_PREFERRED_BELOW, Row, verdict
+
+RESULT_HEADERS = ("backend", "dev", "batch", "samples/s", "±95%", "step ms", "1st call s", "speedup",
+                  "eff.", "verdict", "reps", "notes")
+NUMERIC_COLUMNS = frozenset(range(1, 9)) | {10}
+
+
+def result_cells(row: Row) -> tuple[str, ...]:
+    """A measured row's cells, in RESULT_HEADERS order."""
+    t = row.throughput
+    assert t is not None, "rows without a measurement go to the problems list"
+    return (row.label, str(row.devices), str(row.global_batch), f"{t.mean:,.0f}", _half_width(t),
+            f"{row.step_ms:.3f}", f"{row.first_call_s:.2f}", speedup_text(row),
+            f"{row.scaling.efficiency:.0%}" if row.scaling else "", verdict(row), replicates_text(row),
+            "; ".join(notes(row)))
+
+
+def _half_width(t: stats.Replicated) -> str:
+    return "n/a" if math.isnan(t.ci_half_width) else f"{t.ci_half_width:,.0f}"
+
+
+def speedup_text(row: Row) -> str:
+    """e.g. "0.87× (0.80–0.95)": the speedup and its 95 % interval."""
+    if row.devices == 1:
+        return "1.00×"
+    s = row.scaling
+    if s is None:
+        return ""
+    interval = "" if math.isnan(s.ci_low) else f" ({s.ci_low:.2f}–{s.ci_high:.2f})"
+    return f"{s.speedup:.2f}×{interval}"
+
+
+def replicates_text(row: Row) -> str:
+    """Measured replicates, and how many the run asked for when some failed or are missing
+    (an interrupted run): "3" or "2/3"."""
+    measured = len(row.replicates) - len(row.failed_replicates)
+    planned = max(row.planned, len(row.replicates))
+    return str(measured) if measured == planned else f"{measured}/{planned}"
+
+
+def notes(row: Row) -> list[str]:
+    """What a reader must know before trusting the row's numbers."""
+    found = []
+    t = row.throughput
+    if t is not None and t.unstable:
+        found.append(f"unstable: replicates ±{t.spread:.0%}")
+    if row.host_bound:
+        found.append(f"host-bound: {row.host_bound}")
+    if row.throttled:
+        found.append("throttled: " + ", ".join(row.throttled))
+    for replicate in row.failed_replicates:
+        found.append(f"r{replicate.index} {replicate.status}")
+    if row.planned > len(row.replicates):
+        found.append(f"{row.planned - len(row.replicates)} replicate(s) not run")
+    if t is not None and t.removed:
+        found.append(f"{t.removed} outlier window(s)")
+    return found
+
+
+def spread_text(row: Row) -> str:
+    """Between- and within-replicate spread as relative standard deviations, e.g. "12.0 % / 0.8 %"."""
+    t = row.throughput
+    if t is None or math.isnan(t.between_var) or t.mean == 0:
+        return ""
+    within = "" if math.isnan(t.within_var) else f"{math.sqrt(t.within_var) / t.mean:.1%}"
+    return f"{math.sqrt(t.between_var) / t.mean:.1%} / {within}"
+
+
+READING_NOTES = (
+    "A replicate is one fresh worker process (a fresh start of the framework and fresh compilation, "
+    "unless the run shares a compilation cache) that times the configuration's windows; a run measures "
+    "every configuration in several replicates, in a shuffled order. The processes, not the windows, "
+    "are the independent samples: each process decides once what all its windows share (kernels, "
+    "autotuning, memory and thread placement).",
+    "samples/s is the mean of the replicates' mean throughputs (each over timed windows of many steps "
+    "ending with a device sync, windows with |modified z-score| > "
+    f"{stats.OUTLIER_THRESHOLD} dropped within their replicate); ±95% is the half-width of the Student-t "
+    "interval over the replicate means (df = replicates − 1): it holds the configuration's true mean (the "
+    "mean over many processes) 95 % of the time; a rerun's own mean, itself uncertain, falls in it somewhat "
+    "less often (about 91 % with 3 replicates, if nothing but processes varies). step ms is the global batch over the median throughput; 1st call s is the slowest "
+    "replicate's first call (compilation), excluded from throughput.",
+    "speedup is the N-device mean over the same backend's 1-device mean with the same work per step, with "
+    "its 95 % interval (delta method on the replicate means, Welch's degrees of freedom); eff. = "
+    "speedup / devices.",
+    f"verdict: multi-device beneficial when speedup ≥ {BENEFICIAL_SPEEDUP:.2f} and Welch's test on the "
+    f"replicate means finds the difference significant (p < {stats.SIGNIFICANCE}); single device "
+    f"preferred when speedup < {SINGLE_PREFERRED_BELOW:.2f} and significant; marginal otherwise.",
+    f"unstable: the replicates disagree beyond what their windows explain (one-way ANOVA p < "
+    f"{stats.UNSTABLE_P}) by more than {stats.UNSTABLE_SPREAD:.0%} (the standard deviation of replicate "
+    "means over their mean, shown): the number depends on the process that measured it, so trust the "
+    "interval, not any single run. host-bound: the GPU was busy for less than half of the timed windows, "
+    "or the step time hardly grew while the batch grew 4× or more: the step measures the host's dispatch "
+    "(Python, the framework, kernel launches), not the devices' arithmetic. throttled: NVML reported "
+    "power or thermal clock limits during a replicate's windows.",
+)
