@@ -71,7 +71,7 @@ def test_fused_steps_per_call(tmp_path):
                  "--batch-sizes", "16", "--repeats", "2", "--steps", "4", "--warmup-steps", "2",
                  "--steps-per-call", "2", "--samples", "64", "--out", str(tmp_path / "run")])
     records = read_records(tmp_path / "run")
-    assert code == 0 and len(records) == 2
+    assert code == 0 and len(records) == 4  # 2 backends x 2 replicates
     assert all(r["status"] == "ok" and r["trial"]["protocol"]["steps_per_call"] == 2 for r in records)
 
 

@@ -280,11 +280,16 @@ def test_an_interrupt_stops_side_by_side_workers_and_starts_no_more(fake_backend
                                "replicates": 3, "order_seed": 0, "options": {"numpy": {"hang_batch": 16}}})
     groups = group_trials(plan_trials(hanging, ["numpy"]), {"numpy": "tests.fakes:NumpyBackend"})
     ctx = launcher.Context(run_id="t", run_dir=tmp_path, environment={}, write=lambda record: None)
-    threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C, as a user would
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        launcher.run_groups(groups, ctx, parallel=2)
-    assert time.monotonic() - started < 15
+    # Python's own Ctrl-C handler, even where the shell that started the tests ignores SIGINT.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C, as a user would
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            launcher.run_groups(groups, ctx, parallel=2)
+        assert time.monotonic() - started < 15
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 10
     while tagged_processes(tag) and time.monotonic() < deadline:
         time.sleep(0.2)
