@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from xbench import compare as comparison
@@ -61,8 +62,8 @@ def allreduce(
         json_out.write_text(json.dumps(_as_json(records), indent=2) + "\n", encoding="utf-8")
     bad = [r for r in records if r["status"] != "ok"]
     for record in bad:
-        err.print(f"{record['backend']} d{record['devices']} {format_size(record['nbytes'])}: "
-                  f"{record['status']}: {record['reason']}")
+        err.print(escape(f"{record['backend']} d{record['devices']} {format_size(record['nbytes'])}: "
+                         f"{record['status']}: {record['reason']}"))  # framework messages hold [brackets]
     return 1 if bad else 0
 
 
