@@ -4,6 +4,10 @@
 Runs on jax 0.10 and 0.11+: inputs are placed with `jax.device_put` and a `NamedSharding`
 (the old `device_put_replicated`/`device_put_sharded` helpers are gone, pitfall 1).
 
+Besides the data-parallel program, the plain single-device program a user would write
+(`trial.program == "plain"`): `jax.jit` of the same step on one device, no pmap, no sharding,
+no collective. The `fused` variant runs `FUSED_STEPS` steps per compiled call (lax.scan).
+
 Two ways to start it: one process driving every device (`setup`), or one process per device
 (`setup_process`, the spmd launcher) joined by `jax.distributed.initialize`; the pmapped
 program is the same, over the global devices. Every process holds the same numpy work and
@@ -22,26 +26,32 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import (
-    ADAM, COMPILE_CACHE_VARIABLE, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial, Work, hash_arrays,
-    probe_distributions,
+    ADAM, AS_WRITTEN, COMPILE_CACHE_VARIABLE, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable,
+    PreparedInfo, Process, Trial, Variant, Work, hash_arrays, probe_distributions,
 )
 
 AXIS = "d"
 SIMULATED_DEVICE_LIMIT = 8
 # The spec's precision, spelled as jax_default_matmul_precision values.
 MATMUL_PRECISION = {"fp32": "float32", "tf32": "tensorfloat32", "bf16": "bfloat16"}
+# Steps per compiled call of the `fused` variant: enough that the per-call dispatch (tens of
+# µs) is spread thin; measured on an H200, 50 fused steps ran within 2-7 % across processes.
+FUSED_STEPS = 50
+VARIANTS = (Variant("fused", f"{FUSED_STEPS} steps fused into one compiled call (lax.scan)",
+                    steps_per_call=FUSED_STEPS),)
 
 
 @dataclass
 class JaxPrepared:
     info: PreparedInfo
-    step: Any  # pmapped: (state, xs, ys) -> (state, per-device loss of the last step)
-    grads: Any  # pmapped: (state, xs, ys) -> (per-device loss, all-reduced gradients)
-    state: Any  # (params, opt_state, step, key), each leaf with a leading device axis
+    step: Any  # pmapped (jitted: plain): (state, xs, ys) -> (state, each step's loss [per device])
+    grads: Any  # pmapped (jitted: plain): (state, xs, ys) -> (loss [per device], all-reduced gradients)
+    state: Any  # (params [(kernel, bias), ...], opt_state, step, key), pmap: a leading device axis
     xs: Any
     ys: Any
     steps_per_call: int
     layers: int
+    stacked: bool = True  # state and outputs carry a leading device axis (pmap); False: plain
 
 
 @dataclass
@@ -55,6 +65,8 @@ class JaxPmapBackend:
     name: ClassVar[str] = "jax"
     install_hint: ClassVar[str] = "pip install 'xbench[jax]'"
     launchers: ClassVar[tuple[str, ...]] = ("subprocess", "spmd")
+    programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL, PLAIN)
+    variants: ClassVar[tuple[Variant, ...]] = VARIANTS
 
     def __init__(self) -> None:
         self.devices: list[Any] = []
@@ -143,21 +155,24 @@ class JaxPmapBackend:
 
     def prepare(self, trial: Trial, work: Work) -> JaxPrepared:
         import jax
+        from jax import lax
 
+        check_variant(trial, self.variants)
         jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[trial.precision])
+        if trial.program == PLAIN:
+            return self._prepare_plain(trial, work)
         mesh = jax.sharding.Mesh(np.array(self.devices), (AXIS,))
         sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
         n = len(self.devices)
 
-        params = {f"Dense_{i}": {"kernel": k, "bias": b} for i, (k, b) in enumerate(work.weights)}
         tx = _optimizer(trial.learning_rate)
-        state = (params, tx.init(params), np.int32(0), jax.random.key_data(jax.random.key(trial.seed)))
+        state = initial_state(work, tx, trial.seed)
         replicated = jax.tree.map(lambda a: jax.device_put(np.broadcast_to(a, (n, *np.shape(a))), sharded),
                                   state)
         xs, ys = (jax.device_put(a, sharded) for a in work.shards(trial.global_batch, n))
 
         reduce = self.reduce_gradients if trial.all_reduce else (lambda grads: grads)
-        step_fn, grads_fn = _programs(trial, work, tx, xs.shape[1], reduce)
+        step_fn, grads_fn = _programs(trial, work, tx, xs.shape[1], reduce, n, lambda: lax.axis_index(AXIS))
         step = jax.pmap(step_fn, axis_name=AXIS, devices=self.devices, donate_argnums=(0,))
         grads = jax.pmap(grads_fn, axis_name=AXIS, devices=self.devices)
         readback = _layer_arrays(_local(replicated[0]), len(work.weights), replica=0)
@@ -173,14 +188,42 @@ class JaxPmapBackend:
         return JaxPrepared(info, step, grads, replicated, xs, ys, trial.protocol.steps_per_call,
                            len(work.weights))
 
+    def _prepare_plain(self, trial: Trial, work: Work) -> JaxPrepared:
+        """`jax.jit` of the step on the first device: what a user writes for one GPU. The same
+        model, loss, Adam, data and dropout stream as the data-parallel program on one device
+        (device index 0 folded into the key), without pmap, sharding or a collective."""
+        import jax
+
+        device = self.devices[0]
+        tx = _optimizer(trial.learning_rate)
+        state = jax.device_put(initial_state(work, tx, trial.seed), device)
+        xs, ys = (jax.device_put(a[0], device) for a in work.shards(trial.global_batch, 1))
+        step_fn, grads_fn = _programs(trial, work, tx, xs.shape[0], lambda grads: grads, 1, lambda: 0)
+        step, grads = jax.jit(step_fn, donate_argnums=(0,)), jax.jit(grads_fn)
+        info = PreparedInfo(
+            params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
+            weights_hash=hash_arrays(_layer_arrays(_stacked(state[0]), len(work.weights), replica=0)),
+            precision={"jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+                       "compute_dtype": "bfloat16" if trial.precision == "bf16" else "float32"},
+            sync_every_call=False,  # no collective, so no rendezvous to deadlock (pitfall 3)
+            notes=("plain: jax.jit of the step on one device; no pmap, no sharding, no collective",),
+            settings=kernel_settings(),
+        )
+        return JaxPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, len(work.weights),
+                           stacked=False)
+
     def run(self, prepared: JaxPrepared, steps: int) -> None:
         import jax
 
+        # Locals, not attribute lookups, inside the loop: it is the user's loop being timed.
+        step, state, xs, ys = prepared.step, prepared.state, prepared.xs, prepared.ys
+        wait = prepared.info.sync_every_call
         for _ in range(steps // prepared.steps_per_call):
-            prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
-            if prepared.info.sync_every_call:
+            state, loss = step(state, xs, ys)
+            if wait:
                 loss.block_until_ready()
-        jax.block_until_ready(prepared.state)
+        prepared.state = state
+        jax.block_until_ready(state)
 
     def memory_peak_bytes(self, prepared: JaxPrepared) -> dict[str, Any] | None:
         """Each device's peak bytes in use, or None where the platform reports none. JAX keeps
@@ -228,16 +271,20 @@ class JaxPmapBackend:
 
     def gradients(self, prepared: JaxPrepared) -> tuple[float, list[np.ndarray]]:
         loss, grads = prepared.grads(prepared.state, prepared.xs, prepared.ys)
+        if not prepared.stacked:
+            return float(loss), _layer_arrays(_stacked(grads), prepared.layers, replica=0)
         return float(np.mean(_gathered(loss))), _layer_arrays(_local(grads), prepared.layers, replica=0)
 
     def train(self, prepared: JaxPrepared, steps: int) -> list[float]:
-        losses = []
+        losses: list[float] = []
         for _ in range(steps // prepared.steps_per_call):
             prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
-            losses.append(float(np.mean(_gathered(loss))))  # equal shards: mean of means
+            losses += step_losses(_gathered(loss) if prepared.stacked else loss, prepared.steps_per_call)
         return losses
 
     def replica_weights(self, prepared: JaxPrepared) -> list[list[np.ndarray]]:
+        if not prepared.stacked:
+            return [_layer_arrays(_stacked(prepared.state[0]), prepared.layers, replica=0)]
         params = _gathered(prepared.state[0])
         return [_layer_arrays(params, prepared.layers, replica=r) for r in range(len(self.devices))]
 
@@ -247,6 +294,26 @@ def _cuda_plugin_present() -> bool:
     jax.distributed.initialize)."""
     plugins = ("jax_cuda13_plugin", "jax_cuda12_plugin")
     return any(importlib.util.find_spec(p) is not None for p in plugins) and os.path.exists("/dev/nvidiactl")
+
+
+def check_variant(trial: Trial, variants: tuple[Variant, ...]) -> None:
+    known = [AS_WRITTEN, *(v.name for v in variants)]
+    if trial.variant not in known:
+        raise ValueError(f"unknown variant {trial.variant!r} of {trial.backend}; known: {', '.join(known)}")
+
+
+def step_losses(loss, steps_per_call: int) -> list[float]:
+    """Each step's global loss from one call's output: [..., steps_per_call], the leading axes
+    (devices, when there are any) holding equal shards' means, so their mean is global."""
+    per_step = np.asarray(loss, np.float64).reshape(-1, steps_per_call).mean(axis=0)
+    return [float(x) for x in per_step]
+
+
+def _stacked(tree):
+    """Host copies with a leading axis of one device, as pmap's outputs have."""
+    import jax
+
+    return jax.tree.map(lambda a: np.asarray(a)[None], tree)
 
 
 def _local(tree):
@@ -267,6 +334,23 @@ def _gathered(tree):
     if jax.process_count() == 1:
         return jax.tree.map(np.asarray, tree)
     return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+
+
+def initial_state(work: Work, tx, seed: int):
+    """(params, Adam state, step, dropout key data), with params [(kernel, bias), ...] in layer
+    order: the flattest tree, as a minimal loop holds it. Every call flattens the state and
+    builds it anew from the outputs, and nested dicts cost microseconds more per step than
+    lists of tuples: measurable in a 0.1 ms step."""
+    import jax
+
+    params = [(kernel, bias) for kernel, bias in work.weights]
+    return params, tx.init(params), np.int32(0), jax.random.key_data(jax.random.key(seed))
+
+
+def flax_params(params) -> dict[str, Any]:
+    """The Flax MLP's parameter dict from [(kernel, bias), ...]; built while tracing, so it
+    costs nothing per step."""
+    return {f"Dense_{i}": {"kernel": kernel, "bias": bias} for i, (kernel, bias) in enumerate(params)}
 
 
 def _optimizer(learning_rate: float):
@@ -295,9 +379,11 @@ def _mlp_class():
     return MLP
 
 
-def _programs(trial: Trial, work: Work, tx, batches: int, reduce_gradients):
-    """Per-device functions for pmap: `steps_per_call` fused training steps, and the loss and
-    all-reduced gradients at the current state, both through the same `loss_and_grads`."""
+def _programs(trial: Trial, work: Work, tx, batches: int, reduce_gradients, devices: int, device_index):
+    """Per-device functions (for pmap, or for jit on one device): `steps_per_call` fused
+    training steps, and the loss and all-reduced gradients at the current state, both through
+    the same `loss_and_grads`. `device_index()` is this device's index among `devices`, which
+    picks its dropout stream (`dropout_rng`)."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -310,23 +396,35 @@ def _programs(trial: Trial, work: Work, tx, batches: int, reduce_gradients):
         index = step % batches
         x = lax.dynamic_index_in_dim(xs, index, keepdims=False)
         y = lax.dynamic_index_in_dim(ys, index, keepdims=False)
-        rng = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(key), step),
-                                 lax.axis_index(AXIS))
+        rng = dropout_rng(key, step, devices, device_index)
 
         def loss_fn(p):
-            pred = model.apply({"params": p}, x, train=True, rngs={"dropout": rng}).astype(jnp.float32)
+            pred = model.apply({"params": flax_params(p)}, x, train=True, rngs={"dropout": rng}).astype(jnp.float32)
             return jnp.mean((pred - y) ** 2)
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         return loss, reduce_gradients(grads)
 
-    # This device's loss of the last step; no extra collective in the timed step.
+    # This device's losses; no extra collective in the timed step.
     return _train_steps(tx, loss_and_grads, trial.protocol.steps_per_call), loss_and_grads
 
 
-def _train_steps(tx, loss_and_grads, steps_per_call: int):
-    """`steps_per_call` Adam steps fused with lax.scan; returns the last step's loss."""
+def dropout_rng(key_data, step, devices: int, device_index):
+    """The dropout key of one (step, device): a single fold of the run's key, as a minimal
+    loop folds in its step (each fold is a threefry kernel on a GPU: at 0.1 ms per step, one
+    more is a measurable cost the user's loop does not pay). `device_index()` is called only
+    with several devices."""
     import jax
+
+    key = jax.random.wrap_key_data(key_data)
+    return jax.random.fold_in(key, step if devices == 1 else step * devices + device_index())
+
+
+def _train_steps(tx, loss_and_grads, steps_per_call: int):
+    """`steps_per_call` Adam steps fused with lax.scan; returns each step's loss, steps on the
+    last axis (so that a per-device leading axis stays first for pmap and shard_map)."""
+    import jax
+    import jax.numpy as jnp
     from jax import lax
 
     def one_step(state, xs, ys):
@@ -337,15 +435,18 @@ def _train_steps(tx, loss_and_grads, steps_per_call: int):
         return (params, opt_state, step + 1, key), loss
 
     def train_steps(state, xs, ys):
+        if steps_per_call == 1:  # no loop at all: the step a user jits
+            state, loss = one_step(state, xs, ys)
+            return state, loss[..., None]
         state, losses = lax.scan(lambda s, _: one_step(s, xs, ys), state, None, length=steps_per_call)
-        return state, losses[-1]
+        return state, jnp.moveaxis(losses, 0, -1)
 
     return train_steps
 
 
 def _layer_arrays(params, layers: int, replica: int) -> list[np.ndarray]:
     """Kernels and biases in layer order, from one replica of device-stacked params."""
-    return [np.asarray(params[f"Dense_{i}"][part][replica]) for i in range(layers) for part in ("kernel", "bias")]
+    return [np.asarray(params[i][part][replica]) for i in range(layers) for part in (0, 1)]
 
 
 def use_compile_cache() -> bool:

@@ -18,18 +18,20 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from xbench.contract import PreparedInfo, Trial, Unsupported, Work, hash_arrays
+from xbench.contract import DATA_PARALLEL, PreparedInfo, Trial, Unsupported, Work, hash_arrays
 from xbench_backends.jax_pmap import (
-    AXIS, MATMUL_PRECISION, JaxAllReduce, JaxPmapBackend, _mlp_class, _optimizer, _train_steps, kernel_settings,
+    AXIS, MATMUL_PRECISION, JaxAllReduce, JaxPmapBackend, _mlp_class, _optimizer, _train_steps, check_variant,
+    dropout_rng, flax_params, initial_state,
+    kernel_settings, step_losses,
 )
 
 
 @dataclass
 class MeshPrepared:
     info: PreparedInfo
-    step: Any  # jitted: (state, xs, ys) -> (state, loss of the last step: per device or global)
+    step: Any  # jitted: (state, xs, ys) -> (state, each step's loss: per device or global)
     grads: Any  # jitted: (state, xs, ys) -> (loss, all-reduced gradients, replicated)
-    state: Any  # (params, opt_state, step, key), every leaf replicated over the mesh
+    state: Any  # (params [(kernel, bias), ...], opt_state, step, key), every leaf replicated over the mesh
     xs: Any
     ys: Any
     steps_per_call: int
@@ -41,18 +43,22 @@ class _MeshBackend(JaxPmapBackend):
     and with each other (placement, readback, capabilities); subclasses build the programs."""
 
     launchers: ClassVar[tuple[str, ...]] = ("subprocess",)
+    # The plain single-device program is `jax`'s (jit on one device): timed there, not twice.
+    programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL,)
 
     def prepare(self, trial: Trial, work: Work) -> MeshPrepared:
         import jax
 
+        check_variant(trial, self.variants)
+        if trial.program != DATA_PARALLEL:
+            raise Unsupported(f"{self.name} has only the data-parallel program; the plain one is jax's")
+
         jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[trial.precision])
         mesh = jax.sharding.Mesh(np.array(self.devices), (AXIS,))
-        params = {f"Dense_{i}": {"kernel": k, "bias": b} for i, (k, b) in enumerate(work.weights)}
         tx = _optimizer(trial.learning_rate)
-        state = (params, tx.init(params), np.int32(0), jax.random.key_data(jax.random.key(trial.seed)))
-        state = jax.device_put(state, _sharding(mesh))
+        state = jax.device_put(initial_state(work, tx, trial.seed), _sharding(mesh))
         xs, ys = self.place_data(mesh, *work.shards(trial.global_batch, len(self.devices)))
-        step, grads, notes = self.programs(trial, work, tx, mesh)
+        step, grads, notes = self.step_programs(trial, work, tx, mesh)
         layers = len(work.weights)
         info = PreparedInfo(
             params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
@@ -72,7 +78,7 @@ class _MeshBackend(JaxPmapBackend):
 
         return jax.device_put(xs, _sharding(mesh, AXIS)), jax.device_put(ys, _sharding(mesh, AXIS))
 
-    def programs(self, trial: Trial, work: Work, tx, mesh) -> tuple[Any, Any, tuple[str, ...]]:
+    def step_programs(self, trial: Trial, work: Work, tx, mesh) -> tuple[Any, Any, tuple[str, ...]]:
         raise NotImplementedError
 
     def layer_arrays(self, params, layers: int, replica: int) -> list[np.ndarray]:
@@ -82,7 +88,7 @@ class _MeshBackend(JaxPmapBackend):
         def held(array) -> np.ndarray:
             return next(np.asarray(s.data) for s in array.addressable_shards if s.device == device)
 
-        return [held(params[f"Dense_{i}"][part]) for i in range(layers) for part in ("kernel", "bias")]
+        return [held(params[i][part]) for i in range(layers) for part in (0, 1)]
 
     # -- all-reduce microbenchmark capability (xbench allreduce, --breakdown) ---------------
 
@@ -108,10 +114,10 @@ class _MeshBackend(JaxPmapBackend):
         return float(np.mean(np.asarray(loss))), self.layer_arrays(grads, prepared.layers, replica=0)
 
     def train(self, prepared: MeshPrepared, steps: int) -> list[float]:
-        losses = []
+        losses: list[float] = []
         for _ in range(steps // prepared.steps_per_call):
             prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
-            losses.append(float(np.mean(np.asarray(loss))))  # equal shards: mean of means
+            losses += step_losses(loss, prepared.steps_per_call)
         return losses
 
     def replica_weights(self, prepared: MeshPrepared) -> list[list[np.ndarray]]:
@@ -132,20 +138,20 @@ class JaxShardMapBackend(_MeshBackend):
             return lax.pcast(params, AXIS, to="varying")
         return lax.pvary(params, AXIS)
 
-    def programs(self, trial: Trial, work: Work, tx, mesh):
+    def step_programs(self, trial: Trial, work: Work, tx, mesh):
         import jax
         from jax import lax
 
         loss_fn = _loss_fn(trial, work)
         batches = work.x.shape[0] // trial.global_batch  # as Work.shards lays them out
         reduce = self.reduce_gradients if trial.all_reduce else (lambda grads: grads)
+        devices = len(self.devices)
 
         def loss_and_grads(state, xs, ys):
             params, _, step, key = state
             x, y = (lax.dynamic_index_in_dim(a[0], step % batches, keepdims=False) for a in (xs, ys))
             # As `jax`: one dropout stream per (step, device).
-            rng = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(key), step),
-                                     lax.axis_index(AXIS))
+            rng = dropout_rng(key, step, devices, lambda: lax.axis_index(AXIS))
             loss, grads = jax.value_and_grad(loss_fn)(self.to_varying(params), x, y, rng)
             return loss[None], reduce(grads)  # [None]: one loss per device, stacked on "d"
 
@@ -179,7 +185,7 @@ class JaxAutoBackend(_MeshBackend):
 
         return (jax.device_put(regroup(a), _sharding(mesh, None, AXIS)) for a in (xs, ys))
 
-    def programs(self, trial: Trial, work: Work, tx, mesh):
+    def step_programs(self, trial: Trial, work: Work, tx, mesh):
         import jax
         from jax import lax
 
@@ -239,7 +245,7 @@ def _loss_fn(trial: Trial, work: Work):
                          dtype=jnp.bfloat16 if trial.precision == "bf16" else jnp.float32)
 
     def loss_fn(params, x, y, rng):
-        pred = model.apply({"params": params}, x, train=True, rngs={"dropout": rng}).astype(jnp.float32)
+        pred = model.apply({"params": flax_params(params)}, x, train=True, rngs={"dropout": rng}).astype(jnp.float32)
         return jnp.mean((pred - y) ** 2)
 
     return loss_fn

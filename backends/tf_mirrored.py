@@ -8,6 +8,10 @@ optimizer's slots are built inside the strategy scope before the loop (pitfall 4
 With the spmd launcher (one process per device) the same program runs under
 `tf.distribute.MultiWorkerMirroredStrategy`, from a TF_CONFIG built from the job's `Process`:
 RING collectives on CPU, NCCL on GPUs.
+
+The plain program (`trial.program == "plain"`) is what a user writes for one device without a
+strategy: the same model, Adam and step, called directly. The `xla` variant compiles each
+replica's forward and backward with `tf.function(jit_compile=True)`, in either program.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import (
-    ADAM, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial, Work, hash_arrays,
-    probe_distributions,
+    ADAM, AS_WRITTEN, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process,
+    Trial, Variant, Work, hash_arrays, probe_distributions,
 )
 
 SIMULATED_DEVICE_LIMIT = 8
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical", "reduce-to-one")
 OPTIONS = {"cross_device_ops": CROSS_DEVICE_OPS}
+VARIANTS = (Variant("xla", "XLA: jit_compile=True on the per-replica forward and backward"),)
 
 
 @dataclass
@@ -36,7 +41,7 @@ class TfPrepared:
     train: Any  # tf.function: (start step) -> None; `steps_per_call` steps
     one_step: Any  # tf.function: (step) -> per-replica losses; the same replica step
     gradients: Any  # tf.function: (step) -> per-replica (loss, all-reduced gradients)
-    strategy: Any
+    strategy: Any  # None for the plain program: its results are the one replica's
     variables: list[Any]
     steps_per_call: int
     next_step: int = 0
@@ -51,6 +56,8 @@ class TfMirroredBackend:
     name: ClassVar[str] = "tf"
     install_hint: ClassVar[str] = "pip install 'xbench[tf]'"
     launchers: ClassVar[tuple[str, ...]] = ("subprocess", "spmd")
+    programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL, PLAIN)
+    variants: ClassVar[tuple[Variant, ...]] = VARIANTS
 
     def __init__(self) -> None:
         self.device_names: list[str] = []
@@ -164,6 +171,7 @@ class TfMirroredBackend:
         return [[float(v) for v in row] for row in strategy.gather(local, axis=0).numpy()]
 
     def prepare(self, trial: Trial, work: Work) -> TfPrepared:
+        jit_compile = _jit_compile(trial.variant)  # refuses an unknown one before touching TensorFlow
         import tensorflow as tf
 
         # Explicit, never the default: TF allows TF32 on GPUs unless told otherwise (pitfall 9).
@@ -172,31 +180,49 @@ class TfMirroredBackend:
 
         # Global in Keras: set for every trial, so one trial's policy never leaks into the next.
         keras.mixed_precision.set_global_policy("mixed_bfloat16" if trial.precision == "bf16" else "float32")
-        strategy = self._strategy(trial.options.get("cross_device_ops", "auto"))
         if self.platform == "gpu":
             for i in range(len(tf.config.list_logical_devices("GPU"))):
                 tf.config.experimental.reset_memory_stats(f"GPU:{i}")  # peaks per trial
-        with strategy.scope():
+        if trial.program == PLAIN:
+            strategy, scope, notes = None, tf.device(self._plain_device(trial)), (
+                f"program=plain: no strategy, the step called directly on {self.device_names[0]}",)
+        else:
+            strategy = self._strategy(trial.options.get("cross_device_ops", "auto"))
+            scope, notes = strategy.scope(), (
+                f"program=data-parallel: strategy.run under "
+                f"{'MirroredStrategy' if self.multi_worker is None else 'MultiWorkerMirroredStrategy'}",
+                f"cross_device_ops={type(strategy.extended._cross_device_ops).__name__}")
+        with scope:
             model = _build_model(work)
             model.set_weights(work.flat_weights)
             optimizer = _optimizer(trial.learning_rate, all_reduce=trial.all_reduce)
-            optimizer.build(model.trainable_variables)
-        replicas = strategy.num_replicas_in_sync
-        x_all, y_all = (_per_replica(strategy, shards) for shards in work.shards(trial.global_batch, replicas))
-        programs = _programs(strategy, model, optimizer, x_all, y_all, trial,
-                             batches=work.x.shape[0] // trial.global_batch)
+            optimizer.build(model.trainable_variables)  # before the loop (pitfall 4)
+            x_all, y_all = _data(strategy, work, trial.global_batch)
+        programs = _programs(_on_replicas(strategy), model, optimizer, x_all, y_all, trial,
+                             batches=work.x.shape[0] // trial.global_batch, jit_compile=jit_compile)
         variables = model.trainable_variables
         info = PreparedInfo(
             params=sum(int(np.prod(v.shape)) for v in variables),
             weights_hash=hash_arrays([v.numpy() for v in variables]),
             precision={"tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled(),
                        "keras_policy": keras.mixed_precision.global_policy().name},
-            notes=(f"cross_device_ops={type(strategy.extended._cross_device_ops).__name__}",),
-            # tf.function without XLA: no compilation cache; cuDNN autotuning unless turned off.
-            settings={"TF_CUDNN_USE_AUTOTUNE": os.environ.get("TF_CUDNN_USE_AUTOTUNE", "1 (default)"),
+            notes=notes,
+            # tf.function, XLA-compiled in the `xla` variant: no persistent compilation cache
+            # (TF's XLA one, --tf_xla_persistent_cache_directory, only if TF_XLA_FLAGS sets it);
+            # cuDNN autotuning unless turned off.
+            settings={"variant": trial.variant, "jit_compile": jit_compile,
+                      "TF_CUDNN_USE_AUTOTUNE": os.environ.get("TF_CUDNN_USE_AUTOTUNE", "1 (default)"),
                       "TF_XLA_FLAGS": os.environ.get("TF_XLA_FLAGS", ""), "compile_cache": None},
         )
         return TfPrepared(info, *programs, strategy, variables, trial.protocol.steps_per_call)
+
+    def _plain_device(self, trial: Trial) -> str:
+        """The one device of the plain program. Under the spmd launcher it is built the same
+        way (this worker's device, no strategy): one process, one device, and the job's
+        MultiWorkerMirroredStrategy stays unused."""
+        if trial.devices != 1:
+            raise ValueError(f"the plain program runs on one device, not {trial.devices}")
+        return self.device_names[0]
 
     def run(self, prepared: TfPrepared, steps: int) -> None:
         import tensorflow as tf
@@ -266,8 +292,7 @@ class TfMirroredBackend:
         import tensorflow as tf
 
         losses, grads = prepared.gradients(tf.constant(prepared.next_step, dtype=tf.int64))
-        local = prepared.strategy.experimental_local_results
-        return _global_loss(prepared.strategy, losses), [local(g)[0].numpy() for g in grads]
+        return _global_loss(prepared.strategy, losses), [_first_replica(prepared.strategy, g).numpy() for g in grads]
 
     def train(self, prepared: TfPrepared, steps: int) -> list[float]:
         import tensorflow as tf
@@ -280,6 +305,8 @@ class TfMirroredBackend:
         return result
 
     def replica_weights(self, prepared: TfPrepared) -> list[list[np.ndarray]]:
+        if prepared.strategy is None:
+            return [[v.numpy() for v in prepared.variables]]
         # Keras variables wrap the strategy's mirrored tf.Variable in `.value`.
         per_variable = [prepared.strategy.experimental_local_results(getattr(v, "value", v))
                         for v in prepared.variables]
@@ -367,6 +394,32 @@ def _paper_adam():
     return PaperAdam
 
 
+def _jit_compile(variant: str) -> bool:
+    """Whether `variant` compiles the per-replica forward and backward with XLA."""
+    known = (AS_WRITTEN, *(v.name for v in VARIANTS))
+    if variant not in known:
+        raise ValueError(f"unknown variant {variant!r} of tf; known: {', '.join(known)}")
+    return variant == "xla"
+
+
+def _data(strategy, work: Work, global_batch: int):
+    """The data as [batches, per_device_batch, features] on every replica's device; for the
+    plain program (no strategy), plain tensors on the current device."""
+    import tensorflow as tf
+
+    if strategy is None:
+        return tuple(tf.identity(tf.constant(shards[0])) for shards in work.shards(global_batch, 1))
+    replicas = strategy.num_replicas_in_sync
+    return tuple(_per_replica(strategy, shards) for shards in work.shards(global_batch, replicas))
+
+
+def _on_replicas(strategy):
+    """(fn, args) -> fn's per-replica results: `strategy.run`, or a direct call (plain)."""
+    if strategy is None:
+        return lambda fn, args: fn(*args)
+    return lambda fn, args: strategy.run(fn, args=args)
+
+
 def _per_replica(strategy, shards: np.ndarray):
     """Each replica's data [batches, per_device_batch, features], resident on its device."""
     import tensorflow as tf
@@ -389,10 +442,16 @@ def _replica_device(strategy, context) -> str:
 
 def _global_loss(strategy, losses) -> float:
     """The global mean loss: per-replica losses are pre-scaled by 1/global batch, so their
-    sum over every replica (of every worker)."""
+    sum over every replica (of every worker); the plain program's one loss already is."""
     import tensorflow as tf
 
+    if strategy is None:
+        return float(losses)
     return float(strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None).numpy())
+
+
+def _first_replica(strategy, value):
+    return value if strategy is None else strategy.experimental_local_results(value)[0]
 
 
 def _gather_replicas(strategy, local: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
@@ -408,43 +467,56 @@ def _gather_replicas(strategy, local: list[list[np.ndarray]]) -> list[list[np.nd
     return [[part.reshape(shape) for part, shape in zip(np.split(row, splits), shapes)] for row in rows]
 
 
-def _programs(strategy, model, optimizer, x_all, y_all, trial: Trial, batches: int):
-    """The timed loop, one step of it, and the gradients it applies, as tf.functions."""
+def _programs(on_replicas, model, optimizer, x_all, y_all, trial: Trial, batches: int, jit_compile: bool):
+    """The timed loop, one step of it, and the gradients it applies, as tf.functions;
+    `on_replicas` (`_on_replicas`) runs a replica function on every replica."""
     import tensorflow as tf
 
-    def scaled_loss(xs, ys, index):
-        x, y = tf.gather(xs, index), tf.gather(ys, index)
-        pred = tf.cast(model(x, training=True), tf.float32)  # bf16 under mixed precision
-        per_example = tf.reduce_mean(tf.square(pred - y), axis=-1)
-        return tf.nn.compute_average_loss(per_example, global_batch_size=trial.global_batch)
+    variables = model.trainable_variables
+
+    def forward_backward(x, y):
+        with tf.GradientTape() as tape:
+            pred = tf.cast(model(x, training=True), tf.float32)  # bf16 under mixed precision
+            per_example = tf.reduce_mean(tf.square(pred - y), axis=-1)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=trial.global_batch)
+        return loss, tape.gradient(loss, variables)
+
+    if jit_compile:
+        # XLA around each replica's forward and backward only: jit_compile around strategy.run
+        # fails across devices (pitfall 5), so apply_gradients (the all-reduce and Adam) stays
+        # outside, in both programs alike. Keras's own jit_compile=True (model.compile) would
+        # also compile the optimizer update. Dropout compiles (Keras draws it with stateless
+        # RNG ops), but XLA's generator may give other masks than TF's kernels (verify runs
+        # with dropout 0).
+        forward_backward = tf.function(forward_backward, jit_compile=True)
+
+    def batch(xs, ys, index):
+        return tf.gather(xs, index), tf.gather(ys, index)
 
     def replica_step(xs, ys, index):
-        with tf.GradientTape() as tape:
-            loss = scaled_loss(xs, ys, index)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces (SUM)
+        loss, grads = forward_backward(*batch(xs, ys, index))
+        optimizer.apply_gradients(zip(grads, variables))  # all-reduces (SUM) under a strategy
         return loss
 
     def replica_gradients(xs, ys, index):
-        with tf.GradientTape() as tape:
-            loss = scaled_loss(xs, ys, index)
-        grads = tape.gradient(loss, model.trainable_variables)
+        loss, grads = forward_backward(*batch(xs, ys, index))
         # The reduction Keras 3's apply_gradients performs under a strategy, called as it calls
-        # it (a private method, on purpose: verify must see what the timed step applies).
-        reduced = optimizer._all_reduce_sum_gradients(list(zip(grads, model.trainable_variables)))
+        # it (a private method, on purpose: verify must see what the timed step applies);
+        # without a strategy there is one replica, and the sum is the gradient itself.
+        reduced = optimizer._all_reduce_sum_gradients(list(zip(grads, variables)))
         return loss, [grad for grad, _ in reduced]
 
     @tf.function
     def train(start):
         for i in tf.range(trial.protocol.steps_per_call, dtype=tf.int64):
-            strategy.run(replica_step, args=(x_all, y_all, (start + i) % batches))
+            on_replicas(replica_step, (x_all, y_all, (start + i) % batches))
 
     @tf.function
     def one_step(step):
-        return strategy.run(replica_step, args=(x_all, y_all, step % batches))
+        return on_replicas(replica_step, (x_all, y_all, step % batches))
 
     @tf.function
     def gradients(step):
-        return strategy.run(replica_gradients, args=(x_all, y_all, step % batches))
+        return on_replicas(replica_gradients, (x_all, y_all, step % batches))
 
     return train, one_step, gradients

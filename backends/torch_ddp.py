@@ -2,6 +2,12 @@
 `DistributedDataParallel`: one process per device (the `spmd` launcher), NCCL on GPUs and
 gloo on CPUs, the gradients averaged over ranks by DDP's bucketed all-reduce during backward.
 
+Besides the data-parallel program, the plain single-device program a user would write
+(`trial.program == "plain"`): the same nn.Sequential and fused Adam, no DDP. The variants
+compile the nn.Sequential (`torch.compile`, inside DDP for the data-parallel program) in
+inductor's default mode or in "reduce-overhead" mode (CUDA graphs); loss, backward and the
+optimizer step stay eager.
+
 Eager PyTorch has no fused multi-step call: `steps_per_call` steps run as a Python loop.
 The module imports no torch at import time (`probe` runs in the xbench process).
 """
@@ -11,9 +17,13 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import importlib.util
 import inspect
 import os
+import shutil
 import socket
+import sys
+import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,8 +32,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import (
-    ADAM, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial, Work, hash_arrays,
-    probe_distributions,
+    ADAM, AS_WRITTEN, COMPILE_CACHE_VARIABLE, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable,
+    PreparedInfo, Process, Trial, Unsupported, Variant, Work, hash_arrays, probe_distributions,
 )
 
 SIMULATED_DEVICE_LIMIT = 8  # as in the jax backend: CPU "devices" are processes sharing one host
@@ -42,12 +52,20 @@ PRECISION = {
     # any float32 matmul left outside autocast stays strict (there is none in this step).
     "bf16": (False, False, "highest", "bfloat16"),
 }
+VARIANTS = (
+    Variant("compile", "torch.compile, default mode"),
+    # CUDA graphs are recorded on the first calls after compilation: more untimed warm-up.
+    Variant("cuda-graphs", "torch.compile(mode='reduce-overhead'): CUDA graphs", warmup_steps=3),
+)
+# torch.compile's mode for each variant; None: eager, as written.
+COMPILE_MODES = {AS_WRITTEN: None, "compile": "default", "cuda-graphs": "reduce-overhead"}
 
 
 @dataclass
 class TorchPrepared:
     info: PreparedInfo
-    ddp: Any  # DistributedDataParallel around the nn.Sequential
+    forward: Any  # what runs a batch forward: the DDP module, the plain module, or either compiled
+    ddp: Any  # DistributedDataParallel around the nn.Sequential (for no_sync); None in the plain program
     linears: list[Any]  # the nn.Linear layers, in order
     optimizer: Any
     xs: Any  # this rank's shard: (batches, per_device_batch, inputs) on the device
@@ -68,6 +86,8 @@ class TorchDdpBackend:
     name: ClassVar[str] = "torch"
     install_hint: ClassVar[str] = "pip install 'xbench[torch]'"
     launchers: ClassVar[tuple[str, ...]] = ("spmd",)
+    programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL, PLAIN)
+    variants: ClassVar[tuple[Variant, ...]] = VARIANTS
 
     def __init__(self) -> None:
         self.process: Process | None = None
@@ -156,14 +176,20 @@ class TorchDdpBackend:
     # -- one trial ---------------------------------------------------------------------------
 
     def prepare(self, trial: Trial, work: Work) -> TorchPrepared:
+        mode = _compile_mode(trial)
         import torch
-        import torch.distributed as dist
         from torch import nn
-        from torch.nn.parallel import DistributedDataParallel
 
         process, device, gpu = self._process(), self.device, self.platform == "gpu"
         if trial.devices != process.world_size:
             raise ValueError(f"trial {trial.id} wants {trial.devices} devices; this job has {process.world_size} ranks")
+        if trial.program == PLAIN and trial.devices != 1:
+            raise ValueError(f"trial {trial.id}: the plain program runs on one device, not {trial.devices}")
+        if mode is not None:
+            reason = _compile_unsupported(mode, device)
+            if reason:
+                raise Unsupported(reason)  # before anything expensive: the core records the reason
+        compile_cache = _fresh_compiler_state(mode)
         if gpu:
             gc.collect()  # the previous trial's module and optimizer, should a cycle hold them
             torch.cuda.reset_peak_memory_stats(device)
@@ -191,19 +217,25 @@ class TorchDdpBackend:
             if i < len(work.weights) - 1:
                 layers += [nn.ReLU(), nn.Dropout(work.model.dropout)]
         model = nn.Sequential(*layers).train()
-
-        ddp_kwargs: dict[str, Any] = {"device_ids": [device.index] if gpu else None,
-                                      "bucket_cap_mb": BUCKET_CAP_MB, "gradient_as_bucket_view": True}
-        # The model has no buffers; say so explicitly anyway (torch 2.13 renamed the flag).
-        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
-            ddp_kwargs["forward_sync_buffers"] = False
-        else:
-            ddp_kwargs["broadcast_buffers"] = False
-        ddp = DistributedDataParallel(model, **ddp_kwargs)
+        # Only the module is compiled: the batch is sliced outside (a Python int index inside
+        # would recompile per batch), and loss, backward and the fused Adam step stay eager.
+        # The compiled graph draws dropout masks from inductor's RNG, not eager's stream, so the
+        # masks differ from the eager program's (verify runs with dropout 0).
+        compiled = model if mode is None else torch.compile(model, mode=mode)
+        # DDP around the compiled module, not torch.compile(ddp) as PyTorch's DDP notes show: in
+        # torch 2.13 dynamo graph-breaks in DDP.forward (its logger) and runs it eagerly, and the
+        # nn.Sequential's forward it then meets is torch's own code, which dynamo skips, so
+        # nothing would compile. Compiled inside DDP's forward, the module still gets
+        # DDPOptimizer (graphs split at bucket boundaries, all-reduce overlapping backward).
+        # cuda-graphs over several ranks is written the same way but untested here: the
+        # all-reduce runs in DDP's hooks between the recorded backward graphs, and whether
+        # CUDA-graph trees keep the gradients DDP reads valid is to be checked on GPUs.
+        ddp = None if trial.program == PLAIN else _ddp(compiled, device, gpu)
+        forward = compiled if ddp is None else ddp
 
         # torch's Adam is the paper's (eps added to sqrt(v_hat), after the bias correction),
         # as is optax's. The fused kernel: one launch per step for all parameters.
-        optimizer = torch.optim.Adam(ddp.parameters(), lr=trial.learning_rate, betas=(ADAM.b1, ADAM.b2),
+        optimizer = torch.optim.Adam(model.parameters(), lr=trial.learning_rate, betas=(ADAM.b1, ADAM.b2),
                                      eps=ADAM.eps, fused=True)
 
         xs, ys = work.shards(trial.global_batch, trial.devices)
@@ -223,19 +255,21 @@ class TorchDdpBackend:
                 "loss_dtype": "float32",
             },
             sync_every_call=False,
-            # Eager: no compiled program, so no compilation cache; cuDNN's benchmark mode (off
-            # unless a user turns it on) is what picks kernels by timing them.
+            # cuDNN's benchmark mode (off unless a user turns it on) picks kernels by timing them;
+            # compiled variants add inductor's compilation cache (eager has none).
             settings={"cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-                      "cudnn_deterministic": bool(torch.backends.cudnn.deterministic), "compile_cache": None},
+                      "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+                      "program": trial.program, "variant": trial.variant, "compile_mode": mode,
+                      "compile_cache": compile_cache, **_dynamo_settings(mode, ddp)},
             notes=(
-                f"DDP over {dist.get_backend()}: bucket_cap_mb={ddp.bucket_bytes_cap / 2**20:g}, "
-                f"{_buckets(ddp)}, gradient_as_bucket_view=True, zero_grad(set_to_none=True)",
+                _program_note(ddp),
+                *(() if mode is None else (_compile_note(mode, ddp),)),
                 "Adam: torch.optim.Adam(fused=True), eps after the bias correction (paper/optax form)",
                 "no fused multi-step call: steps_per_call steps run as a Python loop",
-                *(() if trial.all_reduce else ("compute-only: each step under ddp.no_sync(), no gradient all-reduce",)),
+                *(() if trial.all_reduce else (_compute_only_note(ddp),)),
             ),
         )
-        return TorchPrepared(info, ddp, linears, optimizer, xs_d, ys_d, trial.all_reduce, autocast, device)
+        return TorchPrepared(info, forward, ddp, linears, optimizer, xs_d, ys_d, trial.all_reduce, autocast, device)
 
     def run(self, prepared: TorchPrepared, steps: int) -> None:
         import torch
@@ -316,11 +350,13 @@ def _forward_backward(p: TorchPrepared):
     import torch.nn.functional as F
 
     index = p.step % p.xs.shape[0]
+    batch, target = p.xs[index], p.ys[index]  # outside any compiled callable (see prepare)
     p.optimizer.zero_grad(set_to_none=True)
-    with nullcontext() if p.all_reduce else p.ddp.no_sync():
+    # Compute-only: DDP skips its all-reduce; the plain program has none to skip.
+    with p.ddp.no_sync() if p.ddp is not None and not p.all_reduce else nullcontext():
         with p.autocast():
-            pred = p.ddp(p.xs[index])
-        loss = F.mse_loss(pred.float(), p.ys[index])  # mean over this rank's batch and outputs
+            pred = p.forward(batch)
+        loss = F.mse_loss(pred.float(), target)  # mean over this rank's batch and outputs
         loss.backward()
     return loss.detach()
 
@@ -330,6 +366,118 @@ def _train_step(p: TorchPrepared):
     p.optimizer.step()
     p.step += 1
     return loss
+
+
+def _ddp(model, device, gpu: bool):
+    from torch.nn.parallel import DistributedDataParallel
+
+    kwargs: dict[str, Any] = {"device_ids": [device.index] if gpu else None,
+                              "bucket_cap_mb": BUCKET_CAP_MB, "gradient_as_bucket_view": True}
+    # The model has no buffers; say so explicitly anyway (torch 2.13 renamed the flag).
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        kwargs["forward_sync_buffers"] = False
+    else:
+        kwargs["broadcast_buffers"] = False
+    return DistributedDataParallel(model, **kwargs)
+
+
+def _compile_mode(trial: Trial) -> str | None:
+    """torch.compile's mode for the trial's variant (None: eager); refuses unknown names."""
+    if trial.program not in (DATA_PARALLEL, PLAIN):
+        raise ValueError(f"unknown program {trial.program!r} of torch; known: {DATA_PARALLEL}, {PLAIN}")
+    if trial.variant not in COMPILE_MODES:
+        raise ValueError(f"unknown variant {trial.variant!r} of torch; known: {', '.join(COMPILE_MODES)}")
+    return COMPILE_MODES[trial.variant]
+
+
+def _compile_unsupported(mode: str, device) -> str | None:
+    """Why torch.compile cannot run `mode` on `device` here, or None: checked up front, so the
+    trial is recorded as unsupported with the reason instead of failing at its first call."""
+    if mode == "reduce-overhead" and device.type != "cuda":
+        return "CUDA graphs need a CUDA device; this trial runs on CPU"
+    import torch._dynamo
+
+    if not torch._dynamo.is_dynamo_supported():
+        return f"torch.compile does not support Python {sys.version.split()[0]} in torch {torch.__version__}"
+    if device.type == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            return "torch.compile on CUDA needs Triton; pip install triton (the version torch pins)"
+        return None
+    compilers = _cpu_compilers()
+    if not any(shutil.which(c) for c in compilers):
+        return (f"torch.compile on CPU needs a C++ compiler ({' or '.join(compilers)} not found); "
+                "install g++ (apt-get install g++) or set CXX")
+    return None
+
+
+def _cpu_compilers() -> list[str]:
+    """The C++ compilers inductor would try, as its config lists them (CXX, else g++)."""
+    try:
+        from torch._inductor import config
+
+        cxx = config.cpp.cxx
+        found = [c for c in (cxx if isinstance(cxx, (list, tuple)) else (cxx,)) if c]
+    except (ImportError, AttributeError):  # a private config: fall back to its documented default
+        found = []
+    return found or [os.environ.get("CXX") or "g++"]
+
+
+def _fresh_compiler_state(mode: str | None) -> str | None:
+    """Start every trial from a fresh compiler, whatever ran before in this process.
+
+    Dynamo keeps compiled graphs (and recompile counts) on the code objects it compiled, which
+    every nn.Sequential shares, and its guards hold the previous trial's module: reset, or a
+    later trial would run, or count recompiles against, graphs of an earlier one and keep its
+    memory alive. Inductor's on-disk cache is on by default and persists across processes and
+    runs; it goes to the run's directory when xbench gives one (contract: "Replicates"),
+    otherwise to a private one per trial, so that each compiles afresh. Returns the shared
+    cache directory, or None."""
+    if "torch._dynamo" in sys.modules:  # something may have compiled earlier in this process
+        import torch._dynamo
+
+        torch._dynamo.reset()
+    if mode is None:
+        return None
+    from torch._inductor.utils import clear_caches
+
+    shared = os.environ.get(COMPILE_CACHE_VARIABLE) or None
+    path = shared or tempfile.mkdtemp(prefix="xbench-inductor-")
+    if shared is None:
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path  # read by inductor at each use
+    clear_caches()  # inductor's in-memory caches of compiled code, keyed to the old directory
+    return shared
+
+
+def _dynamo_settings(mode: str | None, ddp) -> dict[str, Any]:
+    """What decides how a compiled DDP module is split into graphs (none when eager or plain)."""
+    if mode is None or ddp is None:
+        return {}
+    import torch._dynamo
+
+    return {"dynamo_optimize_ddp": torch._dynamo.config.optimize_ddp}
+
+
+def _program_note(ddp) -> str:
+    import torch.distributed as dist
+
+    if ddp is None:
+        return "plain: no DDP, no process group in the step"
+    return (f"DDP over {dist.get_backend()}: bucket_cap_mb={ddp.bucket_bytes_cap / 2**20:g}, "
+            f"{_buckets(ddp)}, gradient_as_bucket_view=True, zero_grad(set_to_none=True)")
+
+
+def _compile_note(mode: str, ddp) -> str:
+    if ddp is None:
+        return f"torch.compile(mode={mode}) of the nn.Sequential; loss, backward and Adam eager"
+    return (f"DDP(torch.compile(mode={mode}) of the nn.Sequential); DDPOptimizer splits graphs at buckets; "
+            "loss, backward and Adam eager")
+
+
+def _compute_only_note(ddp) -> str:
+    if ddp is None:
+        return "compute-only: the plain step itself (it has no all-reduce)"
+    return "compute-only: each step under ddp.no_sync(), no gradient all-reduce"
 
 
 def _global_mean(values):

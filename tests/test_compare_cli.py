@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import order_seed_starting_with
 from tests.processes import TAG, new_tag, tagged_processes
 
-from xbench.records import read_records
+from xbench.records import SCHEMA_VERSION, read_records
 
 FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0", "--no-verify")
 
@@ -180,7 +180,7 @@ def test_schema_1_records_are_migrated_and_newer_ones_refused(tmp_path):
     from tests.conftest import ROOT
 
     old = read_records(ROOT / "results" / "2026-11-22-h200x2-jax-quick")  # written with schema 1
-    assert old and all(r["schema"] == 4 and r["trial"]["all_reduce"] is True for r in old)
+    assert old and all(r["schema"] == SCHEMA_VERSION and r["trial"]["all_reduce"] is True for r in old)
     assert all(r["trial"]["replicate"] == 0 and r["trial_id"].endswith("/r0") for r in old)
     assert old[0]["verification"]["status"] == "skipped"
     newer = tmp_path / "records.jsonl"

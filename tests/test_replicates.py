@@ -9,7 +9,7 @@ import pytest
 
 from xbench.measure import measure, stop_reason
 from xbench.plan import group_trials, plan_trials
-from xbench.records import RECORDS_FILE, read_records
+from xbench.records import RECORDS_FILE, SCHEMA_VERSION, read_records
 from xbench.spec import Protocol, load_spec
 from xbench.summary import host_bound_reason, rows_from_records, verdict
 from xbench.present import RESULT_HEADERS, notes, result_cells
@@ -185,7 +185,7 @@ def test_schema_3_records_become_replicate_0(tmp_path):
     del old["trial"]["replicate"], old["replicate"], old["timing"]["stopped"]
     (tmp_path / RECORDS_FILE).write_text(json.dumps({"schema": 3, **old}) + "\n")
     [migrated] = read_records(tmp_path)
-    assert migrated["schema"] == 4 and migrated["trial"]["replicate"] == 0
+    assert migrated["schema"] == SCHEMA_VERSION and migrated["trial"]["replicate"] == 0
     assert migrated["trial_id"] == "b/m/d1/b32/r0"
     [row] = rows_from_records([migrated])
     assert row.throughput.replicates == 1 and math.isnan(row.throughput.ci_low)

@@ -12,18 +12,17 @@ every child is killed in a `finally`.
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.children import child_log, child_main, run_children
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD_TIMEOUT_S = 180  # for all jobs; a hang in a collective fails the test instead of blocking CI
@@ -124,39 +123,6 @@ def _verification(backend, trial, out: dict):
     return prepared
 
 
-# -- the parent: start every job, wait with a timeout, kill leftovers -------------------------
-
-
-def _run_jobs(tmp_path: Path, jobs: dict[str, dict]) -> dict[str, dict]:
-    procs = {}
-    try:
-        for name, job in jobs.items():
-            spec = tmp_path / f"{name}.json"
-            spec.write_text(json.dumps({**job, "out": str(tmp_path / f"{name}.pkl")}))
-            log = open(tmp_path / f"{name}.log", "w")
-            procs[name] = (subprocess.Popen([sys.executable, "-W", "error", __file__, str(spec)], cwd=tmp_path,
-                                            stdout=log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, "PYTHONPATH": str(ROOT)}), log)
-        deadline = time.monotonic() + CHILD_TIMEOUT_S
-        for name, (proc, _) in procs.items():
-            try:
-                code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"job {name} did not finish in {CHILD_TIMEOUT_S} s:\n{_log(tmp_path, name)}")
-            assert code == 0, f"job {name} exited {code}:\n{_log(tmp_path, name)}"
-    finally:
-        for proc, log in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
-            log.close()
-    return {name: pickle.loads((tmp_path / f"{name}.pkl").read_bytes()) for name in jobs}
-
-
-def _log(tmp_path: Path, name: str) -> str:
-    return (tmp_path / f"{name}.log").read_text()[-4000:]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("torch_ddp")
@@ -173,9 +139,9 @@ def runs(tmp_path_factory):
            for r in (0, 1)},
         "jax1": {"framework": "jax", "trials": raw({"fp32": _trial(1, backend="jax")})},
     }
-    results = _run_jobs(tmp_path, jobs)
+    results = run_children(__file__, jobs, tmp_path, CHILD_TIMEOUT_S)
     for name in jobs:
-        print(name, _log(tmp_path, name))  # shown by pytest only on failure
+        print(name, child_log(tmp_path, name))  # shown by pytest only on failure
     return results
 
 
@@ -305,6 +271,4 @@ def test_device_info_and_collectives(runs):
 
 
 if __name__ == "__main__":
-    job = json.loads(Path(sys.argv[1]).read_text())
-    result = _child(job)
-    Path(job["out"]).write_bytes(pickle.dumps(result))
+    child_main(_child)

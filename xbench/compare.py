@@ -25,13 +25,15 @@ from typing import Any, Protocol
 from xbench import launcher
 from xbench.environment import command_line, host_environment
 from xbench.errors import BackendError, XbenchError
-from xbench.plan import group_trials, plan_trials
+from xbench.plan import AS_WRITTEN_VARIANT, Lineup, group_trials, plan_trials
 from xbench.allreduce import sizes_for
 from xbench.cluster import Launch
-from xbench.contract import COMPILE_CACHE_VARIABLE, launchers_of
+from xbench.contract import (
+    COMPILE_CACHE_VARIABLE, DATA_PARALLEL, PLAIN, implementation, launchers_of, programs_of, variants_of,
+)
 from xbench.records import ALLREDUCE_FILE, RUN_FILE, RecordWriter, finished_trials, prepare_run_dir, read_records, write_json
 from xbench.registry import BackendEntry, discover, resolve
-from xbench.spec import Spec, build_spec, resolve_protocol
+from xbench.spec import ALL_VARIANTS, Spec, build_spec, resolve_protocol
 from xbench.verification import Verification, checks_as_dicts, verify
 
 VERIFY_FILE = "verify.json"
@@ -49,6 +51,15 @@ class Comparison:
     breakdown: bool = False  # time compute-only twins and the all-reduce too
     launch: Launch = field(default_factory=Launch)
     launchers: dict[str, str] = field(default_factory=dict)  # backend name -> the launcher that starts it
+    lineups: dict[str, Lineup] = field(default_factory=dict)  # backend name -> its variants and programs
+
+    @property
+    def implementations(self) -> list[str]:
+        """Every backend x variant x program the run times, as verify and the tables name them."""
+        return [implementation(name, variant.name, program)
+                for name in (e.name for e in self.entries)
+                for variant in self.lineups.get(name, Lineup()).variants
+                for program in self.lineups.get(name, Lineup()).verified_programs(1)]
 
 
 def new_run_id() -> str:
@@ -126,6 +137,42 @@ def choose_launchers(entries: Sequence[BackendEntry], launch: Launch) -> dict[st
     return chosen
 
 
+def choose_lineups(spec: Spec, entries: Sequence[BackendEntry]) -> dict[str, Lineup]:
+    """Each backend's variants (as written first, then those `spec.variants` names, or all of
+    them) and whether its plain program runs; a one-line error for a variant that names an
+    unselected backend or one the backend lacks."""
+    by_name = {entry.name: entry for entry in entries}
+    wanted: dict[str, list[str]] = {name: [] for name in by_name}
+    for item in spec.variants:
+        if item == ALL_VARIANTS:
+            for name, entry in by_name.items():
+                wanted[name] += list(variants_of(entry.backend))
+            continue
+        backend, _, variant = item.partition(":")
+        if backend not in by_name:
+            raise XbenchError(f"variant {item!r} names backend {backend!r}, which this run does not time; "
+                              f"add it to --backends or drop the variant")
+        known = variants_of(by_name[backend].backend)
+        if variant not in known:
+            listed = ", ".join(known) or "none"
+            raise XbenchError(f"backend {backend!r} has no variant {variant!r}; its variants: {listed}")
+        wanted[backend].append(variant)
+    lineups = {}
+    for name, entry in by_name.items():
+        variants = variants_of(entry.backend)
+        chosen = tuple(variants[v] for v in dict.fromkeys(wanted[name]))
+        lineups[name] = Lineup((AS_WRITTEN_VARIANT, *chosen), single_device_programs(spec, entry))
+    return lineups
+
+
+def single_device_programs(spec: Spec, entry: BackendEntry) -> tuple[str, ...]:
+    """The programs a backend times on 1 device: the spec's choice, the data-parallel one
+    where the backend has no plain program."""
+    if PLAIN not in programs_of(entry.backend) or spec.single_device == DATA_PARALLEL:
+        return (DATA_PARALLEL,)
+    return (PLAIN,) if spec.single_device == PLAIN else (DATA_PARALLEL, PLAIN)
+
+
 def check_spmd_devices(spec: Spec, launchers: Mapping[str, str], launch: Launch) -> None:
     """Under spmd every node runs the same share of each trial's ranks."""
     if "spmd" not in launchers.values():
@@ -155,6 +202,7 @@ class Ready:
     entries: list[BackendEntry]
     devices: dict[str, dict[str, Any]]  # backend name -> DeviceInfo as a dict (1-device worker)
     launchers: dict[str, str]  # backend name -> launcher
+    lineups: dict[str, Lineup]  # backend name -> variants and programs
 
 
 def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True, launch: Launch | None = None) -> Ready:
@@ -163,13 +211,14 @@ def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True, launc
     launch = launch or Launch()
     entries = resolve(spec.backends)
     check_options(spec, entries)
+    lineups = choose_lineups(spec, entries)
     launchers = choose_launchers(entries, launch)
     check_spmd_devices(spec, launchers, launch)
     devices = probe_devices(entries, spec.platform, log_dir)
     if strict_devices:
         check_device_counts(spec, {name: _per_node(info, launchers[name], launch) for name, info in devices.items()})
     check_same_platform(devices)
-    return Ready(entries, devices, launchers)
+    return Ready(entries, devices, launchers, lineups)
 
 
 def _per_node(info: dict[str, Any], launcher: str, launch: Launch) -> dict[str, Any]:
@@ -192,7 +241,8 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, break
         with open(run_dir / launcher.LOG_FILE, "a", encoding="utf-8") as log:
             for path in sorted(Path(tmp).iterdir()):
                 log.write(path.read_text(encoding="utf-8", errors="replace"))
-    return Comparison(spec, tuple(ready.entries), ready.devices, run_dir, run_id, breakdown, launch, ready.launchers)
+    return Comparison(spec, tuple(ready.entries), ready.devices, run_dir, run_id, breakdown, launch, ready.launchers,
+                      ready.lineups)
 
 
 def resolved(spec: Spec, devices: Mapping[str, Mapping[str, Any]], launch: Launch) -> Spec:
@@ -245,12 +295,16 @@ def resume(run_dir: Path) -> Comparison:
     # The launchers the run started with, so that trial ids (and what counts as done) match.
     launchers = {**ready.launchers, **saved.get("launch", {}).get("backends", {})}
     return Comparison(spec, tuple(ready.entries), ready.devices, Path(run_dir), saved["run_id"],
-                      bool(saved.get("breakdown", False)), launch, launchers)
+                      bool(saved.get("breakdown", False)), launch, launchers, ready.lineups)
 
 
 def _saved_spec(raw: Mapping[str, Any], source: str) -> Spec:
     """A run's spec from its run.json. A run recorded before replicates existed is finished
-    the way it started: one replicate, in plan order, every window, no time budget."""
+    the way it started: one replicate, in plan order, every window, no time budget; one
+    recorded before plain programs existed times the data-parallel program on 1 device."""
+    raw = {**raw, "single_device": raw.get("single_device", DATA_PARALLEL)}
+    if not raw.get("variants"):
+        raw.pop("variants", None)
     protocol = dict(raw.get("protocol") or {})
     if "replicates" in protocol:
         return build_spec(raw, source=source)
@@ -265,7 +319,8 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any]) -> Veri
     with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
         result = verify(comparison.spec, comparison.entries, comparison.spec.devices, Path(tmp),
                         environment, log_dir=comparison.run_dir, launch=comparison.launch,
-                        launchers=comparison.launchers, parallel=parallel_verification(comparison.devices))
+                        launchers=comparison.launchers, parallel=parallel_verification(comparison.devices),
+                        lineups=comparison.lineups)
     write_json(comparison.run_dir / VERIFY_FILE, {
         "checks": checks_as_dicts(result.checks),
         "problems": result.problems,
@@ -302,7 +357,7 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
             run_dir=comparison.run_dir,
             environment=environment,
             write=writer.append,
-            annotate=lambda trial: {"verification": verification[trial.backend]},
+            annotate=lambda trial: {"verification": verification[trial.implementation]},
             launch=comparison.launch,
             env=cache_env,
         )
@@ -334,13 +389,13 @@ def _execute(comparison: Comparison, ctx: launcher.Context, writer: RecordWriter
     positions = {t.id: i for i, t in enumerate(everything)}
     trials = [t for t in everything if t.id not in done]
     for trial in trials:
-        if verification[trial.backend]["status"] == "failed":
+        if verification[trial.implementation]["status"] == "failed":
             record = launcher.skipped_record(trial, ctx, "verification failed: " + "; ".join(
-                verification[trial.backend]["failed"]))
+                verification[trial.implementation]["failed"]))
             writer.append(record)
             ctx.listener.trial_finished(trial, record)
             records.append(record)
-    runnable = [t for t in trials if verification[t.backend]["status"] != "failed"]
+    runnable = [t for t in trials if verification[t.implementation]["status"] != "failed"]
     groups = group_trials(runnable, {e.name: e.target for e in comparison.entries}, positions)
     return records + launcher.run_groups(groups, ctx)
 
@@ -388,7 +443,7 @@ def breakdown_allreduce(comparison: Comparison, environment: dict[str, Any]) -> 
 def plan(comparison: Comparison) -> list:
     """Every trial of the comparison, in order."""
     return plan_trials(comparison.spec, [e.name for e in comparison.entries], comparison.breakdown,
-                       comparison.launchers)
+                       comparison.launchers, comparison.lineups)
 
 
 def trial_count(comparison: Comparison, done: set[str] | frozenset[str] = frozenset()) -> int:
@@ -447,11 +502,12 @@ def _verification_outcome(comparison: Comparison, environment: dict[str, Any], o
                           no_verify: bool) -> dict[str, dict[str, Any]]:
     if comparison.launch.multi_node and not no_verify:
         observer.note("verify is not run across nodes; run `xbench verify --launcher spmd` on one node")
-        return {e.name: unverified("multi-node run: run xbench verify on one node") for e in comparison.entries}
+        return {name: unverified("multi-node run: run xbench verify on one node")
+                for name in comparison.implementations}
     if no_verify:
-        return {e.name: unverified("--no-verify") for e in comparison.entries}
+        return {name: unverified("--no-verify") for name in comparison.implementations}
     with observer.phase("verifying identical work and all-reduce (skip with --no-verify)…"):
         verification = verify_backends(comparison, environment)
-    outcome = {e.name: verification.outcome(e.name) for e in comparison.entries}
+    outcome = {name: verification.outcome(name) for name in comparison.implementations}
     observer.verified(outcome)
     return outcome

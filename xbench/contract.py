@@ -21,6 +21,19 @@ backend sees nothing of it but `trial.replicate`. When the environment variable
 persistent compilation cache may point it there in `setup`, so that the replicates of one run
 share compiled programs; it says whether it did in `PreparedInfo.settings["compile_cache"]`.
 
+Programs and variants. Besides its data-parallel program a backend may offer the plain
+single-device program a user would write without xbench (`programs` includes "plain"): for a
+trial with `trial.program == "plain"` (always one device) `prepare` builds the step with no
+distribution at all (no pmap or sharding, no strategy, no process group in the step, no DDP).
+It may also offer `variants`, named ways to run either program as a performance engineer
+would tune it (XLA, torch.compile, CUDA graphs, fused steps); `trial.variant` is one of their
+names or "as-written" (the program as the framework's docs teach it). A variant must do the
+same work (xbench verify checks it like any other program); one that cannot run on this
+platform raises `Unsupported` in `prepare`, with the reason. A variant that fuses steps into
+one call says how many in `Variant.steps_per_call`, and one that needs more warm-up (CUDA
+graphs are recorded on the first calls) says how much in `Variant.warmup_steps`; the core
+then sets the trial's `protocol` accordingly.
+
 Launchers. With the `subprocess` launcher (the default for a backend that does not say
 otherwise) one process drives all `devices` devices, as above. With the `spmd` launcher there
 is one process per device: every process calls `setup_process(process, platform)` instead of
@@ -44,12 +57,17 @@ from xbench.spec import Protocol as TimingProtocol
 from xbench.work import Work, hash_arrays
 
 __all__ = [
-    "ADAM", "Adam", "Availability", "Backend", "DeviceInfo", "DeviceUnavailable", "LAUNCHERS", "Prepared",
-    "PreparedInfo", "Process", "Trial", "Unsupported", "Work", "COMPILE_CACHE_VARIABLE", "hash_arrays",
-    "launchers_of", "probe_distributions", "replicate_id",
+    "ADAM", "AS_WRITTEN", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL", "LAUNCHERS", "PLAIN", "Adam", "Availability",
+    "Backend", "DeviceInfo", "DeviceUnavailable", "Prepared", "PreparedInfo", "Process", "Trial", "Unsupported",
+    "Variant", "Work", "hash_arrays", "implementation", "implementation_of", "launchers_of", "probe_distributions",
+    "programs_of", "replicate_id", "variants_of",
 ]
 
 LAUNCHERS = ("subprocess", "spmd")
+AS_WRITTEN = "as-written"  # the variant every backend has: its program as the docs teach it
+DATA_PARALLEL = "data-parallel"  # the program over 1..N devices
+PLAIN = "plain"  # the single-device program with no distribution at all
+PROGRAMS = (DATA_PARALLEL, PLAIN)
 COMPILE_CACHE_VARIABLE = "XBENCH_COMPILE_CACHE_DIR"  # see "Replicates" above
 
 
@@ -66,6 +84,17 @@ class Adam:
 
 
 ADAM = Adam()
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named way to run a backend's programs other than as written, e.g. "xla" or
+    "compile"; see "Programs and variants" above."""
+
+    name: str
+    description: str  # one line: what is turned on
+    steps_per_call: int | None = None  # steps fused into one call, when the variant fuses them
+    warmup_steps: int | None = None  # at least this many untimed steps first (e.g. CUDA-graph capture)
 
 
 @dataclass(frozen=True)
@@ -174,6 +203,13 @@ class Trial:
     all_reduce: bool = True  # False: the compute-only step, the same step without the gradient all-reduce
     launcher: str = "subprocess"  # how its processes start: "subprocess" or "spmd" (one per device)
     replicate: int = 0  # which fresh worker process of the configuration measures it (0, 1, ...)
+    variant: str = AS_WRITTEN  # one of the backend's `variants`, or "as-written"
+    program: str = DATA_PARALLEL  # "plain": the single-device program without distribution
+
+    @property
+    def implementation(self) -> str:
+        """What runs, without the configuration: e.g. "jax", "jax plain", "torch+compile"."""
+        return implementation(self.backend, self.variant, self.program)
 
     @property
     def per_device_batch(self) -> int:
@@ -183,7 +219,7 @@ class Trial:
     def config_id(self) -> str:
         """The configuration, the same for all its replicates, e.g. "jax/medium/d2/b32"."""
         return trial_id(self.backend, self.model.name, self.devices, self.global_batch, self.launcher,
-                        self.all_reduce)
+                        self.all_reduce, self.variant, self.program)
 
     @property
     def id(self) -> str:
@@ -210,6 +246,11 @@ class Backend(Protocol):
     install_hint: ClassVar[str]
     """What to install when `probe` finds the framework missing, e.g. "pip install 'xbench[jax]'"."""
 
+    # programs: ClassVar[tuple[str, ...]] = ("data-parallel",)
+    #     Optional. Add "plain" when `prepare` can build the plain single-device program
+    #     (see "Programs and variants" above).
+    # variants: ClassVar[tuple[Variant, ...]] = ()
+    #     Optional. The backend's named variants besides "as-written".
     # launchers: ClassVar[tuple[str, ...]] = ("subprocess",)
     #     Optional. The launchers that can start this backend, preferred first: "subprocess"
     #     (one process drives every device: `setup`) and/or "spmd" (one process per device:
@@ -271,12 +312,24 @@ class Backend(Protocol):
 
 
 def trial_id(backend: str, model: str, devices: int, global_batch: int, launcher: str = "subprocess",
-             all_reduce: bool = True) -> str:
-    """e.g. "jax/medium/d2/b32", "torch/large/d2/b256/spmd/compute-only"."""
+             all_reduce: bool = True, variant: str = AS_WRITTEN, program: str = DATA_PARALLEL) -> str:
+    """e.g. "jax/medium/d2/b32", "torch/large/d2/b256/spmd/compute-only",
+    "jax/medium/d1/b32/plain", "torch/medium/d2/b32/spmd/compile"."""
     base = f"{backend}/{model}/d{devices}/b{global_batch}"
     if launcher != "subprocess":
         base += f"/{launcher}"
+    if program != DATA_PARALLEL:
+        base += f"/{program}"
+    if variant != AS_WRITTEN:
+        base += f"/{variant}"
     return base if all_reduce else f"{base}/compute-only"
+
+
+def implementation(backend: str, variant: str = AS_WRITTEN, program: str = DATA_PARALLEL) -> str:
+    """A backend with its variant and program, as verify keys and tables name it:
+    "jax", "jax plain", "torch+compile", "torch plain+compile"."""
+    name = backend if program == DATA_PARALLEL else f"{backend} {program}"
+    return name if variant == AS_WRITTEN else f"{name}+{variant}"
 
 
 def replicate_id(config_id: str, replicate: int) -> str:
@@ -286,6 +339,23 @@ def replicate_id(config_id: str, replicate: int) -> str:
 def backend_label(backend: str, launcher: str = "subprocess") -> str:
     """A backend as tables and plots show it, with its launcher when not the default."""
     return backend if launcher == "subprocess" else f"{backend} ({launcher})"
+
+
+def implementation_of(trial: dict[str, Any]) -> str:
+    """`implementation` of a trial as stored in a record (older records lack variant and program)."""
+    return implementation(trial["backend"], trial.get("variant", AS_WRITTEN), trial.get("program", DATA_PARALLEL))
+
+
+def programs_of(backend: Any) -> tuple[str, ...]:
+    """The programs a backend can build: always "data-parallel", and "plain" if it says so."""
+    declared = getattr(backend, "programs", ())
+    return (DATA_PARALLEL, PLAIN) if isinstance(declared, (tuple, list)) and PLAIN in declared else (DATA_PARALLEL,)
+
+
+def variants_of(backend: Any) -> dict[str, Variant]:
+    """A backend's named variants by name (without "as-written")."""
+    declared = getattr(backend, "variants", ())
+    return {v.name: v for v in declared if isinstance(v, Variant)} if isinstance(declared, (tuple, list)) else {}
 
 
 def launchers_of(backend: Any) -> tuple[str, ...]:

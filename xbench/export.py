@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from xbench.contract import AS_WRITTEN, DATA_PARALLEL
 from xbench.present import notes
 from xbench.summary import energy_mj_per_sample, gpu_util_pct, memory_gib, rows_from_records, verdict
 
@@ -18,13 +19,15 @@ def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if _config(record) not in first or (record["status"] == "ok" and first[_config(record)]["status"] != "ok"):
             first[_config(record)] = record
     for row in rows_from_records(records):
-        record = first[(row.backend, row.model, row.devices, row.global_batch, row.launcher, row.all_reduce)]
+        record = first[(row.backend, row.model, row.devices, row.global_batch, row.launcher, row.all_reduce,
+                        row.variant, row.program)]
         trial, devices = record["trial"], record.get("devices") or {}
         t, s, b = row.throughput, row.scaling, row.breakdown
         out.append({
             "run_id": record.get("run_id"), "config_id": row.trial_id,
             "status": row.status, "reason": row.reason,
-            "backend": row.backend, "launcher": row.launcher, "model": row.model, "params": row.params,
+            "backend": row.backend, "variant": row.variant, "program": row.program, "launcher": row.launcher,
+            "model": row.model, "params": row.params,
             "devices": row.devices, "global_batch": row.global_batch, "per_device_batch": row.per_device_batch,
             "scaling": trial["scaling"], "precision": trial["precision"],
             "steps_per_call": trial["protocol"]["steps_per_call"], "all_reduce": row.all_reduce,
@@ -40,7 +43,9 @@ def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "windows_kept": t.windows if t else None, "outliers_removed": t.removed if t else None,
             "step_ms": row.step_ms, "first_call_s": row.first_call_s,
             "speedup": s.speedup if s else None, "speedup_ci95_low": s.ci_low if s else None,
-            "speedup_ci95_high": s.ci_high if s else None, "efficiency": s.efficiency if s else None,
+            "speedup_ci95_high": s.ci_high if s else None,
+            "efficiency": s.efficiency if s and row.devices > 1 else None,
+            "speedup_baseline": row.baseline,
             "p_value": s.p_value if s else None, "verdict": verdict(row),
             "notes": "; ".join(notes(row)) if t else None,
             "compute_ms": b.compute_ms if b else None, "exposed_comm_ms": b.comm_ms if b else None,
@@ -55,7 +60,8 @@ def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def _config(record: Mapping[str, Any]) -> tuple:
     trial = record["trial"]
     return (trial["backend"], trial["model"]["name"], trial["devices"], trial["global_batch"],
-            trial.get("launcher", "subprocess"), trial.get("all_reduce", True))
+            trial.get("launcher", "subprocess"), trial.get("all_reduce", True), trial.get("variant", AS_WRITTEN),
+            trial.get("program", DATA_PARALLEL))
 
 
 def to_frame(records: Sequence[Mapping[str, Any]]):

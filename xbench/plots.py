@@ -108,7 +108,7 @@ def scaling_figure(rows: Sequence[Row], model: str):
     line (speedup = devices); None unless at least two multi-device counts were measured."""
     series: dict[tuple[str, int], list[tuple[int, float]]] = {}
     for row in rows:
-        if row.scaling is not None:
+        if row.scaling is not None and row.devices > 1:
             series.setdefault((row.label, row.global_batch), []).append((row.devices, row.scaling.speedup))
     counts = sorted({devices for points in series.values() for devices, _ in points})
     if len(counts) < 2:

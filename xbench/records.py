@@ -12,6 +12,9 @@ Schema history:
 4. one record per replicate: `trial.replicate`, a trial id ending in "/r<replicate>", and
    `replicate` (host load before and after, kernel-choice settings, why the windows stopped,
    throttling); telemetry over the timed windows. Older records are replicate 0.
+5. adds `trial.variant` (a backend's named variant, or "as-written") and `trial.program`
+   ("data-parallel", or "plain": the single-device program without distribution); a trial
+   id names them when they are not the default. Older records are as written, data-parallel.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from xbench.contract import AS_WRITTEN, DATA_PARALLEL
 from xbench.errors import XbenchError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 RECORDS_FILE = "records.jsonl"
 ALLREDUCE_FILE = "allreduce.jsonl"  # the all-reduce microbenchmark, one record per size
 RUN_FILE = "run.json"
@@ -151,7 +155,16 @@ def _v3_to_v4(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, **ids, "trial": trial, "schema": 4}
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+def _v4_to_v5(record: dict[str, Any]) -> dict[str, Any]:
+    """Before variants and plain programs every trial ran its backend's data-parallel program
+    as written."""
+    if "trial" not in record:
+        return {**record, "schema": 5}
+    trial = {"variant": AS_WRITTEN, "program": DATA_PARALLEL, **record["trial"]}
+    return {**record, "trial": trial, "schema": 5}
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
 
 # What every record of each file must hold; anything less is a damaged or foreign file.
 REQUIRED = {RECORDS_FILE: ("trial", "status"), ALLREDUCE_FILE: ("backend", "devices", "nbytes", "status")}

@@ -10,8 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from xbench.allreduce import format_size, ok_results, result_from_record
-from xbench.present import NUMERIC_COLUMNS, RESULT_HEADERS, result_cells
-from xbench.summary import Row, energy_mj_per_sample, full_rows, gpu_util_pct, memory_gib
+from xbench.present import FASTEST_HEADERS, NUMERIC_COLUMNS, RESULT_HEADERS, fastest_cells, result_cells
+from xbench.summary import Row, energy_mj_per_sample, fastest_rows, full_rows, gpu_util_pct, memory_gib
 
 
 Busbw = Mapping[tuple[str, int, int], float]  # (backend, devices, bytes) -> busbw in bytes/s
@@ -51,7 +51,25 @@ def model_tables(rows: Sequence[Row], busbw: Busbw | None = None) -> list[Table]
         costs = _cost_table(model, mine, busbw or {})
         if costs is not None:
             tables.append(costs)
+        fastest = _fastest_table(model, mine)
+        if fastest is not None:
+            tables.append(fastest)
     return tables
+
+
+def _fastest_table(model: str, rows: list[Row]) -> Table | None:
+    """Per configuration, the fastest backend/variant/program and the fastest as written;
+    None when no configuration has two measured rows."""
+    found = fastest_rows(rows)
+    if not found:
+        return None
+    table = Table(title=f"model {model}: fastest per configuration", title_justify="left")
+    for header in FASTEST_HEADERS:
+        table.add_column(header, justify="right" if header in ("dev", "batch", "samples/s", "±95%", "tuned gain")
+                         else "left", no_wrap=header != "not significantly slower")
+    for f in found:
+        table.add_row(*(escape(cell) for cell in fastest_cells(f)))
+    return table
 
 
 BREAKDOWN_NOTE = ("compute ms: the same step without the gradient all-reduce; comm ms: exposed communication "
@@ -161,8 +179,9 @@ def _caption(rows: list[Row]) -> str:
     modes = " and ".join(sorted({r.scaling_mode for r in rows}))
     lines = [
         f"{modes} scaling; samples/s: mean of the replicates' means (reps: replicates, each a fresh worker "
-        "process); ±95%: t-interval over replicate means; speedup (95% interval) over the same backend's "
-        "1-device mean; verdict from Welch's test on replicate means; unstable: replicates disagree beyond "
+        "process); ±95%: t-interval over replicate means; speedup (95% interval) over the same backend and "
+        "variant's faster 1-device program (\"vs plain\": its plain single-device program); verdict from "
+        "Welch's test on replicate means; unstable: replicates disagree beyond "
         "their windows; host-bound: the step measures dispatch, not arithmetic (details in the report)",
     ]
     lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}"

@@ -13,8 +13,11 @@ from xbench.records import ALLREDUCE_FILE, RUN_FILE, read_records
 from xbench.render import (
     ALLREDUCE_HEADERS, ALLREDUCE_NOTE, Busbw, allreduce_rows, busbw_by_size, cost_columns, format_p,
 )
-from xbench.present import NUMERIC_COLUMNS, READING_NOTES, RESULT_HEADERS, result_cells, spread_text
-from xbench.summary import Row, full_rows, rows_from_records
+from xbench.present import (
+    FASTEST_HEADERS, NUMERIC_COLUMNS, READING_NOTES, RESULT_HEADERS, fastest_cells, result_cells, spread_text,
+)
+from xbench.contract import implementation_of
+from xbench.summary import Row, fastest_rows, full_rows, rows_from_records
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -110,7 +113,7 @@ def environment_section(records: Sequence[Mapping[str, Any]]) -> list[Block]:
 def verification_section(records: Sequence[Mapping[str, Any]]) -> list[Block]:
     outcome: dict[str, Mapping[str, Any]] = {}
     for record in records:
-        outcome.setdefault(record["trial"]["backend"], record.get("verification") or {})
+        outcome.setdefault(implementation_of(record["trial"]), record.get("verification") or {})
     items = []
     for backend, result in outcome.items():
         status = result.get("status", "unknown")
@@ -131,6 +134,7 @@ def model_section(model: str, rows: Sequence[Row], images: Sequence[Image], busb
     if measured:
         blocks.append(TableBlock(RESULT_HEADERS, tuple(result_cells(row) for row in measured),
                                  right_aligned=NUMERIC_COLUMNS))
+        blocks += fastest_section(model, rows)
         blocks += replicates_section(model, [row for row in rows if row.throughput is not None])
     else:
         blocks.append(Paragraph("No trial of this model finished."))
@@ -140,6 +144,15 @@ def model_section(model: str, rows: Sequence[Row], images: Sequence[Image], busb
                    TableBlock(costs.headers, costs.rows, right_aligned=frozenset(range(1, len(costs.headers)))),
                    Bullets(costs.notes)]
     return blocks + list(images)
+
+
+def fastest_section(model: str, rows: Sequence[Row]) -> list[Block]:
+    found = fastest_rows(rows)
+    if not found:
+        return []
+    return [Heading(f"Fastest per configuration, model {model}", 3),
+            TableBlock(FASTEST_HEADERS, tuple(fastest_cells(f) for f in found),
+                       right_aligned=frozenset({0, 1, 3, 4, 6, 7, 8}))]
 
 
 REPLICATE_HEADERS = ("backend", "dev", "batch", "replicate means (samples/s)", "between / within sd",

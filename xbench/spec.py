@@ -8,6 +8,7 @@ plus command-line overrides. `build_spec` turns that raw mapping into a `Spec` o
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 PRECISIONS = ("fp32", "tf32", "bf16")  # bf16: mixed, bf16 compute with fp32 master weights
 SCALINGS = ("strong", "weak")
+SINGLE_DEVICE = ("plain", "data-parallel", "both")
 PLATFORMS = ("auto", "cpu", "gpu")
 
 # The seed study's two MLPs (input 50, output 3, ReLU); batch sizes are the seed's grid.
@@ -123,6 +125,14 @@ class Spec:
     data: DataSpec = DataSpec()
     protocol: Protocol = Protocol()
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Variants to time besides each backend's program as written: "BACKEND:VARIANT" names,
+    # or "all" (every variant of every selected backend); checked against the backends later.
+    variants: tuple[str, ...] = ()
+    # The 1-device trial: "plain", each backend's single-device program without distribution
+    # (where it has one; others run their data-parallel program on one device), the
+    # "data-parallel" program with one replica, or "both" (speedups then count against the
+    # faster, and the table shows what going data-parallel costs).
+    single_device: str = "plain"
 
     def global_batch(self, batch: int, devices: int) -> int:
         """The batch one step processes over all devices."""
@@ -139,8 +149,10 @@ DEFAULT_RAW: dict[str, Any] = {
 
 _TOP_KEYS = {
     "models", "backends", "devices", "scaling", "precision", "platform",
-    "learning_rate", "seed", "data", "protocol", "options",
+    "learning_rate", "seed", "data", "protocol", "options", "variants", "single_device",
 }
+ALL_VARIANTS = "all"
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 _MODEL_KEYS = {"name", "preset", "widths", "dropout", "batch_sizes", "inputs", "outputs"}
 
 
@@ -236,6 +248,8 @@ def build_spec(raw: Mapping[str, Any], source: str = "spec") -> Spec:
         data=_data(raw.get("data", {}), source),
         protocol=_protocol(raw.get("protocol", {}), source),
         options=_options(raw.get("options", {}), source),
+        variants=_variants(raw, source),
+        single_device=_choice(raw, "single_device", SINGLE_DEVICE, defaults.single_device, source),
     )
     _check_batches(spec)
     return spec
@@ -423,6 +437,19 @@ def _str_list(table: Mapping[str, Any], key: str, default: Any, where: str) -> l
     if len(set(value)) != len(value):
         raise SpecError(f"'{key}' in {where} lists a name twice: {value!r}")
     return value
+
+
+def _variants(table: Mapping[str, Any], source: str) -> tuple[str, ...]:
+    """'all', or BACKEND:VARIANT names (checked against the backends once they are known)."""
+    if "variants" not in table:
+        return ()
+    names = _str_list(table, "variants", None, source)
+    for name in names:
+        backend, _, variant = name.partition(":")
+        if name != ALL_VARIANTS and not (_NAME.fullmatch(backend) and _NAME.fullmatch(variant)):
+            raise SpecError(f"variant {name!r} in {source} must be BACKEND:VARIANT (e.g. torch:compile) or "
+                            f"'{ALL_VARIANTS}'; `xbench backends` lists each backend's variants")
+    return tuple(names)
 
 
 def _choice(table: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str, where: str) -> str:

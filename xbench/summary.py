@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from xbench import stats
-from xbench.contract import backend_label, trial_id
+from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, backend_label, implementation, trial_id
 
 
 @dataclass(frozen=True)
@@ -70,15 +70,23 @@ class Row:
     ranks: int = 1  # processes whose window times the step time is the maximum of
     host_bound: str | None = None  # why the step measures host dispatch rather than arithmetic
     planned: int = 0  # replicates the run's spec asked for (records may hold fewer: an interrupted run)
+    variant: str = AS_WRITTEN
+    program: str = DATA_PARALLEL  # "plain": the single-device program without distribution
+    baseline: str | None = None  # the 1-device program the speedup is taken against
 
     @property
     def trial_id(self) -> str:
         """The configuration's id (its replicates' ids add "/r<k>")."""
-        return trial_id(self.backend, self.model, self.devices, self.global_batch, self.launcher, self.all_reduce)
+        return trial_id(self.backend, self.model, self.devices, self.global_batch, self.launcher, self.all_reduce,
+                        self.variant, self.program)
+
+    @property
+    def implementation(self) -> str:
+        return implementation(self.backend, self.variant, self.program)
 
     @property
     def label(self) -> str:
-        return backend_label(self.backend, self.launcher)
+        return backend_label(self.implementation, self.launcher)
 
     @property
     def means(self) -> tuple[float, ...]:
@@ -120,8 +128,8 @@ def _display_order(records: Sequence[Mapping[str, Any]]):
     the smallest, backends by name, then launcher, devices, batch, and the full step before
     its compute-only twin."""
     sizes = {r["trial"]["model"]["name"]: _model_size(r["trial"]["model"]) for r in records}
-    return lambda row: (sizes[row.model], row.model, row.backend, row.launcher, row.devices, row.global_batch,
-                        not row.all_reduce)
+    return lambda row: (sizes[row.model], row.model, row.backend, row.variant != AS_WRITTEN, row.variant,
+                        row.launcher, row.devices, row.program != PLAIN, row.global_batch, not row.all_reduce)
 
 
 def _model_size(model: Mapping[str, Any]) -> int:
@@ -137,7 +145,8 @@ def full_rows(rows: Sequence[Row]) -> list[Row]:
 def _config_key(record: Mapping[str, Any]) -> str:
     trial = record["trial"]
     return trial_id(trial["backend"], trial["model"]["name"], trial["devices"], trial["global_batch"],
-                    trial.get("launcher", "subprocess"), trial.get("all_reduce", True))
+                    trial.get("launcher", "subprocess"), trial.get("all_reduce", True),
+                    trial.get("variant", AS_WRITTEN), trial.get("program", DATA_PARALLEL))
 
 
 def _replicate(record: Mapping[str, Any]) -> Replicate:
@@ -164,6 +173,8 @@ def _row(records: Sequence[Mapping[str, Any]]) -> Row:
         scaling_mode=trial["scaling"],
         all_reduce=trial.get("all_reduce", True),
         launcher=trial.get("launcher", "subprocess"),
+        variant=trial.get("variant", AS_WRITTEN),
+        program=trial.get("program", DATA_PARALLEL),
         params=next((r.get("work", {}).get("params") for r in records if r.get("work")), None),
         replicates=replicates,
         scaling=None,
@@ -180,18 +191,30 @@ def _row(records: Sequence[Mapping[str, Any]]) -> Row:
 
 
 def _with_scaling(row: Row, rows: list[Row]) -> Row:
-    """Attach speedup against the same backend's 1-device row with the same work per step:
-    the same global batch under strong scaling, the same per-device batch under weak. The
-    sample on each side is the replicate means."""
-    if row.throughput is None or row.devices == 1 or not row.all_reduce:
+    """Attach speedup against the same backend and variant on 1 device with the same work per
+    step (the same global batch under strong scaling, the same per-device batch under weak):
+    the faster of its 1-device programs, data-parallel with one replica or plain, so that
+    going data-parallel is charged its own cost. A 1-device row slower than its sibling
+    program gets its ratio to it (what that program costs on one device); the faster one is
+    the baseline. The sample on each side is the replicate means."""
+    if row.throughput is None or not row.all_reduce:
         return row
-    for base in full_rows(rows):
-        same_work = (base.global_batch == row.global_batch if row.scaling_mode == "strong"
-                     else base.per_device_batch == row.per_device_batch)
-        if (base.devices == 1 and base.throughput is not None and same_work
-                and (base.backend, base.model, base.launcher) == (row.backend, row.model, row.launcher)):
-            return replace(row, scaling=stats.scaling(row.means, base.means, row.devices))
-    return row
+    bases = [base for base in full_rows(rows) if base.devices == 1 and base.throughput is not None
+             and base.trial_id != row.trial_id and _same_work(base, row)
+             and (base.backend, base.variant, base.model, base.launcher)
+             == (row.backend, row.variant, row.model, row.launcher)]
+    if not bases:
+        return row
+    base = max(bases, key=lambda b: b.throughput.mean)
+    if row.devices == 1 and base.throughput.mean <= row.throughput.mean:
+        return row
+    return replace(row, scaling=stats.scaling(row.means, base.means, row.devices), baseline=base.program)
+
+
+def _same_work(base: Row, row: Row) -> bool:
+    if row.scaling_mode == "strong":
+        return base.global_batch == row.global_batch
+    return base.per_device_batch == row.per_device_batch
 
 
 def _with_breakdown(row: Row, rows: list[Row]) -> Row:
@@ -199,8 +222,9 @@ def _with_breakdown(row: Row, rows: list[Row]) -> Row:
         return row
     for twin in rows:
         if (not twin.all_reduce and twin.throughput is not None
-                and (twin.backend, twin.model, twin.devices, twin.global_batch, twin.launcher)
-                == (row.backend, row.model, row.devices, row.global_batch, row.launcher)):
+                and (twin.backend, twin.variant, twin.program, twin.model, twin.devices, twin.global_batch,
+                     twin.launcher)
+                == (row.backend, row.variant, row.program, row.model, row.devices, row.global_batch, row.launcher)):
             comm = row.step_ms - twin.step_ms
             return replace(row, breakdown=Breakdown(twin.step_ms, comm, comm / row.step_ms))
     return row
@@ -245,8 +269,8 @@ def _flat_span(row: Row, rows: Sequence[Row]) -> tuple[int, int] | None:
 
 
 def _same_group(a: Row, b: Row) -> bool:
-    return ((a.backend, a.model, a.devices, a.launcher, a.all_reduce, a.scaling_mode)
-            == (b.backend, b.model, b.devices, b.launcher, b.all_reduce, b.scaling_mode))
+    return ((a.implementation, a.model, a.devices, a.launcher, a.all_reduce, a.scaling_mode)
+            == (b.implementation, b.model, b.devices, b.launcher, b.all_reduce, b.scaling_mode))
 
 
 # Verdict thresholds on speedup (the seed study's), applied only when the speedup's interval
@@ -260,7 +284,8 @@ def verdict(row: Row) -> str:
     if row.throughput is None:
         return row.status
     if row.devices == 1:
-        return "baseline"
+        slower = row.scaling is not None and row.scaling.significant
+        return f"slower than {row.baseline}" if slower else "baseline"
     if row.scaling is None:
         return "no 1-device result"
     s = row.scaling
@@ -310,3 +335,37 @@ def energy_mj_per_sample(row: Row) -> float | None:
     if not values:
         values = [t.get("energy_per_sample_j") for t in _measured_telemetry(row) if t.get("energy_per_sample_j")]
     return 1e3 * sum(values) / len(values) if values else None
+
+
+@dataclass(frozen=True)
+class Fastest:
+    """One configuration (model, devices, global batch) across backends, variants and
+    programs: the fastest row, the fastest row as written, and what tuning gained."""
+
+    model: str
+    devices: int
+    global_batch: int
+    best: Row
+    as_written: Row | None  # the fastest row of a backend's as-written variant
+    gain: stats.Ratio | None  # best over as_written, from replicate means; None when best is as written
+    tied: tuple[str, ...]  # rows whose mean the best's does not significantly exceed (Welch)
+
+
+def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
+    """Per configuration with at least two measured rows, in reading order."""
+    groups: dict[tuple, list[Row]] = {}
+    for row in full_rows(rows):
+        if row.throughput is not None:
+            groups.setdefault((row.model, row.devices, row.global_batch), []).append(row)
+    found = []
+    for (model, devices, batch), group in groups.items():
+        if len(group) < 2:
+            continue
+        ranked = sorted(group, key=lambda r: r.throughput.mean, reverse=True)
+        best = ranked[0]
+        written = next((r for r in ranked if r.variant == AS_WRITTEN), None)
+        gain = None if written is None or written is best else stats.ratio_interval(best.means, written.means)
+        tied = tuple(r.label for r in ranked[1:]
+                     if not stats.ratio_interval(best.means, r.means).p_value < stats.SIGNIFICANCE)
+        found.append(Fastest(model, devices, batch, best, written, gain, tied))
+    return found

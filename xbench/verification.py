@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from xbench import launcher
 from xbench.cluster import Launch
-from xbench.plan import group_trials
+from xbench.contract import implementation_of
+from xbench.plan import Lineup, group_trials
 from xbench.registry import BackendEntry
 from xbench.spec import Spec
 from xbench.verify import Check, failed_backends, load_reference, run_checks, verification_trials
@@ -17,10 +18,13 @@ from xbench.verify import Check, failed_backends, load_reference, run_checks, ve
 
 @dataclass(frozen=True)
 class Verification:
+    # Backends are named with their variant and program here ("torch+compile", "jax plain"):
+    # each is verified, and blamed, on its own.
     checks: tuple[Check, ...]
     problems: dict[str, str]  # trial id -> why it produced no reference
     problem_backends: frozenset[str]  # a verification trial failed, crashed or timed out
     unverifiable: dict[str, str]  # backend -> which capability it lacks
+    owners: dict[str, str] = field(default_factory=dict)  # trial id of a problem -> its backend
 
     @property
     def failed(self) -> set[str]:
@@ -28,7 +32,7 @@ class Verification:
         return failed_backends(self.checks) | set(self.problem_backends)
 
     def outcome(self, backend: str) -> dict[str, Any]:
-        """The verification summary stored in each of the backend's records."""
+        """The verification summary stored in each of the backend's (implementation's) records."""
         mine = [c for c in self.checks if backend in c.backends]
         if backend in self.unverifiable and backend not in self.failed:
             return {"status": "unverifiable", "reason": self.unverifiable[backend], "checks": 0, "failed": []}
@@ -37,21 +41,22 @@ class Verification:
             "checks": len(mine),
             "failed": [f"{c.check} ({c.subject}): rel {c.norm_rel:.2e} > {c.tolerance:.0e}"
                        for c in mine if not c.passed]
-                      + [f"{tid}: {why}" for tid, why in self.problems.items() if tid.startswith(f"{backend}/")],
+                      + [f"{tid}: {why}" for tid, why in self.problems.items() if self.owners.get(tid) == backend],
         }
 
 
 def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], work_dir: Path,
            environment: dict[str, Any], listener: launcher.Listener | None = None,
            log_dir: Path | None = None, launch: Launch | None = None,
-           launchers: Mapping[str, str] | None = None, parallel: int = 1) -> Verification:
+           launchers: Mapping[str, str] | None = None, parallel: int = 1,
+           lineups: Mapping[str, Lineup] | None = None) -> Verification:
     """Run every backend's reference steps on 1 and each of `devices` devices, then check.
 
     Arrays go to `work_dir` (tens of MB for large models: use a temporary directory);
     worker output goes to `log_dir`/workers.log (default `work_dir`). Up to `parallel` worker
     processes run at once (nothing here is timed)."""
     names = [e.name for e in entries]
-    trials = verification_trials(spec, names, devices, launchers)
+    trials = verification_trials(spec, names, devices, launchers, lineups)
     records: list[dict[str, Any]] = []
     ctx = launcher.Context(run_id="verify", run_dir=log_dir or work_dir, environment=environment,
                            write=records.append, job_extra={"mode": "verify", "arrays_dir": str(work_dir)},
@@ -59,21 +64,22 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     if listener is not None:
         ctx.listener = listener
     launcher.run_groups(group_trials(trials, {e.name: e.target for e in entries}), ctx, parallel)
-    refs, problems, unverifiable = {}, {}, {}
+    refs, problems, owners, unverifiable = {}, {}, {}, {}
     for record in records:
-        trial = record["trial"]
-        key = (trial["backend"], trial["devices"], trial["model"]["name"])
+        name = implementation_of(record["trial"])
+        key = (name, record["trial"]["devices"], record["trial"]["model"]["name"])
         if record["status"] == "ok":
             refs[key] = load_reference(Path(record["arrays"]))
         elif record["status"] == "unsupported":
-            unverifiable[trial["backend"]] = record["reason"]
+            unverifiable[name] = record["reason"]
         elif record["status"] == "skipped":
             continue  # devices this machine lacks: those timing trials are skipped as well
         else:
             problems[record["trial_id"]] = f"{record['status']}: {record['reason']}"
+            owners[record["trial_id"]] = name
     reference = next((n for n in names if n not in unverifiable), names[0])
     return Verification(tuple(run_checks(refs, reference_backend=reference)), problems,
-                        frozenset(tid.split("/")[0] for tid in problems), unverifiable)
+                        frozenset(owners.values()), unverifiable, owners)
 
 
 def checks_as_dicts(checks: Sequence[Check]) -> list[dict[str, Any]]:

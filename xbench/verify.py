@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from xbench.contract import Backend, Trial, Unsupported
+from xbench.plan import Lineup
 from xbench.spec import Protocol, Spec
 
 VERIFY_STEPS = 10
@@ -130,22 +131,32 @@ def _numbered(data: Mapping[str, np.ndarray], prefix: str) -> list[np.ndarray]:
 
 
 def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[int],
-                        launchers: Mapping[str, str] | None = None) -> list[Trial]:
-    """One trial per backend x device count (1 always included) x model: dropout off,
-    strict fp32, one step per call, a global batch that every device count divides; each
-    backend started by its launcher in `launchers` (default subprocess)."""
+                        launchers: Mapping[str, str] | None = None,
+                        lineups: Mapping[str, Lineup] | None = None) -> list[Trial]:
+    """One trial per backend x variant x program x device count (1 always included; the plain
+    program on 1 only) x model: dropout off, strict fp32, a global batch that every device
+    count divides; one step per call, or two calls of `VERIFY_STEPS // 2` fused steps for a
+    variant that fuses steps; each backend started by its launcher in `launchers` (default
+    subprocess), with the variants and programs in `lineups` (default: as written,
+    data-parallel)."""
     counts = sorted(set(devices) | {1})
     batch = verification_batch(counts)
     protocol = Protocol(warmup_steps=0, steps=VERIFY_STEPS, repeats=2, steps_per_call=1,
                         trial_timeout_s=spec.protocol.trial_timeout_s)
-    return [
-        Trial(backend=backend, model=replace(model, dropout=0.0, batch_sizes=(batch,)), devices=n,
-              global_batch=batch, scaling="strong", precision="fp32", platform=spec.platform,
-              learning_rate=spec.learning_rate, seed=spec.seed, samples=batch * VERIFY_BATCHES,
-              protocol=protocol, options=dict(spec.options.get(backend, {})),
-              launcher=(launchers or {}).get(backend, "subprocess"))
-        for backend in backends for n in counts for model in spec.models
-    ]
+    trials = []
+    for backend in backends:
+        lineup = (lineups or {}).get(backend, Lineup())
+        for variant in lineup.variants:
+            fused = replace(protocol, steps_per_call=VERIFY_STEPS // 2) if variant.steps_per_call else protocol
+            trials += [
+                Trial(backend=backend, model=replace(model, dropout=0.0, batch_sizes=(batch,)), devices=n,
+                      global_batch=batch, scaling="strong", precision="fp32", platform=spec.platform,
+                      learning_rate=spec.learning_rate, seed=spec.seed, samples=batch * VERIFY_BATCHES,
+                      protocol=fused, options=dict(spec.options.get(backend, {})),
+                      launcher=(launchers or {}).get(backend, "subprocess"), variant=variant.name, program=program)
+                for n in counts for program in lineup.verified_programs(n) for model in spec.models
+            ]
+    return trials
 
 
 def verification_batch(devices: Sequence[int], minimum: int = 32) -> int:
@@ -174,7 +185,7 @@ def errors(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> tupl
     return float(diff.max(initial=0.0)), float(np.max(diff / np.maximum(np.abs(e), floor), initial=0.0)), norm_rel
 
 
-Key = tuple[str, int, str]  # (backend, devices, model)
+Key = tuple[str, int, str]  # (implementation: backend, variant, program; devices; model)
 
 
 def run_checks(refs: Mapping[Key, Reference], reference_backend: str) -> list[Check]:

@@ -11,8 +11,8 @@ from rich.markup import escape
 
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import (
-    CompileCache, CoordinatorOption, LauncherOption, NnodesOption, NodeRankOption, NprocOption, Platform, Precision, Scaling,
-    backend_options, integers, names, value,
+    CompileCache, CoordinatorOption, LauncherOption, NnodesOption, NodeRankOption, NprocOption, Platform, Precision,
+    Scaling, SingleDeviceOption, VariantsOption, backend_options, integers, names, value,
 )
 from xbench.cluster import resolve_launch
 from xbench.errors import XbenchError
@@ -49,6 +49,8 @@ def compare(
     seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data.")] = None,
     samples: Annotated[Optional[int], typer.Option(help="Rows of synthetic data (at least one global batch).")] = None,
     option: Annotated[Optional[list[str]], typer.Option(help="Backend option BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl.")] = None,
+    variants: VariantsOption = None,
+    single_device: SingleDeviceOption = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the identical-work check before timing (records say so).")] = False,
     breakdown: Annotated[bool, typer.Option("--breakdown", help="Also time each multi-device step without its all-reduce: compute vs exposed communication.")] = False,
     launcher: LauncherOption = None,
@@ -73,6 +75,7 @@ def compare(
         "trial_timeout_s": trial_timeout, "min_window_s": min_window, "replicates": replicates,
         "target_ci": target_ci, "window_budget_s": window_budget, "compile_cache": value(compile_cache),
         "order_seed": order_seed, "seed": seed, "samples": samples, "options": backend_options(option),
+        "variants": names(variants), "single_device": value(single_device),
     }
     spec = load_spec(config, overrides)
     err = status_console()

@@ -9,7 +9,7 @@ import typer
 
 from xbench.cluster import LAUNCHER_CHOICES
 from xbench.errors import SpecError
-from xbench.spec import COMPILE_CACHES, PLATFORMS, PRECISIONS, SCALINGS
+from xbench.spec import COMPILE_CACHES, PLATFORMS, PRECISIONS, SCALINGS, SINGLE_DEVICE
 
 # Choices come from the spec, so the CLI and the TOML accept the same words.
 Scaling = Enum("Scaling", {name: name for name in SCALINGS}, type=str)
@@ -24,6 +24,14 @@ LauncherOption = Annotated[Optional[Launcher], typer.Option(
 NprocOption = Annotated[Optional[int], typer.Option(help="spmd: processes (devices) per node.")]
 NnodesOption = Annotated[Optional[int], typer.Option(help="spmd: nodes in the job (run xbench once on each).")]
 NodeRankOption = Annotated[Optional[int], typer.Option(help="spmd: this node's rank, 0..nnodes-1.")]
+# Variants and plain programs, shared by compare and verify.
+VariantsOption = Annotated[Optional[list[str]], typer.Option(
+    help="Variants to time besides each backend as written: BACKEND:VARIANT (e.g. torch:compile,tf:xla) or all; "
+         "`xbench backends` lists them.")]
+SingleDevice = Enum("SingleDevice", {name: name for name in SINGLE_DEVICE}, type=str)
+SingleDeviceOption = Annotated[Optional[SingleDevice], typer.Option(
+    help="The 1-device program: plain (no distribution, where a backend has it; default), data-parallel (one "
+         "replica), or both (speedup against the faster).")]
 CoordinatorOption = Annotated[Optional[str], typer.Option(help="spmd: HOST:PORT of node 0, the same on every node.")]
 
 

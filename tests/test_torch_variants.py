@@ -1,0 +1,194 @@
+"""The torch backend's programs (data-parallel, plain) and variants (compile, cuda-graphs) on
+one CPU device: the same fp32 work, the same gradients and trajectory, and the refusals.
+
+The real trials run in one child process (this module as a script, `python
+tests/test_torch_variants.py JOB.json`), so that torch, its process group and inductor's
+state stay out of the pytest process. torch.compile on CPU builds C++ kernels (10-40 s a graph
+on a small machine): the child compiles twice, sharing one inductor cache
+(XBENCH_COMPILE_CACHE_DIR) so that the second compilation may reuse the first one's kernels.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tests.children import child_main, run_children
+
+from xbench.contract import AS_WRITTEN, COMPILE_CACHE_VARIABLE, DATA_PARALLEL, PLAIN, programs_of, variants_of
+
+CHILD_TIMEOUT_S = 400  # two CPU compilations on a loaded 2-core machine
+STEPS = 10
+# (program, variant) pairs the child runs, the reference (eager DDP) first.
+RUNS = ((DATA_PARALLEL, AS_WRITTEN), (PLAIN, AS_WRITTEN), (PLAIN, "compile"), (DATA_PARALLEL, "compile"))
+# torch imports its own torch.jit.script_method when inductor loads; warnings stay errors otherwise.
+WARNINGS = ("-W", "error", "-W", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+
+def _trial(**changes):
+    import xbench.spec
+    from xbench.contract import Trial
+    from xbench.spec import PRESETS, ModelSpec
+
+    preset = PRESETS["medium"]
+    model = ModelSpec(name="medium", widths=preset["widths"], dropout=0.0, batch_sizes=preset["batch_sizes"])
+    trial = Trial(backend="torch", model=model, devices=1, global_batch=32, scaling="strong", precision="fp32",
+                  platform="cpu", learning_rate=1e-3, seed=0, samples=320,
+                  protocol=xbench.spec.Protocol(warmup_steps=0, steps=STEPS, repeats=2))
+    return replace(trial, **changes)
+
+
+# -- what the child process does ----------------------------------------------------------------
+
+
+def _child() -> dict:
+    from xbench.contract import Unsupported
+    from xbench.work import build_work
+    from xbench_backends.torch_ddp import TorchDdpBackend
+
+    trial = _trial()
+    work = build_work(trial.model, trial.samples, trial.seed)
+    backend = TorchDdpBackend()
+    backend.setup(1, "cpu")
+    out: dict = {"refusals": {}, "runs": {}}
+    for program in (DATA_PARALLEL, PLAIN):  # first, so that nothing has loaded dynamo yet
+        try:
+            backend.prepare(replace(trial, program=program, variant="cuda-graphs"), work)
+        except Unsupported as err:
+            out["refusals"][program] = str(err)
+    out["dynamo_loaded_by_refusal"] = "torch._dynamo" in sys.modules
+    try:
+        backend.prepare(replace(trial, variant="xla"), work)
+    except ValueError as err:
+        out["unknown_variant"] = str(err)
+    for program, variant in RUNS:
+        out["runs"][program, variant] = _run(backend, replace(trial, program=program, variant=variant), work)
+    return out
+
+
+def _run(backend, trial, work) -> dict:
+    prepared = backend.prepare(trial, work)
+    graphs = _graphs()
+    start = time.perf_counter()
+    loss, gradients = backend.gradients(prepared)  # the first call: compiles, for a compiled variant
+    first_s = time.perf_counter() - start
+    return {"info": prepared.info, "forward": type(prepared.forward).__name__, "ddp": prepared.ddp is not None,
+            "ddp_module": None if prepared.ddp is None else type(prepared.ddp.module).__name__,
+            "first_call_s": first_s, "graphs": _graphs() - graphs, "loss": loss, "gradients": gradients,
+            "losses": backend.train(prepared, STEPS), "weights": backend.replica_weights(prepared)[0]}
+
+
+def _graphs() -> int:
+    """Graphs dynamo has compiled in this process (0 until it is loaded)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+# -- the parent ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def child(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("torch_variants")
+    start = time.monotonic()
+    result = run_children(__file__, {"child": {}}, tmp_path, CHILD_TIMEOUT_S, python_flags=WARNINGS,
+                          env={COMPILE_CACHE_VARIABLE: str(tmp_path / "cache")})["child"]
+    result["wall_s"], result["cache"] = time.monotonic() - start, str(tmp_path / "cache")
+    print(f"child: {result['wall_s']:.1f} s; first calls: "
+          + ", ".join(f"{p}/{v} {r['first_call_s']:.1f} s" for (p, v), r in result["runs"].items()))
+    return result
+
+
+def _error(actual, expected) -> float:
+    from xbench.verify import errors
+
+    return errors(actual, expected)[2]  # normwise relative
+
+
+# -- fast: no torch ------------------------------------------------------------------------------
+
+
+def test_programs_and_variants_are_declared():
+    from xbench_backends.torch_ddp import TorchDdpBackend
+
+    backend = TorchDdpBackend()
+    assert programs_of(backend) == (DATA_PARALLEL, PLAIN)
+    variants = variants_of(backend)
+    assert list(variants) == ["compile", "cuda-graphs"]
+    assert variants["cuda-graphs"].warmup_steps == 3 and variants["compile"].warmup_steps is None
+
+
+def test_unknown_variant_and_program_are_refused_first():
+    """Refused in `prepare` before anything else: here without setup, no torch needed."""
+    from xbench_backends.torch_ddp import TorchDdpBackend
+
+    with pytest.raises(ValueError, match="known: as-written, compile, cuda-graphs"):
+        TorchDdpBackend().prepare(_trial(variant="xla"), None)
+    with pytest.raises(ValueError, match="known: data-parallel, plain"):
+        TorchDdpBackend().prepare(_trial(program="pipeline"), None)
+
+
+# -- the child's trials --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cuda_graphs_on_cpu_are_unsupported(child):
+    for program in (DATA_PARALLEL, PLAIN):
+        assert child["refusals"][program] == "CUDA graphs need a CUDA device; this trial runs on CPU"
+    assert not child["dynamo_loaded_by_refusal"]  # refused before any compiler work
+    assert "known: as-written, compile, cuda-graphs" in child["unknown_variant"]
+
+
+@pytest.mark.slow
+def test_plain_program_builds_no_ddp(child):
+    runs = child["runs"]
+    assert runs[PLAIN, AS_WRITTEN]["forward"] == "Sequential" and not runs[PLAIN, AS_WRITTEN]["ddp"]
+    assert runs[PLAIN, "compile"]["forward"] == "OptimizedModule" and not runs[PLAIN, "compile"]["ddp"]
+    assert runs[DATA_PARALLEL, AS_WRITTEN]["forward"] == "DistributedDataParallel"
+    assert runs[DATA_PARALLEL, "compile"]["forward"] == "DistributedDataParallel"
+    assert runs[DATA_PARALLEL, "compile"]["ddp_module"] == "OptimizedModule"  # DDP around the compiled module
+    assert runs[PLAIN, AS_WRITTEN]["info"].notes[0] == "plain: no DDP, no process group in the step"
+    assert runs[DATA_PARALLEL, AS_WRITTEN]["info"].notes[0].startswith("DDP over gloo")
+
+
+@pytest.mark.slow
+def test_programs_and_variants_do_the_same_work(child):
+    """Same start, gradient and 10-step trajectory as eager DDP, in strict fp32."""
+    runs = child["runs"]
+    reference = runs[DATA_PARALLEL, AS_WRITTEN]
+    for key, run in runs.items():
+        assert run["info"].weights_hash == reference["info"].weights_hash
+        assert run["info"].precision == reference["info"].precision
+        gradient_error = _error([run["loss"], *run["gradients"]], [reference["loss"], *reference["gradients"]])
+        training_error = _error([np.asarray(run["losses"]), *run["weights"]],
+                                [np.asarray(reference["losses"]), *reference["weights"]])
+        print(f"{key}: gradients {gradient_error:.2e}, {STEPS} steps {training_error:.2e}")
+        assert gradient_error <= 1e-4 and training_error <= 1e-4, key
+        assert len(run["losses"]) == STEPS and run["losses"][-1] < run["losses"][0]
+
+
+@pytest.mark.slow
+def test_compile_variant_compiles_and_says_so(child):
+    for program in (DATA_PARALLEL, PLAIN):
+        run, eager = child["runs"][program, "compile"], child["runs"][program, AS_WRITTEN]
+        assert run["graphs"] >= 1  # something was compiled: not eager behind a compile wrapper
+        settings = run["info"].settings
+        assert settings["variant"] == "compile" and settings["compile_mode"] == "default"
+        assert settings["program"] == program
+        assert settings["compile_cache"] == child["cache"]  # the run's shared cache, as the core asked
+        assert any(note.startswith(("torch.compile(mode=default)", "DDP(torch.compile(mode=default)"))
+                   for note in run["info"].notes)
+        assert eager["info"].settings["compile_mode"] is None and eager["info"].settings["compile_cache"] is None
+        assert eager["graphs"] == 0
+    assert child["runs"][DATA_PARALLEL, "compile"]["info"].settings["dynamo_optimize_ddp"] is True
+
+
+if __name__ == "__main__":
+    child_main(lambda job: _child())
