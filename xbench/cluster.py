@@ -25,6 +25,11 @@ SLURM_FIRST_PORT = 20000
 PORT_STRIDE = 16  # ports per job: the coordinator's, then one per rank (TF workers)
 
 
+class MalformedEnvironment(XbenchError):
+    """A SLURM, torchrun or XBENCH_HOSTS variable that is set but cannot be read; an error
+    for every launcher, unlike a readable layout that only spmd could not use."""
+
+
 @dataclass(frozen=True)
 class Launch:
     """The launcher choice and the spmd node geometry of one run."""
@@ -65,6 +70,8 @@ def resolve_launch(launcher: str = "auto", nproc_per_node: int | None = None, nn
     if launcher != "spmd":
         try:
             found = _from_environment(env)
+        except MalformedEnvironment:
+            raise  # it might hide a multi-node job, which one process must not run in
         except XbenchError:  # a layout spmd could not use says nothing against one process
             found = {}
         if found.get("nnodes", 1) > 1:
@@ -94,7 +101,9 @@ def _check(launch: Launch) -> None:
     if launch.multi_node and launch.coordinator is None:
         raise XbenchError("a multi-node run needs --coordinator HOST:PORT (node 0's address, the same on every node)")
     if launch.hosts and len(launch.hosts) != launch.nnodes:
-        raise XbenchError(f"the environment names {len(launch.hosts)} hosts for {launch.nnodes} nodes")
+        # SLURM's hosts match its node count (see _from_slurm); these came from XBENCH_HOSTS.
+        raise XbenchError(f"the environment names {len(launch.hosts)} hosts for {launch.nnodes} nodes; "
+                          "set XBENCH_HOSTS to one host per node")
 
 
 # Jobs take ports base + (job index * PORT_STRIDE) % JOB_PORTS, each up to PORT_STRIDE of them.
@@ -104,7 +113,8 @@ HIGHEST_BASE_PORT = 65535 - JOB_PORTS - PORT_STRIDE
 
 def parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= HIGHEST_BASE_PORT:
+    # ASCII digits only: str.isdigit() also passes '²', which int() refuses.
+    if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) <= HIGHEST_BASE_PORT:
         raise XbenchError(f"--coordinator must be HOST:PORT with a port up to {HIGHEST_BASE_PORT} "
                           f"(jobs use the {JOB_PORTS + PORT_STRIDE} ports after it), got {address!r}")
     return host, int(port)
@@ -114,67 +124,133 @@ def _from_environment(env: Mapping[str, str]) -> dict:
     """Node geometry from SLURM (one xbench task per node) or a torchrun-style launcher;
     XBENCH_HOSTS ("host0,host1,...") names each node where neither does (TF needs them)."""
     found: dict = {}
-    if "SLURM_NNODES" in env and "SLURM_NODEID" in env and _slurm_nodelist(env):
+    if "SLURM_NNODES" in env and "SLURM_NODEID" in env and _slurm_nodelist(env)[1]:
         found = _from_slurm(env)
     elif "WORLD_SIZE" in env and "RANK" in env and "MASTER_ADDR" in env:
         found = _from_torchrun(env)
     return {**found, **_hosts_only(env)}
 
 
+# Environment values are checked where they are read: a malformed one names the variable, its
+# value and what it should be, instead of a traceback.
+MAX_ENV_INT = 10**18  # node counts, ranks and job ids are far smaller; longer digit strings are noise
+
+
+def _malformed(name: str, value: str, expected: str) -> MalformedEnvironment:
+    """The error for variable `name` set to `value`; `expected` says what it should hold."""
+    shown = repr(value) if len(value) <= 60 else f"{value[:60]!r}... ({len(value)} characters)"
+    return MalformedEnvironment(f"environment variable {name}={shown} {expected}; correct or unset it")
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int = MAX_ENV_INT) -> int:
+    """The integer in variable `name`, or `default` where it is unset; an error naming the
+    variable where it is set to anything but an integer in minimum..maximum."""
+    if name not in env:
+        return default
+    text = env[name].strip()
+    # ASCII digits only (str.isdigit() passes '²'); no sign, so "-1" is refused here too.
+    if not re.fullmatch(r"[0-9]{1,19}", text) or not minimum <= int(text) <= maximum:
+        accepted = f"{minimum}..{maximum}" if maximum < MAX_ENV_INT else f">= {minimum}"
+        raise _malformed(name, env[name], f"must be an integer {accepted}")
+    return int(text)
+
+
+def _env_node_rank(env: Mapping[str, str], name: str, nnodes: int, count_name: str) -> int:
+    """A node rank in 0..nnodes-1 from variable `name`; `count_name` gave the node count."""
+    rank = _env_int(env, name, 0)
+    if rank >= nnodes:
+        raise _malformed(name, env[name], f"must be a node rank in 0..{nnodes - 1} ({count_name} says {nnodes} nodes)")
+    return rank
+
+
 def _hosts_only(env: Mapping[str, str]) -> dict:
     if not env.get("XBENCH_HOSTS"):
         return {}
-    return {"hosts": tuple(h.strip() for h in env["XBENCH_HOSTS"].split(",") if h.strip())}
+    hosts = tuple(h.strip() for h in env["XBENCH_HOSTS"].split(","))
+    if not all(hosts) or any(re.search(r"\s", h) for h in hosts):
+        raise _malformed("XBENCH_HOSTS", env["XBENCH_HOSTS"],
+                         "must name each node's host, comma-separated, none empty: host0,host1,...")
+    return {"hosts": hosts}
 
 
 def _from_slurm(env: Mapping[str, str]) -> dict:
-    tasks_per_node = env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]
+    tasks_per_node = env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0].strip()
     if tasks_per_node not in ("", "1"):
-        raise XbenchError("under SLURM run one xbench per node (srun --ntasks-per-node=1); "
-                          "xbench starts --nproc-per-node ranks on each node itself")
+        raise XbenchError(f"SLURM_NTASKS_PER_NODE is {env['SLURM_NTASKS_PER_NODE']!r}: under SLURM run one "
+                          "xbench per node (srun --ntasks-per-node=1); xbench starts --nproc-per-node ranks "
+                          "on each node itself")
     # The step's nodes (an `srun -N1` inside a bigger allocation is a one-node job).
-    hosts = expand_nodelist(_slurm_nodelist(env))
-    nnodes = int(env.get("SLURM_STEP_NUM_NODES") or env["SLURM_NNODES"])
-    node_rank = int(env.get("SLURM_NODEID", "0")) if nnodes > 1 else 0
+    variable, nodelist = _slurm_nodelist(env)
+    hosts = expand_nodelist(nodelist, variable)
+    count_name = "SLURM_STEP_NUM_NODES" if "SLURM_STEP_NUM_NODES" in env else "SLURM_NNODES"
+    nnodes = _env_int(env, count_name, 1, minimum=1)
+    if len(hosts) < nnodes:
+        raise _malformed(variable, nodelist, f"names {len(hosts)} host(s), but {count_name} says {nnodes} nodes")
+    node_rank = _env_node_rank(env, "SLURM_NODEID", nnodes, count_name) if nnodes > 1 else 0
     # One block of ports per job id, so jobs sharing a node do not collide (unless their ids
     # agree modulo the number of blocks).
     blocks = (HIGHEST_BASE_PORT - SLURM_FIRST_PORT) // (JOB_PORTS + PORT_STRIDE)
-    port = SLURM_FIRST_PORT + int(env.get("SLURM_JOB_ID", "0")) % blocks * (JOB_PORTS + PORT_STRIDE)
+    port = SLURM_FIRST_PORT + _env_int(env, "SLURM_JOB_ID", 0) % blocks * (JOB_PORTS + PORT_STRIDE)
     return {"source": "SLURM", "nnodes": nnodes, "node_rank": node_rank, "hosts": hosts[:nnodes],
             "coordinator": f"{hosts[0]}:{port}"}
 
 
-def _slurm_nodelist(env: Mapping[str, str]) -> str:
-    return env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+def _slurm_nodelist(env: Mapping[str, str]) -> tuple[str, str]:
+    """(variable, value) of the first SLURM node list set: the step's, else the job's."""
+    for name in ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"):
+        if env.get(name):
+            return name, env[name]
+    return "SLURM_NODELIST", ""
 
 
 def _from_torchrun(env: Mapping[str, str]) -> dict:
-    if int(env.get("LOCAL_WORLD_SIZE", "1")) != 1:
+    if _env_int(env, "LOCAL_WORLD_SIZE", 1, minimum=1) != 1:
         raise XbenchError("start one xbench per node (torchrun --nproc-per-node 1); "
                           "xbench starts --nproc-per-node ranks on each node itself")
-    # One xbench per node: its RANK is the node rank; the ranks' ports follow MASTER_PORT's.
-    port = int(env.get("MASTER_PORT", DEFAULT_PORT)) + PORT_STRIDE
-    return {"source": "torchrun environment", "nnodes": int(env["WORLD_SIZE"]),
-            "node_rank": int(env.get("GROUP_RANK", env["RANK"])), "coordinator": f"{env['MASTER_ADDR']}:{port}"}
+    # One xbench per node: its RANK is the node rank; the ranks' ports follow MASTER_PORT's,
+    # leaving room for the jobs' ports after them (see parse_address).
+    nnodes = _env_int(env, "WORLD_SIZE", 1, minimum=1)
+    rank_name = "GROUP_RANK" if "GROUP_RANK" in env else "RANK"
+    node_rank = _env_node_rank(env, rank_name, nnodes, "WORLD_SIZE")
+    port = _env_int(env, "MASTER_PORT", DEFAULT_PORT, minimum=1, maximum=HIGHEST_BASE_PORT - PORT_STRIDE)
+    address = env["MASTER_ADDR"].strip()
+    if not address or re.search(r"\s", address):
+        raise _malformed("MASTER_ADDR", env["MASTER_ADDR"], "must be node 0's host name or address")
+    return {"source": "torchrun environment", "nnodes": nnodes, "node_rank": node_rank,
+            "coordinator": f"{address}:{port + PORT_STRIDE}"}
 
 
-def expand_nodelist(nodelist: str) -> tuple[str, ...]:
+MAX_HOSTS = 65_536  # far more nodes than any job; a larger range is a typo that would fill memory
+
+
+def expand_nodelist(nodelist: str, variable: str = "SLURM_NODELIST") -> tuple[str, ...]:
     """SLURM's compressed host list ("gpu[01-03,07],rack[1-2]-n[1-2]") as host names, in order
-    (what `scontrol show hostnames` prints)."""
+    (what `scontrol show hostnames` prints); an error naming `variable` where it is malformed."""
     hosts: list[str] = []
-    for item in _split_top_level(nodelist):
-        hosts.extend(_expand_item(item))
+    try:
+        for item in _split_top_level(nodelist):
+            hosts.extend(_expand_item(item))
+            if len(hosts) > MAX_HOSTS:  # each item is bounded, their sum too
+                raise ValueError(f"more than {MAX_HOSTS} hosts")
+    except ValueError as err:
+        raise _malformed(variable, nodelist, f"is not a SLURM host list such as gpu[01-04],login1 ({err})") from None
+    if not hosts:
+        raise _malformed(variable, nodelist, "names no host")
     return tuple(hosts)
 
 
 def _split_top_level(text: str) -> list[str]:
-    """Split on the commas outside brackets."""
+    """Split on the commas outside brackets; ValueError where brackets do not pair up."""
     items, depth, start = [], 0, 0
     for i, char in enumerate(text):
         depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise ValueError("brackets nest or close before they open")
         if char == "," and depth == 0:
             items.append(text[start:i])
             start = i + 1
+    if depth:
+        raise ValueError("a bracket is not closed")
     items.append(text[start:])
     return [item.strip() for item in items if item.strip()]
 
@@ -187,11 +263,19 @@ def _expand_item(item: str) -> list[str]:
     head, tail = item[:match.start()], item[match.end():]
     names = []
     for part in match.group(1).split(","):
-        first, _, last = part.partition("-")
-        width = len(first)
-        for number in range(int(first), int(last or first) + 1):
-            names.append(f"{head}{number:0{width}d}")
-    return [name + rest for name in names for rest in _expand_item(tail)]
+        bounds = re.fullmatch(r"\s*([0-9]{1,9})\s*(?:-\s*([0-9]{1,9})\s*)?", part)
+        if bounds is None:
+            raise ValueError(f"[{match.group(1)}] holds {part!r}, not a number or a range such as 01-04")
+        first, last = bounds.group(1), bounds.group(2) or bounds.group(1)
+        if int(last) < int(first):
+            raise ValueError(f"range {part!r} runs downwards")
+        if len(names) + int(last) - int(first) >= MAX_HOSTS:
+            raise ValueError(f"more than {MAX_HOSTS} hosts")
+        names += [f"{head}{number:0{len(first)}d}" for number in range(int(first), int(last) + 1)]
+    rests = _expand_item(tail)
+    if len(names) * len(rests) > MAX_HOSTS:
+        raise ValueError(f"more than {MAX_HOSTS} hosts")
+    return [name + rest for name in names for rest in rests]
 
 
 def job_ports(launch: Launch, job_index: int, ranks: int) -> tuple[str, tuple[str, ...]]:

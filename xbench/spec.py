@@ -153,6 +153,10 @@ _TOP_KEYS = {
 }
 ALL_VARIANTS = "all"
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
+# Model names become parts of file names (throughput-<model>.png) and trial ids
+# (jax/<model>/d2/b32/r0): no '/', spaces or leading dot, and short enough for any file system.
+MAX_NAME_LENGTH = 64
+_MODEL_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_NAME_LENGTH - 1}}}")
 _MODEL_KEYS = {"name", "preset", "widths", "dropout", "batch_sizes", "inputs", "outputs"}
 
 
@@ -186,14 +190,15 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
     (for every selected model), `samples` (data size), and protocol keys (`repeats`, ...).
     """
     merged = dict(raw)
-    protocol = dict(merged.get("protocol", {}))
+    protocol = _as_table(merged.get("protocol", {}), "protocol")
     for key, value in overrides.items():
         if value is None:
             continue
         if key == "models":
             merged["models"] = _select_models(merged.get("models", []), value)
         elif key == "batch_sizes":
-            merged["models"] = [{**_as_table(m, "models"), "batch_sizes": list(value)}
+            sizes = list(value) if isinstance(value, (list, tuple)) else value  # _positive_list says what is wrong
+            merged["models"] = [{**_as_table(m, "models"), "batch_sizes": sizes}
                                 for m in merged.get("models", [])]
         elif key in Protocol.__dataclass_fields__:
             protocol[key] = value
@@ -208,13 +213,13 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
     return merged
 
 
-def _select_models(tables: Any, wanted: list[str]) -> list[dict[str, Any]]:
+def _select_models(tables: Any, wanted: Any) -> list[dict[str, Any]]:
     by_name = {}
     for table in tables if isinstance(tables, list) else []:
         table = _as_table(table, "models")
-        by_name[table.get("name", table.get("preset"))] = table
+        by_name[_model_key(table, "[[models]]")] = table
     chosen = []
-    for name in wanted:
+    for name in _str_list({"models": wanted}, "models", None, "the command line"):
         if name in by_name:
             chosen.append(by_name[name])
         elif name in PRESETS:
@@ -226,9 +231,9 @@ def _select_models(tables: Any, wanted: list[str]) -> list[dict[str, Any]]:
 
 
 def _merge_options(base: Any, extra: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    merged = {name: dict(table) for name, table in (base or {}).items()}
-    for name, table in extra.items():
-        merged.setdefault(name, {}).update(table)
+    merged = {name: _as_table(table, f"options.{name}") for name, table in _as_table(base or {}, "options").items()}
+    for name, table in _as_table(extra, "options").items():
+        merged.setdefault(name, {}).update(_as_table(table, f"options.{name}"))
     return merged
 
 
@@ -239,12 +244,12 @@ def build_spec(raw: Mapping[str, Any], source: str = "spec") -> Spec:
     spec = Spec(
         models=_models(raw.get("models"), source),
         backends=tuple(_str_list(raw, "backends", None, source)) if "backends" in raw else (),
-        devices=tuple(_positive_list(raw, "devices", defaults.devices, source)),
+        devices=tuple(_positive_list(raw, "devices", defaults.devices, source, maximum=MAX_DEVICES)),
         scaling=_choice(raw, "scaling", SCALINGS, defaults.scaling, source),
         precision=_choice(raw, "precision", PRECISIONS, defaults.precision, source),
         platform=_choice(raw, "platform", PLATFORMS, defaults.platform, source),
         learning_rate=_positive_number(raw, "learning_rate", defaults.learning_rate, source),
-        seed=_integer(raw, "seed", defaults.seed, source, minimum=0),
+        seed=_integer(raw, "seed", defaults.seed, source, minimum=0, maximum=MAX_SEED, why=SEED_RANGE_WHY),
         data=_data(raw.get("data", {}), source),
         protocol=_protocol(raw.get("protocol", {}), source),
         options=_options(raw.get("options", {}), source),
@@ -252,6 +257,7 @@ def build_spec(raw: Mapping[str, Any], source: str = "spec") -> Spec:
         single_device=_choice(raw, "single_device", SINGLE_DEVICE, defaults.single_device, source),
     )
     _check_batches(spec)
+    _check_array_sizes(spec)
     return spec
 
 
@@ -271,16 +277,14 @@ def _models(value: Any, source: str) -> tuple[ModelSpec, ...]:
 def _model(table: dict[str, Any], source: str) -> ModelSpec:
     where = f"[[models]] of {source}"
     _reject_unknown(table, _MODEL_KEYS, where, source)
+    name = _model_key(table, where)
     preset_name = table.get("preset")
-    if preset_name is not None and preset_name not in PRESETS:
-        raise SpecError(f"unknown model preset {preset_name!r} in {where}; choose one of: {', '.join(PRESETS)}")
     if preset_name is None and "widths" not in table:
         raise SpecError(f"each model in {source} needs 'preset' ({', '.join(PRESETS)}) or 'widths'")
-    preset = PRESETS.get(preset_name, {})
-    name = table.get("name", preset_name)
-    if not isinstance(name, str) or not name:
+    if name is None:
         raise SpecError(f"a model with explicit 'widths' in {source} needs a 'name'")
-    widths = _positive_list(table, "widths", preset.get("widths"), where, unique=False)
+    preset = PRESETS.get(preset_name, {})
+    widths = _positive_list(table, "widths", preset.get("widths"), where, unique=False, maximum=MAX_ELEMENTS)
     dropout = table.get("dropout", preset.get("dropout", 0.0))
     if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
         raise SpecError(f"'dropout' in {where} must be a number in [0, 1), got {dropout!r}")
@@ -288,16 +292,38 @@ def _model(table: dict[str, Any], source: str) -> ModelSpec:
         name=name,
         widths=tuple(widths),
         dropout=float(dropout),
-        batch_sizes=tuple(_positive_list(table, "batch_sizes", preset.get("batch_sizes"), where)),
-        inputs=_integer(table, "inputs", 50, where, minimum=3),
-        outputs=_integer(table, "outputs", 3, where, minimum=1),
+        batch_sizes=tuple(_positive_list(table, "batch_sizes", preset.get("batch_sizes"), where,
+                                         maximum=MAX_ELEMENTS)),
+        inputs=_integer(table, "inputs", 50, where, minimum=3, maximum=MAX_ELEMENTS),
+        outputs=_integer(table, "outputs", 3, where, minimum=1, maximum=MAX_ELEMENTS),
     )
+
+
+def _model_key(table: Mapping[str, Any], where: str) -> str | None:
+    """A model table's name: its 'name', else its preset's; None when it has neither.
+    Checks both, since names become parts of file names and trial ids."""
+    preset_name = table.get("preset")
+    if preset_name is not None and not isinstance(preset_name, str):
+        raise SpecError(f"'preset' in {where} must be a string, one of: {', '.join(PRESETS)}; "
+                        f"got {_brief(preset_name)}")
+    if preset_name is not None and preset_name not in PRESETS:
+        raise SpecError(f"unknown model preset {_brief(preset_name)} in {where}; choose one of: {', '.join(PRESETS)}")
+    if "name" not in table:
+        return preset_name
+    name = table["name"]
+    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
+        raise SpecError(
+            f"model name {_brief(name)} in {where} must be a string of 1 to {MAX_NAME_LENGTH} letters, digits, "
+            "'_', '.' or '-', starting with a letter or digit (it becomes part of file names and trial ids)"
+        )
+    return name
 
 
 def _data(table: Any, source: str) -> DataSpec:
     table = _as_table(table, "data")
     _reject_unknown(table, set(DataSpec.__dataclass_fields__), "[data]", source)
-    return DataSpec(samples=_integer(table, "samples", DataSpec.samples, f"[data] of {source}", minimum=1))
+    return DataSpec(samples=_integer(table, "samples", DataSpec.samples, f"[data] of {source}", minimum=1,
+                                     maximum=MAX_ELEMENTS))
 
 
 def _protocol(table: Any, source: str) -> Protocol:
@@ -306,15 +332,16 @@ def _protocol(table: Any, source: str) -> Protocol:
     _reject_unknown(table, set(Protocol.__dataclass_fields__), "[protocol]", source)
     d = Protocol()
     protocol = Protocol(
-        warmup_steps=_integer(table, "warmup_steps", d.warmup_steps, where, minimum=0),
-        steps=_integer(table, "steps", d.steps, where, minimum=1),
-        repeats=_integer(table, "repeats", d.repeats, where, minimum=2),
-        steps_per_call=_integer(table, "steps_per_call", d.steps_per_call, where, minimum=1),
-        trial_timeout_s=_positive_number(table, "trial_timeout_s", d.trial_timeout_s, where),
-        min_window_s=_non_negative_number(table, "min_window_s", d.min_window_s, where),
+        warmup_steps=_integer(table, "warmup_steps", d.warmup_steps, where, minimum=0, maximum=MAX_STEPS),
+        steps=_integer(table, "steps", d.steps, where, minimum=1, maximum=MAX_STEPS),
+        repeats=_integer(table, "repeats", d.repeats, where, minimum=2, maximum=MAX_COUNT),
+        steps_per_call=_integer(table, "steps_per_call", d.steps_per_call, where, minimum=1, maximum=MAX_STEPS),
+        trial_timeout_s=_positive_number(table, "trial_timeout_s", d.trial_timeout_s, where, maximum=MAX_SECONDS),
+        min_window_s=_non_negative_number(table, "min_window_s", d.min_window_s, where, maximum=MAX_SECONDS),
         replicates=(None if table.get("replicates") is None
                     else _integer(table, "replicates", None, where, minimum=MIN_REPLICATES, maximum=MAX_COUNT)),
-        target_ci=_non_negative_number(table, "target_ci", d.target_ci, where),
+        target_ci=_non_negative_number(table, "target_ci", d.target_ci, where, maximum=MAX_TARGET_CI,
+                                       why="a fraction of the mean: write 5 % as 0.05"),
         window_budget_s=_positive_number(table, "window_budget_s", d.window_budget_s, where),
         compile_cache=_choice(table, "compile_cache", COMPILE_CACHES, d.compile_cache, where),
         order_seed=(None if table.get("order_seed") is None
@@ -369,12 +396,45 @@ def _check_batches(spec: Spec) -> None:
                     )
 
 
+def _check_array_sizes(spec: Spec) -> None:
+    """Every array the spec implies (the data xbench builds, each kernel, each device's
+    activations) stays within int32 indexing (MAX_ELEMENTS), which the frameworks need."""
+    for model in spec.models:
+        features = max(model.inputs, model.outputs)
+        _within_int32(spec.data.samples * features, model,
+                      f"its data ([data] samples {spec.data.samples} x {features} features)",
+                      "lower [data] samples")
+        sizes = model.layer_sizes
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+            _within_int32(fan_in * fan_out, model, f"a {fan_in} x {fan_out} kernel", "lower its widths")
+        for batch in model.batch_sizes:
+            for devices in spec.devices:
+                per_device = batch // devices if spec.scaling == "strong" else batch
+                _within_int32(per_device * max(sizes), model,
+                              f"a device's activations (batch {per_device} x width {max(sizes)})",
+                              "lower its batch_sizes or widths")
+
+
+def _within_int32(elements: int, model: ModelSpec, what: str, fix: str) -> None:
+    if elements > MAX_ELEMENTS:
+        raise SpecError(f"model {model.name!r}: {what} would have {elements} elements, more than the "
+                        f"{MAX_ELEMENTS} that the frameworks' int32 indexing allows; {fix}")
+
+
 # -- small validators: each returns a clean value or raises a one-line SpecError ----------
 
 def _as_table(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise SpecError(f"'{name}' must be a table, got {type(value).__name__}")
     return dict(value)
+
+
+def _brief(value: Any, limit: int = 40) -> str:
+    """`value`'s repr, cut short where a long one would bury the message."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(value)} characters)" if isinstance(value, str) else f"{text[:limit]}..."
 
 
 def _reject_unknown(table: Mapping[str, Any], known: set[str], where: str, source: str) -> None:
@@ -385,44 +445,70 @@ def _reject_unknown(table: Mapping[str, Any], known: set[str], where: str, sourc
         )
 
 
-MAX_SEED = 2**31 - 1  # the largest seed every framework's generator accepts
-MAX_COUNT = 10_000
+# Seeds: numpy's default_rng takes any integer >= 0, torch.manual_seed (given seed + rank)
+# and jax.random.key up to 2**63 - 1, Keras's set_random_seed up to 2**32 - 1; 2**31 - 1 also
+# fits the frameworks' int32 seed arguments and is the order seed's range, which a multi-node
+# run takes from the seed.
+MAX_SEED = 2**31 - 1
+SEED_RANGE_WHY = "a seed every framework accepts"
+MAX_COUNT = 10_000  # replicates, repeats: more is a typo, not a protocol
+# Sizes (samples, batch sizes, widths, inputs, outputs) and the arrays built from them stay
+# within int32 indexing: XLA, TF's GPU kernels and some torch kernels index arrays with int32,
+# and fail or overflow past it. See `_check_array_sizes`.
+MAX_ELEMENTS = 2**31 - 1
+MAX_DEVICES = 65_536  # xbench starts a process per device (spmd); more is a typo
+# Steps per window, per call and of warmup: the jax backends count steps in int32 (the dropout
+# keys fold in step * devices + device), which must stay far from overflow.
+MAX_STEPS = 1_000_000
+# Seconds (trial timeout, least window): a week; the orchestrator waits with these as
+# timeouts, which Python refuses past threading.TIMEOUT_MAX (about 292 years).
+MAX_SECONDS = 7 * 24 * 3600.0
+MAX_TARGET_CI = 1.0  # an interval as wide as the mean says nothing; larger is a percentage typed as is
 
 
 def _integer(table: Mapping[str, Any], key: str, default: int | None, where: str, minimum: int,
-             maximum: int | None = None) -> int:
+             maximum: int | None = None, why: str = "") -> int:
     value = table.get(key, default)
+    accepted = "" if maximum is None else f" (accepted: {minimum}..{maximum}{', ' + why if why else ''})"
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise SpecError(f"'{key}' in {where} must be an integer >= {minimum}, got {value!r}")
+        raise SpecError(f"'{key}' in {where} must be an integer >= {minimum}, got {value!r}{accepted}")
     if maximum is not None and value > maximum:
-        raise SpecError(f"'{key}' in {where} must be an integer <= {maximum}, got {value!r}")
+        raise SpecError(f"'{key}' in {where} must be an integer <= {maximum}, got {value!r}{accepted}")
     return value
 
 
-def _positive_number(table: Mapping[str, Any], key: str, default: float, where: str) -> float:
+def _positive_number(table: Mapping[str, Any], key: str, default: float, where: str,
+                     maximum: float = math.inf) -> float:
     value = table.get(key, default)
     if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
             or value <= 0):
         raise SpecError(f"'{key}' in {where} must be a positive finite number, got {value!r}")
+    if value > maximum:
+        raise SpecError(f"'{key}' in {where} must be at most {maximum:g}, got {value!r}")
     return float(value)
 
 
-def _non_negative_number(table: Mapping[str, Any], key: str, default: float, where: str) -> float:
+def _non_negative_number(table: Mapping[str, Any], key: str, default: float, where: str,
+                         maximum: float = math.inf, why: str = "") -> float:
     value = table.get(key, default)
     if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
             or value < 0):
         raise SpecError(f"'{key}' in {where} must be a finite number >= 0, got {value!r}")
+    if value > maximum:
+        raise SpecError(f"'{key}' in {where} must be in 0..{maximum:g}{' (' + why + ')' if why else ''}, "
+                        f"got {value!r}")
     return float(value)
 
 
 def _positive_list(table: Mapping[str, Any], key: str, default: Any, where: str,
-                   unique: bool = True) -> list[int]:
+                   unique: bool = True, maximum: int = MAX_ELEMENTS) -> list[int]:
     value = table.get(key, default)
     if isinstance(value, tuple):
         value = list(value)
     if (not isinstance(value, list) or not value
-            or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in value)):
-        raise SpecError(f"'{key}' in {where} must be a non-empty list of positive integers, got {value!r}")
+            or any(not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= maximum for v in value)):
+        raise SpecError(f"'{key}' in {where} must be a non-empty list of positive integers <= {maximum}, "
+                        f"got {value!r}")
     if unique and len(set(value)) != len(value):
         raise SpecError(f"'{key}' in {where} lists a value twice: {value!r}")
     return value
