@@ -43,7 +43,8 @@ process.world_size`; its shard of the global batch is `work.shards(...)[process.
 A backend lists the launchers it supports in `launchers` (first = preferred).
 
 The core does all timing, repetition and statistics, so every framework is timed by the same
-code. `probe` runs in the xbench process itself and must not import the framework.
+code. `probe` runs in the xbench process itself (in a helper thread, within
+`XBENCH_PROBE_TIMEOUT_S`; see xbench.registry) and must not import the framework.
 """
 
 from __future__ import annotations

@@ -3,20 +3,38 @@
 Built-in backends are registered exactly like third-party ones. Loading a plugin only imports
 its module (which must not import its framework at module level); a plugin that fails to
 load, or lacks part of the contract, shows as unavailable with the reason, never as a crash.
+
+A plugin is loaded (imported, checked, instantiated) and probed only when it is needed: the
+names alone come from the entry points, so `xbench compare --backends numpy` runs no other
+plugin's code, while `xbench backends` and a run of every usable backend load them all. Each
+plugin loads and probes in its own daemon thread, all at once, and xbench waits for them at
+most `XBENCH_PROBE_TIMEOUT_S` seconds in all (default 20: a probe reads package metadata and
+must not import its framework, so this is generous even on a cold network filesystem). A
+plugin that raises, calls `sys.exit`, or does not answer in time is unavailable with the
+reason, e.g. "plugin did not answer within 20 s (probe)"; a hung thread is left behind and
+ends with the process. Only KeyboardInterrupt gets through.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import os
+import threading
+import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
 from xbench.contract import Availability, Backend
-from xbench.errors import BackendError
+from xbench.errors import BackendError, XbenchError
 
 GROUP = "xbench.backends"
 _REQUIRED = ("probe", "setup", "prepare", "run")
+TIMEOUT_VARIABLE = "XBENCH_PROBE_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -37,10 +55,49 @@ def list_entry_points() -> list[EntryPoint]:
     return list(entry_points(group=GROUP))
 
 
+class Registry(Mapping[str, BackendEntry]):
+    """Registered backends by name; each is loaded and probed on first access, so listing the
+    names or choosing a few never runs the other plugins' code."""
+
+    def __init__(self, points: list[EntryPoint]) -> None:
+        self._points = unique_points(points)
+        self._loaded: dict[str, BackendEntry] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> BackendEntry:
+        return self.load([name])[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._points  # without loading it
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._points)
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    def values(self):  # type: ignore[override]
+        self.load(self._points)  # all at once: hung plugins cost one timeout, not one each
+        return super().values()
+
+    def items(self):  # type: ignore[override]
+        self.load(self._points)
+        return super().items()
+
+    def load(self, names: Iterable[str]) -> dict[str, BackendEntry]:
+        """The entries for `names`, loading those not loaded yet together; KeyError for an
+        unregistered name."""
+        names = list(names)
+        with self._lock:
+            pending = [self._points[name] for name in dict.fromkeys(names) if name not in self._loaded]
+            self._loaded.update(load_points(pending))
+            return {name: self._loaded[name] for name in names}
+
+
 @functools.lru_cache(maxsize=1)
-def discover() -> dict[str, BackendEntry]:
-    """All registered backends by name, loaded and probed once per process."""
-    return load_entries(list_entry_points())
+def discover() -> Registry:
+    """All registered backends by name, each loaded and probed at most once per process."""
+    return Registry(list_entry_points())
 
 
 def refresh() -> None:
@@ -48,31 +105,109 @@ def refresh() -> None:
     discover.cache_clear()
 
 
-def load_entries(points: list[EntryPoint]) -> dict[str, BackendEntry]:
-    entries: dict[str, BackendEntry] = {}
+def unique_points(points: list[EntryPoint]) -> dict[str, EntryPoint]:
+    """Entry points by name, sorted; a name registered twice keeps its first registration."""
+    unique: dict[str, EntryPoint] = {}
     for point in points:
-        if point.name in entries:
+        if point.name in unique:
             warnings.warn(
-                f"xbench backend {point.name!r} is registered twice ({entries[point.name].target} "
-                f"and {point.value}); using the first", RuntimeWarning, stacklevel=2)
+                f"xbench backend {point.name!r} is registered twice ({unique[point.name].value} "
+                f"and {point.value}); using the first", RuntimeWarning, stacklevel=3)
             continue
-        entries[point.name] = load_entry(point)
-    return dict(sorted(entries.items()))
+        unique[point.name] = point
+    return dict(sorted(unique.items()))
 
 
-def load_entry(point: EntryPoint) -> BackendEntry:
-    """Load and validate one plugin; failures become an unavailable entry with the reason."""
+def load_entries(points: list[EntryPoint]) -> dict[str, BackendEntry]:
+    """Load and probe every plugin in `points` now."""
+    return load_points(list(unique_points(points).values()))
+
+
+def probe_timeout() -> float:
+    """Seconds the plugins being loaded may take to load and probe (see the module docstring)."""
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
     try:
-        backend = instantiate(point.load(), point.name)
-    except Exception as err:  # a broken plugin must not break the tool
-        reason = f"plugin failed to load: {type(err).__name__}: {err}"
-        warnings.warn(f"xbench backend {point.name!r}: {reason}", RuntimeWarning, stacklevel=2)
-        return BackendEntry(point.name, point.value, None, Availability(False, reason=reason))
-    try:
-        availability = backend.probe()
-    except Exception as err:
-        availability = Availability(False, reason=f"probe failed: {type(err).__name__}: {err}")
-    return BackendEntry(point.name, point.value, backend, availability)
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise XbenchError(f"{TIMEOUT_VARIABLE} must be a positive number of seconds, got {text!r}")
+    return seconds
+
+
+def load_points(points: list[EntryPoint]) -> dict[str, BackendEntry]:
+    """Load and probe each plugin in its own thread, all at once, waiting at most one timeout
+    in all; failures and hangs become unavailable entries with the reason."""
+    if not points:
+        return {}
+    timeout = probe_timeout()
+    attempts = [_Attempt.start(point) for point in points]
+    deadline = time.monotonic() + timeout
+    for attempt in attempts:
+        attempt.done.wait(max(0.0, deadline - time.monotonic()))
+    return {attempt.point.name: _entry(attempt, timeout) for attempt in attempts}
+
+
+@dataclass
+class _Attempt:
+    """One plugin loading and probing in a daemon thread; `stage` says how far it got."""
+
+    point: EntryPoint
+    stage: str = "import"
+    backend: Backend | None = None
+    availability: Any = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def start(cls, point: EntryPoint) -> _Attempt:
+        attempt = cls(point)
+        threading.Thread(target=attempt.run, name=f"xbench-plugin-{point.name}", daemon=True).start()
+        return attempt
+
+    def run(self) -> None:
+        try:
+            plugin_class = self.point.load()
+            self.stage = "instantiation"
+            self.backend = instantiate(plugin_class, self.point.name)
+            self.stage = "probe"
+            self.availability = self.backend.probe()
+        except BaseException as err:  # SystemExit too: a broken plugin must not end xbench
+            self.error = err
+        finally:
+            self.done.set()
+
+
+def _entry(attempt: _Attempt, timeout: float) -> BackendEntry:
+    """The entry for a finished or timed-out attempt; runs in the calling thread, so warnings
+    reach the caller's filters."""
+    point, error = attempt.point, attempt.error
+    if not attempt.done.is_set():
+        reason = f"plugin did not answer within {timeout:g} s ({attempt.stage})"
+        return _unavailable(point, reason, warn=attempt.stage != "probe")
+    if isinstance(error, KeyboardInterrupt):
+        raise error  # the user's, even when it arrived in the plugin's thread
+    if error is not None and attempt.stage != "probe":
+        return _unavailable(point, f"plugin failed to load: {_describe(error)}", warn=True)
+    if error is not None:
+        return _unavailable(point, f"probe failed: {_describe(error)}")
+    if not isinstance(attempt.availability, Availability):
+        return _unavailable(point, f"probe returned {type(attempt.availability).__name__}, not an Availability")
+    return BackendEntry(point.name, point.value, attempt.backend, attempt.availability)
+
+
+def _unavailable(point: EntryPoint, reason: str, warn: bool = False) -> BackendEntry:
+    if warn:  # a plugin that cannot even load is worth a warning; a failed probe is routine
+        warnings.warn(f"xbench backend {point.name!r}: {reason}", RuntimeWarning, stacklevel=4)
+    return BackendEntry(point.name, point.value, None, Availability(False, reason=reason))
+
+
+def _describe(error: BaseException) -> str:
+    """`Type: message` on one line, e.g. "SystemExit: 3"."""
+    message = " ".join(str(error).split())
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 def instantiate(cls: type, name: str) -> Backend:
@@ -87,23 +222,22 @@ def instantiate(cls: type, name: str) -> Backend:
 
 def resolve(names: list[str] | tuple[str, ...]) -> list[BackendEntry]:
     """The entries for `names` (all usable ones when empty), or a one-line error for an
-    unknown or unusable one."""
-    entries = discover()
+    unknown or unusable one. Only the named plugins are loaded."""
+    registry = discover()
     if not names:
-        usable = [entry for entry in entries.values() if entry.usable]
+        usable = [entry for entry in registry.values() if entry.usable]
         if not usable:
             raise BackendError("no backend can run here; `xbench backends` shows why")
         return usable
-    chosen = []
     for name in names:
-        entry = entries.get(name)
-        if entry is None:
-            known = ", ".join(entries) or "none registered"
+        if name not in registry:
+            known = ", ".join(registry) or "none registered"
             raise BackendError(f"unknown backend {name!r}; available: {known}")
-        if not entry.usable:
-            raise BackendError(f"backend {name!r} cannot run here: {entry.availability.reason}")
-        chosen.append(entry)
-    return chosen
+    loaded = registry.load(names)
+    for name in names:
+        if not loaded[name].usable:
+            raise BackendError(f"backend {name!r} cannot run here: {loaded[name].availability.reason}")
+    return [loaded[name] for name in names]
 
 
 def load_target(target: str) -> Backend:
