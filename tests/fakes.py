@@ -7,6 +7,7 @@ batch size, so tests can check that the launcher loses nothing else.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -98,6 +99,23 @@ class SpmdNumpyBackend(NumpyBackend):
     def allreduce_run(self, prepared: np.ndarray, iterations: int) -> None:
         for _ in range(iterations):
             prepared += prepared
+
+
+class PeersBackend(SpmdNumpyBackend):
+    """The spmd numpy backend with a rendezvous: in a multi-node job a process of node > 0
+    waits for node 0's coordinator port to open, as a framework's distributed start does."""
+
+    name: ClassVar[str] = "numpy-peers"
+
+    def setup_process(self, process: Any, platform: str) -> DeviceInfo:
+        host, port = process.coordinator.rsplit(":", 1)
+        while process.node_rank > 0:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        return super().setup_process(process, platform)
 
 
 def _rank() -> int:

@@ -126,7 +126,7 @@ def test_existing_records_are_never_overwritten(fake_backends, run_cli, tmp_path
     assert run_cli(*args)[0] == 0
     before = (tmp_path / "run" / "records.jsonl").read_text()
     code, _, err = run_cli(*args)
-    assert code == 2 and "already holds records" in err
+    assert code == 2 and "already holds a run" in err
     assert (tmp_path / "run" / "records.jsonl").read_text() == before
 
 

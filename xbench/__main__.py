@@ -1,5 +1,5 @@
 """`python -m xbench` is the `xbench` command."""
 
-from xbench.cli.main import run
+from xbench.cli.entry import run
 
 run()

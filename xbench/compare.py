@@ -8,7 +8,6 @@ trial in `records.jsonl` as each trial ends.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -31,7 +30,11 @@ from xbench.cluster import Launch
 from xbench.contract import (
     COMPILE_CACHE_VARIABLE, DATA_PARALLEL, PLAIN, implementation, launchers_of, programs_of, variants_of,
 )
-from xbench.records import ALLREDUCE_FILE, RUN_FILE, RecordWriter, finished_trials, prepare_run_dir, read_records, write_json
+from xbench.records import (
+    ALLREDUCE_FILE, RECORDS_FILE, RUN_FILE, RecordWriter, ResultsNotWritten, finished_trials, iter_records,
+    prepare_run_dir, read_records, read_run, write_json,
+)
+from xbench.rundir import RunDirLock, check_new_run_dir, check_same_run
 from xbench.registry import BackendEntry, discover, resolve
 from xbench.spec import ALL_VARIANTS, Spec, build_spec, resolve_protocol
 from xbench.verification import Verification, checks_as_dicts, verify
@@ -52,6 +55,19 @@ class Comparison:
     launch: Launch = field(default_factory=Launch)
     launchers: dict[str, str] = field(default_factory=dict)  # backend name -> the launcher that starts it
     lineups: dict[str, Lineup] = field(default_factory=dict)  # backend name -> its variants and programs
+    startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S  # for a worker (gang) to start and find its devices
+    lock: RunDirLock | None = None  # held from prepare/resume until `release`
+    created: bool = False  # this run made run_dir (so it may remove it while it holds nothing of a run)
+
+    def release(self) -> None:
+        """Give up the run directory: discard it when this run made it, holds it, and never
+        started (no run.json: nothing to resume), then drop the lock. Never without the lock: a
+        run that lost the race for a directory must not remove the winner's."""
+        held = self.lock is not None and self.lock.held
+        if held and self.created and not (self.run_dir / RUN_FILE).exists():
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.lock is not None:
+            self.lock.release()
 
     @property
     def implementations(self) -> list[str]:
@@ -229,20 +245,43 @@ def _per_node(info: dict[str, Any], launcher: str, launch: Launch) -> dict[str, 
 
 
 def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, breakdown: bool = False,
-            launch: Launch | None = None) -> Comparison:
-    """Ready the backends, then create the run directory (only once the input is known to be
-    good, so bad input leaves nothing behind)."""
+            launch: Launch | None = None, startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> Comparison:
+    """Ready the backends, then claim the run directory (only once the input is known to be
+    good, so bad input leaves nothing behind). The comparison holds the directory's lock until
+    its `release`."""
     launch = launch or Launch()
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
         ready = ready_backends(spec, Path(tmp), strict_devices, launch)
         spec = resolved(spec, ready.devices, launch)
         run_id = new_run_id()
-        run_dir = prepare_run_dir(run_dir or default_run_dir(run_id))
-        with open(run_dir / launcher.LOG_FILE, "a", encoding="utf-8") as log:
-            for path in sorted(Path(tmp).iterdir()):
-                log.write(path.read_text(encoding="utf-8", errors="replace"))
-    return Comparison(spec, tuple(ready.entries), ready.devices, run_dir, run_id, breakdown, launch, ready.launchers,
-                      ready.lineups)
+        comparison = Comparison(spec, tuple(ready.entries), ready.devices, Path(), run_id, breakdown, launch,
+                                ready.launchers, ready.lineups, startup_timeout_s)
+        comparison = claim_new_run_dir(comparison, Path(run_dir or default_run_dir(run_id)))
+        try:
+            with open(comparison.run_dir / launcher.LOG_FILE, "a", encoding="utf-8") as log:
+                for path in sorted(Path(tmp).iterdir()):
+                    log.write(path.read_text(encoding="utf-8", errors="replace"))
+        except OSError as err:
+            comparison.release()
+            raise ResultsNotWritten(f"cannot write into {comparison.run_dir}: {err.strerror or err}; nothing was "
+                                    "run") from None
+    return comparison
+
+
+def claim_new_run_dir(comparison: Comparison, run_dir: Path) -> Comparison:
+    """Create (or take an empty) run directory and lock it; a one-line error when another run
+    holds it or it already holds a run."""
+    created = not run_dir.exists()
+    prepare_run_dir(run_dir)
+    lock = RunDirLock(run_dir)
+    claimed = replace(comparison, run_dir=run_dir, lock=lock, created=created)
+    try:
+        lock.acquire(command_line())
+        check_new_run_dir(run_dir)
+    except BaseException:
+        claimed.release()
+        raise
+    return claimed
 
 
 def resolved(spec: Spec, devices: Mapping[str, Mapping[str, Any]], launch: Launch) -> Spec:
@@ -261,7 +300,7 @@ def start_run(comparison: Comparison) -> dict[str, Any]:
     path = comparison.run_dir / RUN_FILE
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if path.exists():
-        previous = json.loads(path.read_text(encoding="utf-8"))
+        previous = read_run(comparison.run_dir)
         previous.setdefault("resumed", []).append({"at": now, "command": command_line(), "environment": environment})
         write_json(path, previous)
         return environment
@@ -278,24 +317,39 @@ def start_run(comparison: Comparison) -> dict[str, Any]:
     return environment
 
 
-def resume(run_dir: Path) -> Comparison:
-    """The comparison a run directory's run.json describes, to run its unfinished trials."""
-    path = Path(run_dir) / RUN_FILE
+def resume(run_dir: Path, startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> Comparison:
+    """The comparison a run directory's run.json describes, to run its unfinished trials; it
+    holds the directory's lock until its `release`."""
+    run_dir = Path(run_dir)
+    if not (run_dir / RUN_FILE).exists():
+        raise XbenchError(f"--resume: no {RUN_FILE} in {run_dir}; is it an xbench run directory?")
+    lock = RunDirLock(run_dir).acquire(command_line())
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-        spec = _saved_spec(saved["spec"], str(path))
+        return _resumed(run_dir, lock, startup_timeout_s)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _resumed(run_dir: Path, lock: RunDirLock, startup_timeout_s: float) -> Comparison:
+    saved = read_run(run_dir)
+    launcher.adopt_member_logs(run_dir)
+    source = str(run_dir / RUN_FILE)
+    try:
+        spec = _saved_spec(saved["spec"], source)
         fields = {k: v for k, v in saved.get("launch", {}).items() if k != "backends"}
         launch = Launch(**{**fields, "hosts": tuple(fields.get("hosts", ()))})
-    except FileNotFoundError:
-        raise XbenchError(f"--resume: no {RUN_FILE} in {run_dir}; is it an xbench run directory?") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise XbenchError(f"--resume: {path} is damaged ({type(err).__name__}: {err})") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise XbenchError(f"--resume: {source} is damaged ({type(err).__name__}: {err})") from None
+    records = run_dir / RECORDS_FILE
+    if records.exists():
+        check_same_run(saved["run_id"], (r.get("run_id") for r in iter_records(records)), records)
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
         ready = ready_backends(spec, Path(tmp), strict_devices=False, launch=launch)
     # The launchers the run started with, so that trial ids (and what counts as done) match.
     launchers = {**ready.launchers, **saved.get("launch", {}).get("backends", {})}
-    return Comparison(spec, tuple(ready.entries), ready.devices, Path(run_dir), saved["run_id"],
-                      bool(saved.get("breakdown", False)), launch, launchers, ready.lineups)
+    return Comparison(spec, tuple(ready.entries), ready.devices, run_dir, saved["run_id"],
+                      bool(saved.get("breakdown", False)), launch, launchers, ready.lineups, startup_timeout_s, lock)
 
 
 def _saved_spec(raw: Mapping[str, Any], source: str) -> Spec:
@@ -320,7 +374,7 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any]) -> Veri
         result = verify(comparison.spec, comparison.entries, comparison.spec.devices, Path(tmp),
                         environment, log_dir=comparison.run_dir, launch=comparison.launch,
                         launchers=comparison.launchers, parallel=parallel_verification(comparison.devices),
-                        lineups=comparison.lineups)
+                        lineups=comparison.lineups, startup_timeout_s=comparison.startup_timeout_s)
     write_json(comparison.run_dir / VERIFY_FILE, {
         "checks": checks_as_dicts(result.checks),
         "problems": result.problems,
@@ -360,6 +414,7 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
             annotate=lambda trial: {"verification": verification[trial.implementation]},
             launch=comparison.launch,
             env=cache_env,
+            startup_timeout_s=comparison.startup_timeout_s,
         )
         return _execute(comparison, ctx, writer, verification, listener, done)
 

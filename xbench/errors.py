@@ -1,7 +1,8 @@
 """Errors a user can act on.
 
 Every `XbenchError` message is one line that says what to change; the CLI prints it as
-`error: <message>` and exits non-zero, never with a traceback.
+`error: <message>` and exits non-zero, never with a traceback: 2 for input to change, 3 when
+results could not be written (`xbench.records.ResultsNotWritten`).
 """
 
 
@@ -15,3 +16,8 @@ class SpecError(XbenchError):
 
 class BackendError(XbenchError):
     """A backend is unknown, not installed, or cannot provide what was asked."""
+
+
+class Interrupted(Exception):
+    """The user stopped a command (Ctrl-C, SIGTERM); the message says what was kept. Not an
+    XbenchError: its exit status is 130, as for any interrupt."""

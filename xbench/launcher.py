@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from xbench.cluster import Launch, job_ports
 from xbench.contract import COMPILE_CACHE_VARIABLE, Process, Trial
+from xbench.errors import XbenchError
 from xbench.plan import Group
 from xbench.records import utc_now as _now
 
@@ -224,9 +225,8 @@ class Gang:
             for worker in workers:
                 worker.stop()
             raise
-        with open(log_path, "ab") as log:
-            pids = ", ".join(str(w.process.pid) for w in workers)
-            log.write(f"=== {label}, worker pid(s) {pids}, {_now()}\n".encode())
+        pids = ", ".join(str(w.process.pid) for w in workers)
+        _append_log(log_path, f"=== {label}, worker pid(s) {pids}, {_now()}\n".encode())
         gang = cls(workers, events, log_path, logs, ranks)
         with _LIVE_LOCK:
             _LIVE.add(gang)
@@ -254,7 +254,13 @@ class Gang:
         """
         ready = self._await_ready(ctx.startup_timeout_s)
         if "device_info" not in ready:
-            return [self._unstarted_record(t, ready, ctx) for t in trials]
+            records = [self._unstarted_record(t, ready, ctx) for t in trials]
+            if ready.get("timed_out") and ctx.launch.multi_node:
+                # Every later job would wait as long for the same absent node: stop the run.
+                raise XbenchError(f"no worker of this node ({ctx.launch.node_rank} of {ctx.launch.nnodes}) started "
+                                  f"within {ctx.startup_timeout_s:g} s (--startup-timeout): another node is missing "
+                                  "or failed; run the same xbench command on every node, then --resume")
+            return records
         records: list[dict[str, Any]] = []
         for trial in trials:
             record = self._trial_record(trial, ready["device_info"], ctx)
@@ -275,7 +281,8 @@ class Gang:
             item = self.next_event(deadline)
             if item == "timeout":
                 self.stop()
-                return {"status": "failed", "reason": f"worker did not start within {timeout_s:g} s"}
+                return {"status": "failed", "reason": f"worker did not start within {timeout_s:g} s (--startup-timeout)",
+                        "timed_out": True}
             index, event = item
             if index not in waiting:
                 early.append(item)
@@ -378,14 +385,36 @@ class Gang:
             _LIVE.discard(self)
 
     def _collect_logs(self) -> None:
-        with open(self.log_path, "ab") as combined:
-            for rank, (path, _) in zip(self.ranks, self.logs):
-                try:
-                    text = path.read_bytes()
-                except OSError:
-                    continue
-                combined.write((f"--- rank {rank}\n".encode() if self.spmd else b"") + text)
-                path.unlink(missing_ok=True)
+        for rank, (path, _) in zip(self.ranks, self.logs):
+            try:
+                text = path.read_bytes()
+            except OSError:
+                continue
+            _append_log(self.log_path, (f"--- rank {rank}\n".encode() if self.spmd else b"") + text)
+            path.unlink(missing_ok=True)
+
+
+def adopt_member_logs(run_dir: Path) -> None:
+    """Member logs left by a run killed before its gangs stopped (SIGKILL) go into the run's
+    log, so that a resumed run leaves no stray file and loses none of their lines."""
+    log_path = Path(run_dir) / LOG_FILE
+    for path in sorted(Path(run_dir).glob(f"{LOG_FILE}.*")):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        _append_log(log_path, f"--- {path.name}, left by an interrupted run\n".encode() + data)
+        path.unlink(missing_ok=True)
+
+
+def _append_log(path: Path, data: bytes) -> None:
+    """Add to the run's log. The log explains failures but is not a result: a full disk costs
+    its lines, never the run (the records' own writer reports what is lost)."""
+    try:
+        with open(path, "ab") as log:
+            log.write(data)
+    except OSError:
+        pass
 
 
 def skipped_record(trial: Trial, ctx: Context, reason: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from xbench.allreduce import AllReduceResult
+from xbench.records import write_atomic
 from xbench.summary import Row
 
 DPI = 110
@@ -57,8 +58,10 @@ def save(fig, path: Path) -> Path:
     """Write a figure as PNG and free it."""
     fig.axes[0].legend(loc="best", fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, facecolor="white")
-    _pyplot().close(fig)
+    try:
+        write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", facecolor="white"))
+    finally:
+        _pyplot().close(fig)
     return path
 
 

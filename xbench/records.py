@@ -23,7 +23,7 @@ import json
 import os
 import tempfile
 from datetime import datetime, timezone
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,11 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+class ResultsNotWritten(XbenchError):
+    """A results file could not be written (a full disk, a lost mount): what was finished before
+    is kept, and the message says what is lost and how to go on."""
+
+
 def prepare_run_dir(path: Path) -> Path:
     """Create the run directory and prove it is writable, before any trial runs."""
     path = Path(path)
@@ -51,36 +56,93 @@ def prepare_run_dir(path: Path) -> Path:
     except OSError as err:
         reason = err.strerror or type(err).__name__
         raise XbenchError(f"cannot write results to {path}: {reason}; choose another --out") from None
-    records = path / RECORDS_FILE
-    if records.exists() and records.stat().st_size:
-        raise XbenchError(f"{path} already holds records; choose a new --out directory")
     return path
 
 
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:
     """Write a whole JSON file atomically (a reader never sees half of it)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def write_atomic(path: Path, data: bytes | Callable[[Path], None]) -> Path:
+    """Write `path` whole or not at all: into a temporary file beside it, synced, then renamed
+    over it. `data` is the bytes, or a function that writes a given path (a figure's savefig).
+    On failure the temporary file is removed and `ResultsNotWritten` names the file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if callable(data):
+            data(tmp)
+        else:
+            tmp.write_bytes(data)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise ResultsNotWritten(f"could not write {path}: {err.strerror or err}") from None
+    return path
 
 
 class RecordWriter:
-    """Appends records to a run directory, one complete line per write, synced to disk."""
+    """Appends records to a run directory, one complete line per write, synced to disk. A write
+    that fails is undone (the file is cut back to its last complete line), so a full disk never
+    leaves half a record; a crash in mid-write can tear only the last line, which readers
+    recognise (`last_line_torn`) and the next append cuts off."""
 
     def __init__(self, run_dir: Path, name: str = RECORDS_FILE) -> None:
         self.path = Path(run_dir) / name
+        self.checked = False  # whether a torn last line (from an earlier crash) was cut off
 
     def append(self, record: Mapping[str, Any]) -> None:
-        line = json.dumps({"schema": SCHEMA_VERSION, **record}, sort_keys=True) + "\n"
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
+        line = (json.dumps({"schema": SCHEMA_VERSION, **record}, sort_keys=True) + "\n").encode("utf-8")
+        existed = self.path.exists()
+        try:
+            # Unbuffered: a buffer would retry the failed bytes when the file is cut back.
+            with open(self.path, "ab", buffering=0) as handle:
+                if not self.checked:
+                    _cut_torn_tail(handle)
+                    self.checked = True
+                end = handle.seek(0, os.SEEK_END)
+                try:
+                    _write_line(handle, line)
+                except OSError:
+                    os.ftruncate(handle.fileno(), end)  # never leave half a record behind
+                    raise
+        except OSError as err:
+            if not existed and self.path.exists() and self.path.stat().st_size == 0:
+                self.path.unlink()
+            what = f"the record of trial {record['trial_id']}" if "trial_id" in record else "a record"
+            raise ResultsNotWritten(
+                f"could not write {what} to {self.path}: {err.strerror or err}; that measurement is lost, every "
+                f"earlier record is kept: free the space, then `xbench compare --resume {self.path.parent}` "
+                f"reruns what is missing") from None
+
+
+def _write_line(handle, line: bytes) -> None:
+    """One record's line, whole, then synced (a test injects a full disk here)."""
+    view = memoryview(line)
+    while view:
+        view = view[handle.write(view):]  # a raw write may take only part of it
+    os.fsync(handle.fileno())
+
+
+def _cut_torn_tail(handle) -> None:
+    """Cut a last line that a crash left without its newline (it never parses: the writer
+    writes each line whole) back to the last complete line."""
+    end = handle.seek(0, os.SEEK_END)
+    if end == 0:
+        return
+    with open(handle.name, "rb") as reader:
+        data = reader.read()
+    if data.endswith(b"\n"):
+        return
+    os.ftruncate(handle.fileno(), data.rfind(b"\n") + 1)
 
 
 def read_records(run_dir: Path, name: str = RECORDS_FILE) -> list[dict[str, Any]]:
     """All records of a run directory, oldest first; an empty file is an error (a run that
-    finished no trial has nothing to report)."""
+    finished no trial has nothing to report). A torn last line is left out (`last_line_torn`)."""
     records = list(iter_records(Path(run_dir) / name))
     if not records:
         raise XbenchError(f"{Path(run_dir) / name} holds no records; the run finished no trial")
@@ -90,12 +152,13 @@ def read_records(run_dir: Path, name: str = RECORDS_FILE) -> list[dict[str, Any]
 def latest_per_trial(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One record per trial, the last written (a resumed run appends a retried trial's new
     record after its failed one), in the order the trials first ran."""
-    latest = {record.get("trial_id", str(i)): record for i, record in enumerate(records)}
+    latest = {record["trial_id"]: record for record in records}
     return list(latest.values())
 
 
 # A resumed run retries trials whose last record has one of these statuses.
 RETRIED_STATUSES = ("failed", "crashed", "timeout", "skipped")
+STATUSES = ("ok", "unsupported", *RETRIED_STATUSES)
 
 
 def finished_trials(run_dir: Path) -> set[str]:
@@ -106,26 +169,146 @@ def finished_trials(run_dir: Path) -> set[str]:
     return {r["trial_id"] for r in latest_per_trial(list(iter_records(path))) if r["status"] not in RETRIED_STATUSES}
 
 
+def last_line_torn(path: Path) -> int | None:
+    """The number of the file's last line when a crash cut it off mid-write (no newline, not
+    JSON): an interrupted append, which readers leave out and a resumed run reruns."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    if not data or data.endswith(b"\n"):
+        return None
+    tail = data[data.rfind(b"\n") + 1:]
+    try:
+        json.loads(tail)
+    except ValueError:
+        return data.count(b"\n") + 1
+    return None
+
+
 def iter_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every record of a records file, validated and migrated to SCHEMA_VERSION; a one-line
+    error names the file and line of anything else. A torn last line is skipped."""
     if not path.exists():
-        raise XbenchError(f"no {RECORDS_FILE} in {path.parent}; is it an xbench run directory?")
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                raise XbenchError(f"{path}:{number} is not a JSON record; the file was edited or damaged") from None
-            schema = record.get("schema")
-            if not isinstance(schema, int) or schema > SCHEMA_VERSION:
-                raise XbenchError(
-                    f"{path}:{number} has record schema {schema!r}, newer than this xbench "
-                    f"understands ({SCHEMA_VERSION}); upgrade xbench")
-            missing = [key for key in REQUIRED.get(path.name, ()) if key not in record]
-            if missing:
-                raise XbenchError(f"{path}:{number} lacks {', '.join(missing)}; not an xbench record")
-            yield migrate(record)
+        raise XbenchError(f"no {path.name} in {path.parent}; is it an xbench run directory?")
+    torn = last_line_torn(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip() or number == torn:
+                    continue
+                yield migrate(_checked(line, path, number))
+    except UnicodeDecodeError:
+        raise XbenchError(f"{path} is not UTF-8 text; the file was damaged or is not an xbench record file") from None
+    except OSError as err:
+        raise XbenchError(f"cannot read {path}: {err.strerror or err}") from None
+
+
+def _checked(line: str, path: Path, number: int) -> dict[str, Any]:
+    """One line as a record of the file's kind, or a one-line error naming file and line."""
+    where = f"{path}:{number}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        raise XbenchError(f"{where} is not a JSON record; the file was edited or damaged") from None
+    if not isinstance(record, dict):
+        raise XbenchError(f"{where} is {type(record).__name__}, not a record; the file was edited or damaged")
+    schema = record.get("schema")
+    if not _is_int(schema) or schema < 1:
+        raise XbenchError(f"{where} has record schema {schema!r}, not a version of xbench's records (1 to "
+                          f"{SCHEMA_VERSION}); the file was edited or damaged")
+    if schema > SCHEMA_VERSION:
+        raise XbenchError(f"{where} has record schema {schema!r}, newer than this xbench understands "
+                          f"({SCHEMA_VERSION}); upgrade xbench")
+    problem = (_record_problem if path.name != ALLREDUCE_FILE else _allreduce_problem)(record)
+    if problem:
+        raise XbenchError(f"{where} {problem}; not an xbench record (the file was edited or damaged)")
+    return record
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _record_problem(record: Mapping[str, Any]) -> str | None:
+    """What makes a trial record unusable by the readers, or None."""
+    if "trial" not in record:
+        return "lacks trial"
+    trial = record["trial"]
+    if not isinstance(trial, dict):
+        return "has a trial that is not a table"
+    for key, ok in (("backend", lambda v: isinstance(v, str) and v), ("devices", lambda v: _is_int(v) and v > 0),
+                    ("global_batch", lambda v: _is_int(v) and v > 0),
+                    ("model", lambda v: isinstance(v, dict) and isinstance(v.get("name"), str))):
+        if not ok(trial.get(key)):
+            return f"has trial.{key} {trial.get(key)!r}"
+    if not isinstance(record.get("trial_id"), str) or not record["trial_id"]:
+        return f"lacks a trial_id (has {record.get('trial_id')!r})"
+    if record.get("status") not in STATUSES:
+        return f"has status {record.get('status')!r}, not one of {', '.join(STATUSES)}"
+    if record["status"] == "ok":
+        return _timing_problem(record.get("timing"))
+    return None
+
+
+def _timing_problem(timing: Any) -> str | None:
+    if not isinstance(timing, dict):
+        return "is ok but lacks its timing"
+    windows = timing.get("window_s")
+    if not isinstance(windows, list) or not windows or not all(_is_number(w) and w > 0 for w in windows):
+        return "has timing.window_s that is not a list of positive seconds"
+    if not _is_int(timing.get("steps_per_window")) or timing["steps_per_window"] < 1:
+        return f"has timing.steps_per_window {timing.get('steps_per_window')!r}"
+    if not _is_number(timing.get("first_call_s")):
+        return f"has timing.first_call_s {timing.get('first_call_s')!r}"
+    return None
+
+
+def _allreduce_problem(record: Mapping[str, Any]) -> str | None:
+    for key, ok in (("backend", lambda v: isinstance(v, str) and v), ("devices", lambda v: _is_int(v) and v > 0),
+                    ("nbytes", lambda v: _is_int(v) and v > 0), ("status", lambda v: v in STATUSES)):
+        if key not in record:
+            return f"lacks {key}"
+        if not ok(record[key]):
+            return f"has {key} {record[key]!r}"
+    return None
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """run.json of a run directory, checked: UTF-8 JSON holding a run id, the command and the
+    spec; a one-line error names the file and what is wrong."""
+    path = Path(run_dir) / RUN_FILE
+    if not path.exists():
+        raise XbenchError(f"no {RUN_FILE} in {run_dir}; is it an xbench run directory?")
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise XbenchError(f"{path} is not UTF-8 text; the file was damaged") from None
+    except json.JSONDecodeError as err:
+        raise XbenchError(f"{path} is not JSON (line {err.lineno}: {err.msg}); the file was edited or damaged") from None
+    except OSError as err:
+        raise XbenchError(f"cannot read {path}: {err.strerror or err}") from None
+    problem = _run_problem(run)
+    if problem:
+        raise XbenchError(f"{path} {problem}; the file was edited or damaged")
+    return run
+
+
+def _run_problem(run: Any) -> str | None:
+    if not isinstance(run, dict):
+        return f"holds {type(run).__name__}, not a run"
+    for key, kind in (("run_id", str), ("command", str), ("spec", dict)):
+        if not isinstance(run.get(key), kind):
+            return f"has {key} {run.get(key)!r}" if key in run else f"lacks {key}"
+    for key, kind in (("launch", dict), ("devices", dict), ("resumed", list), ("breakdown", bool)):
+        if key in run and not isinstance(run[key], kind):
+            return f"has {key} {run[key]!r}"
+    return None
 
 
 def migrate(record: dict[str, Any]) -> dict[str, Any]:
@@ -165,6 +348,3 @@ def _v4_to_v5(record: dict[str, Any]) -> dict[str, Any]:
 
 
 MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
-
-# What every record of each file must hold; anything less is a damaged or foreign file.
-REQUIRED = {RECORDS_FILE: ("trial", "status"), ALLREDUCE_FILE: ("backend", "devices", "nbytes", "status")}

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from xbench.document import Block, Bullets, Heading, Image, Paragraph, TableBlock, to_html, to_markdown
 from xbench.allreduce import ok_results
-from xbench.records import ALLREDUCE_FILE, RUN_FILE, read_records
+from xbench.records import ALLREDUCE_FILE, RUN_FILE, read_records, read_run, write_atomic
 from xbench.render import (
     ALLREDUCE_HEADERS, ALLREDUCE_NOTE, Busbw, allreduce_rows, busbw_by_size, cost_columns, format_p,
 )
@@ -27,16 +26,15 @@ def write_report(run_dir: Path, html: bool = True, plots: bool = True) -> list[P
     """Write report.md (and report.html, plots) into `run_dir`; returns the files written."""
     run_dir = Path(run_dir)
     records = read_records(run_dir)
-    run = _read_json(run_dir / RUN_FILE)
+    run = read_run(run_dir) if (run_dir / RUN_FILE).exists() else None  # results kept without it still report
     rows = rows_from_records(records)
     allreduce = (read_records(run_dir, ALLREDUCE_FILE) if (run_dir / ALLREDUCE_FILE).exists() else [])
     images = draw_plots(rows, allreduce, run_dir) if plots else {}
     blocks = build_report(records, run, rows, images, allreduce)
     written = [run_dir / REPORT_MD]
-    written[0].write_text(to_markdown(blocks), encoding="utf-8")
+    write_atomic(written[0], to_markdown(blocks).encode("utf-8"))
     if html:
-        written.append(run_dir / REPORT_HTML)
-        written[1].write_text(to_html(blocks, title=_title(records, run)), encoding="utf-8")
+        written.append(write_atomic(run_dir / REPORT_HTML, to_html(blocks, title=_title(records, run)).encode("utf-8")))
     return written + [image.path for group in images.values() for image in group]
 
 
@@ -224,6 +222,3 @@ def _devices_by_backend(records: Sequence[Mapping[str, Any]]) -> dict[str, Mappi
             found[backend] = info
     return found
 
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None

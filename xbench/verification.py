@@ -49,7 +49,8 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
            environment: dict[str, Any], listener: launcher.Listener | None = None,
            log_dir: Path | None = None, launch: Launch | None = None,
            launchers: Mapping[str, str] | None = None, parallel: int = 1,
-           lineups: Mapping[str, Lineup] | None = None) -> Verification:
+           lineups: Mapping[str, Lineup] | None = None,
+           startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> Verification:
     """Run every backend's reference steps on 1 and each of `devices` devices, then check.
 
     Arrays go to `work_dir` (tens of MB for large models: use a temporary directory);
@@ -60,7 +61,7 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     records: list[dict[str, Any]] = []
     ctx = launcher.Context(run_id="verify", run_dir=log_dir or work_dir, environment=environment,
                            write=records.append, job_extra={"mode": "verify", "arrays_dir": str(work_dir)},
-                           launch=launch or Launch())
+                           launch=launch or Launch(), startup_timeout_s=startup_timeout_s)
     if listener is not None:
         ctx.listener = listener
     launcher.run_groups(group_trials(trials, {e.name: e.target for e in entries}), ctx, parallel)

@@ -20,6 +20,7 @@ from xbench.cli.options import LauncherOption, Platform, backend_options, intege
 from xbench.cluster import resolve_launch
 from xbench.environment import host_environment
 from xbench.errors import XbenchError
+from xbench.records import write_atomic
 from xbench.render import ALLREDUCE_HEADERS, ALLREDUCE_NOTE, allreduce_rows
 from xbench.spec import load_spec
 
@@ -59,7 +60,7 @@ def allreduce(
                                                    launchers=ready.launchers, launch=launch)
     data_console().print(allreduce_table(records))
     if json_out is not None:
-        json_out.write_text(json.dumps(_as_json(records), indent=2) + "\n", encoding="utf-8")
+        write_atomic(json_out, (json.dumps(_as_json(records), indent=2) + "\n").encode("utf-8"))
     bad = [r for r in records if r["status"] != "ok"]
     for record in bad:
         err.print(escape(f"{record['backend']} d{record['devices']} {format_size(record['nbytes'])}: "

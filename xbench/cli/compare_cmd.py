@@ -12,14 +12,15 @@ from rich.markup import escape
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import (
     CompileCache, CoordinatorOption, LauncherOption, NnodesOption, NodeRankOption, NprocOption, Platform, Precision,
-    Scaling, SingleDeviceOption, VariantsOption, backend_options, integers, names, value,
+    Scaling, SingleDeviceOption, StartupTimeoutOption, VariantsOption, backend_options, integers, names,
+    startup_timeout_s, value,
 )
 from xbench.cluster import resolve_launch
-from xbench.errors import XbenchError
+from xbench.errors import Interrupted, XbenchError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xbench import compare as comparison
-from xbench.records import RECORDS_FILE, finished_trials, iter_records
+from xbench.records import RECORDS_FILE, RUN_FILE, finished_trials, iter_records, last_line_torn
 from xbench.render import busbw_by_size, devices_line, model_tables
 from xbench.spec import load_spec
 from xbench.summary import rows_from_records
@@ -31,7 +32,7 @@ def compare(
     model: Annotated[Optional[list[str]], typer.Option(help="Models to run: names from the config or presets (medium, large).")] = None,
     batch_sizes: Annotated[Optional[list[str]], typer.Option(help="Batch sizes for every selected model, e.g. 32,128 (global under strong scaling, per device under weak).")] = None,
     devices: Annotated[Optional[list[str]], typer.Option(help="Device counts, e.g. 1,2.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Run directory for records (default results/<timestamp>).")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Run directory for records (default results/<timestamp>); a new or empty directory.")] = None,
     scaling: Annotated[Optional[Scaling], typer.Option(help="strong: split the global batch; weak: fixed per-device batch.")] = None,
     precision: Annotated[Optional[Precision], typer.Option(help="Matmul precision, set explicitly in every backend.")] = None,
     platform: Annotated[Optional[Platform], typer.Option(help="auto: GPUs when present, else simulated CPU devices.")] = None,
@@ -58,12 +59,14 @@ def compare(
     nnodes: NnodesOption = None,
     node_rank: NodeRankOption = None,
     coordinator: CoordinatorOption = None,
+    startup_timeout: StartupTimeoutOption = None,
     resume: Annotated[Optional[Path], typer.Option(help="Finish an interrupted run in this directory: its spec, trials not yet recorded (and failed ones) only.")] = None,
 ) -> int:
     """Time each backend on 1..N devices on the same weights and data; print a table per model."""
+    startup = startup_timeout_s(startup_timeout)
     if resume is not None:
         _check_resume_alone(locals())
-        return _run(comparison.resume(resume), no_verify, resumed=True)
+        return _run(comparison.resume(resume, startup), no_verify, resumed=True)
     launch = resolve_launch(value(launcher) or "auto", nproc_per_node, nnodes, node_rank, coordinator)
     if devices is None and launch.nproc_per_node is not None:
         devices = [str(n) for n in spmd_device_counts(launch)]
@@ -80,7 +83,8 @@ def compare(
     spec = load_spec(config, overrides)
     err = status_console()
     with err.status("finding devices for each backend…"):
-        plan = comparison.prepare(spec, out, strict_devices=devices is not None, breakdown=breakdown, launch=launch)
+        plan = comparison.prepare(spec, run_dir_option(out), strict_devices=devices is not None, breakdown=breakdown,
+                                  launch=launch, startup_timeout_s=startup)
     return _run(plan, no_verify)
 
 
@@ -92,7 +96,7 @@ def spmd_device_counts(launch) -> list[int]:
 
 def _check_resume_alone(given: dict[str, Any]) -> None:
     """--resume takes the run's own spec; anything that would change it is an error."""
-    allowed = {"resume", "no_verify"}
+    allowed = {"resume", "no_verify", "startup_timeout", "startup"}
     # `is not`, not `in`: 0 == False, and --seed 0 is a change the run would ignore.
     changed = [name for name, v in given.items() if name not in allowed and v is not None and v is not False]
     if changed:
@@ -100,14 +104,35 @@ def _check_resume_alone(given: dict[str, Any]) -> None:
         raise XbenchError(f"--resume reruns the run's own spec; drop {flags}")
 
 
+def run_dir_option(out: str | None) -> Path | None:
+    """--out as a path; an empty one would mean the current directory, which is never meant."""
+    if out is None:
+        return None
+    if not out.strip():
+        raise XbenchError("--out is empty; name a new or empty directory, e.g. --out results/my-run")
+    return Path(out)
+
+
 def _run(plan, no_verify: bool, resumed: bool = False) -> int:
-    """Print what runs where, call the orchestrator under a progress display, print the tables."""
+    """Print what runs where, call the orchestrator under a progress display, print the tables;
+    the run directory is released however this ends."""
+    try:
+        return _run_locked(plan, no_verify, resumed)
+    finally:
+        plan.release()
+
+
+def _run_locked(plan, no_verify: bool, resumed: bool) -> int:
     err = status_console()
     for name, info in plan.devices.items():
         err.print(devices_line(name, info, plan.launchers.get(name, "subprocess")))
     done = finished_trials(plan.run_dir) if resumed else set()
     protocol = plan.spec.protocol
     if resumed:
+        torn = last_line_torn(plan.run_dir / RECORDS_FILE)
+        if torn:
+            err.print(f"{plan.run_dir / RECORDS_FILE}:{torn} was cut off mid-write (an interrupted append); "
+                      "dropped, and its trial runs again")
         err.print(f"resuming {plan.run_dir}: {len(done)} trial(s) already recorded, "
                   f"{comparison.trial_count(plan, done)} to run")
     err.print(f"{protocol.replicates} replicate(s) per configuration (fresh worker processes), "
@@ -116,10 +141,7 @@ def _run(plan, no_verify: bool, resumed: bool = False) -> int:
         with _Observer(err, comparison.trial_count(plan, done), protocol.repeats) as observer:
             outcome = comparison.run(plan, observer, no_verify=no_verify, resumed=resumed)
     except KeyboardInterrupt:
-        records_path = plan.run_dir / RECORDS_FILE
-        kept = len(list(iter_records(records_path))) if records_path.exists() else 0
-        err.print(f"interrupted; {kept} finished trial record(s) kept in {plan.run_dir / RECORDS_FILE}")
-        return 130
+        raise Interrupted(_interrupted_message(plan.run_dir)) from None
     console = data_console()
     for table in model_tables(rows_from_records(outcome.records), busbw_by_size(outcome.allreduce)):
         console.print(table)
@@ -136,6 +158,18 @@ def _run(plan, no_verify: bool, resumed: bool = False) -> int:
                   f"verification[/]; reasons in the tables, verify.json and {plan.run_dir / 'workers.log'}")
         return 1
     return 0
+
+
+def _interrupted_message(run_dir: Path) -> str:
+    records = run_dir / RECORDS_FILE
+    kept = sum(1 for _ in iter_records(records)) if records.exists() else 0
+    if kept:
+        return (f"interrupted; {kept} finished trial record(s) kept in {records}; "
+                f"`xbench compare --resume {run_dir}` runs the rest")
+    if (run_dir / RUN_FILE).exists():
+        return (f"interrupted before any trial finished; nothing was measured yet; "
+                f"`xbench compare --resume {run_dir}` starts it again")
+    return "interrupted before the run started; nothing was written"
 
 
 def _report_verification(err: Console, outcome: dict[str, dict]) -> None:

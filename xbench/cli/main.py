@@ -11,7 +11,10 @@ from rich.markup import escape
 
 import xbench
 from xbench.cli import allreduce_cmd, backends_cmd, compare_cmd, env_cmd, report_cmd, verify_cmd
-from xbench.errors import XbenchError
+from xbench.errors import Interrupted, XbenchError
+from xbench.records import ResultsNotWritten
+
+BAD_INPUT, NOT_WRITTEN, INTERRUPTED = 2, 3, 130
 
 app = typer.Typer(
     name="xbench",
@@ -60,23 +63,29 @@ def expand_variadic(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code (0 ok, 1 trials failed, 2 bad input, 130 Ctrl-C)."""
+    """Run the CLI and return its exit code: 0 ok, 1 trials failed, 2 bad input, 3 results could
+    not be written, 130 interrupted."""
     errors = Console(stderr=True, highlight=False)
     args = expand_variadic(list(sys.argv[1:] if argv is None else argv))
     try:
         code = app(args=args, prog_name="xbench", standalone_mode=False)
+    except ResultsNotWritten as err:
+        errors.print(f"[red]error:[/] {escape(str(err))}", soft_wrap=True)
+        return NOT_WRITTEN
     except XbenchError as err:
         errors.print(f"[red]error:[/] {escape(str(err))}", soft_wrap=True)
-        return 2
-    except typer.Abort:
+        return BAD_INPUT
+    except Interrupted as err:
+        errors.print(escape(str(err)), soft_wrap=True)
+        return INTERRUPTED
+    except (typer.Abort, KeyboardInterrupt):
         errors.print("interrupted")
-        return 130
+        return INTERRUPTED
     except _CLICK_ERROR as err:
         errors.print(f"[red]error:[/] {escape(err.format_message())}", soft_wrap=True)
-        return 2
-    except KeyboardInterrupt:
+        return BAD_INPUT
+    if code == INTERRUPTED:  # typer turns a Ctrl-C that reaches it into this exit code, silently
         errors.print("interrupted")
-        return 130
     return code if isinstance(code, int) else 0
 
 

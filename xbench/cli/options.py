@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from xbench.cluster import LAUNCHER_CHOICES
-from xbench.errors import SpecError
+from xbench.errors import SpecError, XbenchError
+from xbench.launcher import STARTUP_TIMEOUT_S
 from xbench.spec import COMPILE_CACHES, PLATFORMS, PRECISIONS, SCALINGS, SINGLE_DEVICE
 
 # Choices come from the spec, so the CLI and the TOML accept the same words.
@@ -33,6 +34,18 @@ SingleDeviceOption = Annotated[Optional[SingleDevice], typer.Option(
     help="The 1-device program: plain (no distribution, where a backend has it; default), data-parallel (one "
          "replica), or both (speedup against the faster).")]
 CoordinatorOption = Annotated[Optional[str], typer.Option(help="spmd: HOST:PORT of node 0, the same on every node.")]
+StartupTimeoutOption = Annotated[Optional[float], typer.Option(
+    help=f"Seconds a worker (every rank, every node under spmd) may take to start and find its devices "
+         f"(default {STARTUP_TIMEOUT_S:g}); a multi-node run stops when another node never comes.")]
+
+
+def startup_timeout_s(value: float | None) -> float:
+    """--startup-timeout, checked: positive and finite."""
+    if value is None:
+        return STARTUP_TIMEOUT_S
+    if not 0 < value < float("inf"):
+        raise XbenchError(f"--startup-timeout must be a positive number of seconds, got {value:g}")
+    return value
 
 
 def value(choice: Enum | None) -> str | None:

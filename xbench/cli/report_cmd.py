@@ -14,7 +14,7 @@ from xbench.cli.consoles import data_console, status_console
 from xbench.diff import diff_runs
 from xbench.stats import SIGNIFICANCE
 from xbench.errors import XbenchError
-from xbench.records import read_records
+from xbench.records import RECORDS_FILE, last_line_torn, read_records, write_atomic
 from xbench.report import write_report
 
 REPORT_EXTRA = "pip install 'xbench[report]'"
@@ -25,9 +25,18 @@ def report(
     html: Annotated[bool, typer.Option("--html", help="Also write a self-contained report.html.")] = False,
 ) -> int:
     """Write report.md (tables, verdicts, plots) into RUN_DIR."""
+    note_torn_records(run_dir)
     for path in make_report(run_dir, html):
         data_console().print(str(path))
     return 0
+
+
+def note_torn_records(run_dir: Path) -> None:
+    """Say that a record cut off by a crash is left out (`xbench compare --resume` reruns it)."""
+    torn = last_line_torn(Path(run_dir) / RECORDS_FILE)
+    if torn:
+        status_console().print(f"{Path(run_dir) / RECORDS_FILE}:{torn} was cut off mid-write (an interrupted "
+                               f"append) and is left out; `xbench compare --resume {run_dir}` runs that trial again")
 
 
 def make_report(run_dir: Path, html: bool) -> list[Path]:
@@ -55,12 +64,11 @@ def export(
             raise XbenchError(f"{module} is not installed; {REPORT_EXTRA}")
     from xbench.export import to_frame
 
+    note_torn_records(run_dir)
     frame = to_frame(read_records(run_dir))
     target = out or Path(run_dir) / ("records.parquet" if parquet else "records.csv")
-    try:
-        frame.to_parquet(target, index=False) if parquet else frame.to_csv(target, index=False)
-    except OSError as err:
-        raise XbenchError(f"cannot write {target}: {err.strerror}") from None
+    write_atomic(target, (lambda tmp: frame.to_parquet(tmp, index=False)) if parquet
+                 else (lambda tmp: frame.to_csv(tmp, index=False)))
     data_console().print(str(target))
     return 0
 
@@ -72,6 +80,8 @@ def diff(
 ) -> int:
     """Compare B with A per configuration; exit 1 when B is significantly slower beyond the threshold."""
     limit = parse_threshold(threshold)
+    for run_dir in (a, b):
+        note_torn_records(run_dir)
     result = diff_runs(read_records(a), read_records(b))
     table = Table(title=f"xbench diff: B = {b} over A = {a}", title_justify="left",
                   caption=f"B/A: ratio of mean throughputs with its 95% interval; p: Welch's t-test on the "

@@ -10,7 +10,10 @@ import typer
 from rich.markup import escape
 
 from xbench import compare as comparison
-from xbench.cli.options import LauncherOption, SingleDeviceOption, Platform, VariantsOption, integers, names, value
+from xbench.cli.options import (
+    LauncherOption, Platform, SingleDeviceOption, StartupTimeoutOption, VariantsOption, integers, names,
+    startup_timeout_s, value,
+)
 from xbench.cluster import resolve_launch
 from xbench.errors import XbenchError
 from xbench.cli.consoles import data_console, status_console
@@ -30,6 +33,7 @@ def verify(
     launcher: LauncherOption = None,
     variants: VariantsOption = None,
     single_device: SingleDeviceOption = None,
+    startup_timeout: StartupTimeoutOption = None,
 ) -> int:
     """Check identical initial loss and gradients across backends, N-device = 1-device
     gradients, and agreeing 10-step training, with dropout off and strict fp32, for each
@@ -49,7 +53,8 @@ def verify(
         entries = ready.entries
         with err.status("running each backend's reference steps…"):
             result = run_verification(spec, entries, spec.devices, Path(tmp), host_environment(), launch=launch,
-                                      launchers=ready.launchers, lineups=ready.lineups)
+                                      launchers=ready.launchers, lineups=ready.lineups,
+                                      startup_timeout_s=startup_timeout_s(startup_timeout))
     console = data_console()
     console.print(checks_table(result.checks))
     err.print(verify_caption(spec, entries[0].name))
