@@ -97,6 +97,18 @@ def test_a_full_disk_at_the_start_leaves_nothing_behind(fake_backends, run_cli, 
     assert not out.exists()
 
 
+def test_a_failed_start_in_an_existing_empty_directory_leaves_it_empty(fake_backends, run_cli, tmp_path,
+                                                                      monkeypatch):
+    out, real_replace = tmp_path / "run", os.replace
+    out.mkdir()
+    monkeypatch.setattr(records_module.os, "replace", no_space)
+    code, _, err = run_cli(*RUN, "--out", str(out))
+    assert code == 3, err
+    assert list(out.iterdir()) == []  # reusable as it was, not "holds a run" nor resumable
+    monkeypatch.setattr(records_module.os, "replace", real_replace)
+    assert run_cli(*RUN, "--out", str(out))[0] == 0
+
+
 def test_a_full_disk_while_writing_the_report_leaves_no_partial_file(fake_backends, run_cli, tmp_path,
                                                                      monkeypatch):
     out = tmp_path / "run"
@@ -130,6 +142,19 @@ def test_a_record_torn_by_a_crash_is_dropped_said_and_rerun(finished_run, run_cl
     assert code == 0, err
     assert "cut off mid-write" in err and "1 to run" in err
     lines_are_whole(path)
+    assert {r["trial_id"] for r in read_records(finished_run)} == TRIALS
+
+
+def test_a_whole_record_that_lost_only_its_newline_is_kept(finished_run, run_cli):
+    path = finished_run / RECORDS_FILE
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:-2]) + lines[-2].rstrip(b"\n"))  # the last trial lost, the one before whole
+    kept = json.loads(lines[-2])["trial_id"]
+    code, _, err = run_cli("compare", "--resume", str(finished_run))
+    assert code == 0, err
+    assert "cut off" not in err and "1 to run" in err
+    lines_are_whole(path)
+    assert kept in {r["trial_id"] for r in read_records(finished_run)}
     assert {r["trial_id"] for r in read_records(finished_run)} == TRIALS
 
 
@@ -262,7 +287,7 @@ def test_a_multi_node_run_whose_peers_never_come_stops_within_the_startup_timeou
 
 
 def test_a_bad_startup_timeout_is_refused(fake_backends, run_cli, tmp_path):
-    for value in ("0", "-5", "inf"):
+    for value in ("0", "-5", "inf", "1e30"):  # past a week, waiting on it overflows the clock
         code, _, err = run_cli(*RUN, "--startup-timeout", value, "--out", str(tmp_path / "run"))
         assert code == 2
         one_line_error(err, "--startup-timeout must be a positive number of seconds")

@@ -57,12 +57,22 @@ def _child(devices: int) -> dict:
         loss, gradients = backend.gradients(prepared)
         losses = backend.train(prepared, STEPS)
         out[program, variant] = {"info": prepared.info, "loss": loss, "gradients": gradients, "losses": losses,
-                                 "replicas": backend.replica_weights(prepared)}
+                                 "replicas": backend.replica_weights(prepared), "xla": _must_compile(prepared)}
     try:
         backend.prepare(_trial(devices, "plain", "fused"), work)
     except ValueError as err:
         out["refusal"] = str(err)
     return out
+
+
+def _must_compile(prepared) -> bool:
+    """Whether the timed loop's graph calls a function XLA must compile (jit_compile=True):
+    proof that the variant really compiles, not only that it says so."""
+    import tensorflow as tf
+
+    graph = prepared.train.get_concrete_function(tf.constant(0, dtype=tf.int64)).graph.as_graph_def()
+    nodes = [*graph.node, *(node for function in graph.library.function for node in function.node_def)]
+    return any(node.attr["_XlaMustCompile"].b for node in nodes if "_XlaMustCompile" in node.attr)
 
 
 # -- the parent: start both children, wait with a timeout, kill leftovers ---------------------
@@ -134,6 +144,7 @@ def test_program_and_variant_are_recorded(runs):
         assert info.weights_hash == runs[devices]["weights_hash"]
         assert info.precision == {"tensor_float_32_execution": False, "keras_policy": "float32"}
         assert info.settings["variant"] == variant and info.settings["jit_compile"] is (variant == "xla")
+        assert run["xla"] is (variant == "xla"), (devices, program, variant)  # XLA really compiles it
         assert info.notes[0].startswith(f"program={program}:"), info.notes
         if program == "plain":
             assert "no strategy" in info.notes[0] and info.notes[0].endswith("CPU:0")

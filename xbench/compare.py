@@ -34,7 +34,7 @@ from xbench.records import (
     ALLREDUCE_FILE, RECORDS_FILE, RUN_FILE, RecordWriter, ResultsNotWritten, finished_trials, iter_records,
     prepare_run_dir, read_records, read_run, write_json,
 )
-from xbench.rundir import RunDirLock, check_new_run_dir, check_same_run
+from xbench.rundir import RunDirLock, check_new_run_dir, check_same_run, discard_run_files
 from xbench.registry import BackendEntry, discover, resolve
 from xbench.spec import ALL_VARIANTS, Spec, build_spec, resolve_protocol
 from xbench.verification import Verification, checks_as_dicts, verify
@@ -60,14 +60,18 @@ class Comparison:
     created: bool = False  # this run made run_dir (so it may remove it while it holds nothing of a run)
 
     def release(self) -> None:
-        """Give up the run directory: discard it when this run made it, holds it, and never
-        started (no run.json: nothing to resume), then drop the lock. Never without the lock: a
-        run that lost the race for a directory must not remove the winner's."""
+        """Give up the run directory. A run that never started (no run.json: nothing to resume)
+        takes back what it wrote, and the directory too when it made it; never without holding
+        the lock, so that a run that lost the race for a directory leaves the winner's alone."""
         held = self.lock is not None and self.lock.held
-        if held and self.created and not (self.run_dir / RUN_FILE).exists():
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+        unstarted = held and not (self.run_dir / RUN_FILE).exists()
+        if unstarted:
+            discard_run_files(self.run_dir)  # the directory held none when this run claimed it
         if self.lock is not None:
             self.lock.release()
+        if unstarted and self.created:
+            with contextlib.suppress(OSError):  # not empty: another run's files arrived meanwhile
+                self.run_dir.rmdir()
 
     @property
     def implementations(self) -> list[str]:
@@ -83,12 +87,20 @@ def new_run_id() -> str:
 
 
 def default_run_dir(run_id: str, root: Path = Path("results")) -> Path:
-    """results/<run id>, with a suffix when a run started in the same second."""
-    path, n = root / run_id, 1
-    while path.exists():
-        n += 1
-        path = root / f"{run_id}-{n}"
-    return path
+    """results/<run id>, made here, with a suffix when a run started in the same second: mkdir
+    is atomic, so runs started together never share one."""
+    n, path = 1, root / run_id
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        while True:
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                n += 1
+                path = root / f"{run_id}-{n}"
+    except OSError as err:
+        raise XbenchError(f"cannot write results to {path}: {err.strerror or err}; choose another --out") from None
 
 
 def check_options(spec: Spec, entries: list[BackendEntry]) -> None:
@@ -111,11 +123,12 @@ def check_options(spec: Spec, entries: list[BackendEntry]) -> None:
             raise BackendError(f"[options.{entry.name}]: {err}") from None
 
 
-def probe_devices(entries: list[BackendEntry], platform: str, log_dir: Path) -> dict[str, dict[str, Any]]:
+def probe_devices(entries: list[BackendEntry], platform: str, log_dir: Path,
+                  startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> dict[str, dict[str, Any]]:
     """Start one short worker per backend, in parallel, to learn which devices it sees; each
     writes its output to log_dir/describe-NAME.log."""
     def describe(entry: BackendEntry) -> dict[str, Any]:
-        return launcher.describe(entry.target, platform, log_dir / f"describe-{entry.name}.log")
+        return launcher.describe(entry.target, platform, log_dir / f"describe-{entry.name}.log", startup_timeout_s)
 
     with ThreadPoolExecutor(max_workers=max(1, len(entries))) as pool:
         results = dict(zip((e.name for e in entries), pool.map(describe, entries)))
@@ -221,7 +234,8 @@ class Ready:
     lineups: dict[str, Lineup]  # backend name -> variants and programs
 
 
-def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True, launch: Launch | None = None) -> Ready:
+def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True, launch: Launch | None = None,
+                   startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> Ready:
     """The spec's backends, their options and launchers checked and their devices found
     (describe logs go to `log_dir`); one-line errors for anything the user must change."""
     launch = launch or Launch()
@@ -230,7 +244,7 @@ def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True, launc
     lineups = choose_lineups(spec, entries)
     launchers = choose_launchers(entries, launch)
     check_spmd_devices(spec, launchers, launch)
-    devices = probe_devices(entries, spec.platform, log_dir)
+    devices = probe_devices(entries, spec.platform, log_dir, startup_timeout_s)
     if strict_devices:
         check_device_counts(spec, {name: _per_node(info, launchers[name], launch) for name, info in devices.items()})
     check_same_platform(devices)
@@ -251,12 +265,12 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, break
     its `release`."""
     launch = launch or Launch()
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
-        ready = ready_backends(spec, Path(tmp), strict_devices, launch)
+        ready = ready_backends(spec, Path(tmp), strict_devices, launch, startup_timeout_s)
         spec = resolved(spec, ready.devices, launch)
         run_id = new_run_id()
         comparison = Comparison(spec, tuple(ready.entries), ready.devices, Path(), run_id, breakdown, launch,
                                 ready.launchers, ready.lineups, startup_timeout_s)
-        comparison = claim_new_run_dir(comparison, Path(run_dir or default_run_dir(run_id)))
+        comparison = claim_new_run_dir(comparison, Path(run_dir) if run_dir else None)
         try:
             with open(comparison.run_dir / launcher.LOG_FILE, "a", encoding="utf-8") as log:
                 for path in sorted(Path(tmp).iterdir()):
@@ -268,11 +282,11 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, break
     return comparison
 
 
-def claim_new_run_dir(comparison: Comparison, run_dir: Path) -> Comparison:
-    """Create (or take an empty) run directory and lock it; a one-line error when another run
-    holds it or it already holds a run."""
-    created = not run_dir.exists()
-    prepare_run_dir(run_dir)
+def claim_new_run_dir(comparison: Comparison, run_dir: Path | None) -> Comparison:
+    """Create (or take an empty) run directory, results/<run id> by default, and lock it; a
+    one-line error when another run holds it or it already holds a run."""
+    created = run_dir is None or not run_dir.exists()
+    run_dir = prepare_run_dir(run_dir or default_run_dir(comparison.run_id))
     lock = RunDirLock(run_dir)
     claimed = replace(comparison, run_dir=run_dir, lock=lock, created=created)
     try:
@@ -345,7 +359,8 @@ def _resumed(run_dir: Path, lock: RunDirLock, startup_timeout_s: float) -> Compa
     if records.exists():
         check_same_run(saved["run_id"], (r.get("run_id") for r in iter_records(records)), records)
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
-        ready = ready_backends(spec, Path(tmp), strict_devices=False, launch=launch)
+        ready = ready_backends(spec, Path(tmp), strict_devices=False, launch=launch,
+                               startup_timeout_s=startup_timeout_s)
     # The launchers the run started with, so that trial ids (and what counts as done) match.
     launchers = {**ready.launchers, **saved.get("launch", {}).get("backends", {})}
     return Comparison(spec, tuple(ready.entries), ready.devices, run_dir, saved["run_id"],
@@ -459,8 +474,8 @@ def measure_allreduce(entries: Sequence[BackendEntry], device_counts: Sequence[i
                       sizes: Sequence[int], options: Mapping[str, Mapping[str, Any]], log_dir: Path,
                       environment: dict[str, Any], write=None, timeout_s: float = 600,
                       devices: Mapping[str, Mapping[str, Any]] | None = None,
-                      launchers: Mapping[str, str] | None = None, launch: Launch | None = None
-                      ) -> list[dict[str, Any]]:
+                      launchers: Mapping[str, str] | None = None, launch: Launch | None = None,
+                      startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> list[dict[str, Any]]:
     """Each backend's own all-reduce on each device count and buffer size; one record each,
     with the platform the backend found (`devices`, from probe_devices)."""
     records = []
@@ -469,7 +484,7 @@ def measure_allreduce(entries: Sequence[BackendEntry], device_counts: Sequence[i
         for count in device_counts:
             events = launcher.allreduce_events(entry.target, count, platform, list(sizes),
                                                dict(options.get(entry.name, {})), log_dir / launcher.LOG_FILE,
-                                               timeout_s, how, launch)
+                                               timeout_s, how, launch, startup_timeout_s)
             for event in events:
                 info = (devices or {}).get(entry.name) or {}
                 record = {"kind": "allreduce", "backend": entry.name, "devices": count, "launcher": how,
@@ -492,7 +507,8 @@ def breakdown_allreduce(comparison: Comparison, environment: dict[str, Any]) -> 
     return measure_allreduce(comparison.entries, counts, comparison.spec.platform, sizes_for(gradient_bytes, gpu),
                              comparison.spec.options, comparison.run_dir, environment,
                              write=RecordWriter(comparison.run_dir, ALLREDUCE_FILE).append,
-                             devices=comparison.devices, launchers=comparison.launchers, launch=comparison.launch)
+                             devices=comparison.devices, launchers=comparison.launchers, launch=comparison.launch,
+                             startup_timeout_s=comparison.startup_timeout_s)
 
 
 def plan(comparison: Comparison) -> list:

@@ -281,8 +281,8 @@ class Gang:
             item = self.next_event(deadline)
             if item == "timeout":
                 self.stop()
-                return {"status": "failed", "reason": f"worker did not start within {timeout_s:g} s (--startup-timeout)",
-                        "timed_out": True}
+                return {"status": "failed", "timed_out": True,
+                        "reason": f"worker did not start within {timeout_s:g} s (--startup-timeout)"}
             index, event = item
             if index not in waiting:
                 early.append(item)
@@ -472,7 +472,8 @@ def describe(target: str, platform: str, log_path: Path,
 
 def allreduce_events(target: str, devices: int, platform: str, sizes: list[int], options: dict[str, Any],
                      log_path: Path, timeout_s: float, launcher: str = "subprocess",
-                     launch: Launch | None = None) -> list[dict[str, Any]]:
+                     launch: Launch | None = None, startup_timeout_s: float = STARTUP_TIMEOUT_S
+                     ) -> list[dict[str, Any]]:
     """Run the all-reduce microbenchmark in one job; one event per size (status ok, failed,
     or why the job could not run it). With spmd, member 0's events carry the gathered timing,
     and the first size any rank fails ends the job (the ranks' collectives no longer match)."""
@@ -481,7 +482,7 @@ def allreduce_events(target: str, devices: int, platform: str, sizes: list[int],
     jobs = spmd_jobs(job, devices, launch or Launch("spmd"), 0) if launcher == "spmd" else [(job, {})]
     gang = Gang.start(jobs, log_path, label=f"all-reduce {target} on {devices}")
     try:
-        return _AllReduceReader(gang, sizes, timeout_s).read()
+        return _AllReduceReader(gang, sizes, timeout_s, startup_timeout_s).read()
     finally:
         gang.stop()
 
@@ -491,15 +492,15 @@ class _AllReduceReader:
 
     GRACE_S = 10.0  # after a rank fails: time for member 0 to report the sizes before it
 
-    def __init__(self, gang: Gang, sizes: list[int], timeout_s: float) -> None:
-        self.gang, self.sizes, self.timeout_s = gang, sizes, timeout_s
+    def __init__(self, gang: Gang, sizes: list[int], timeout_s: float, startup_timeout_s: float) -> None:
+        self.gang, self.sizes, self.timeout_s, self.startup_timeout_s = gang, sizes, timeout_s, startup_timeout_s
         self.order = {n: i for i, n in enumerate(sizes)}
         self.results: list[dict[str, Any]] = []
         self.finished: set[int] = set()  # members that said "done" (and may exit before member 0)
         self.failure: dict[str, Any] | None = None  # the first size a rank failed, spmd
 
     def read(self) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S + self.timeout_s
+        deadline = time.monotonic() + self.startup_timeout_s + self.timeout_s
         while True:
             item = self.gang.next_event(deadline)
             index, event = item if item != "timeout" else (0, "timeout")

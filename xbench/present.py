@@ -117,8 +117,8 @@ READING_NOTES = (
     "distribution at all; shown as \"plain\"); \"vs plain\" marks a speedup taken against the plain one. "
     "When both 1-device programs ran, the slower one shows its ratio to the faster (\"0.70× vs plain\": what "
     "going data-parallel costs on one device), and its verdict says so when the difference is significant.",
-    "Variants: \"as-written\" is each program as the framework's docs teach it; a named variant (backend+name, "
-    "e.g. torch+compile, tf+xla, jax+fused) turns on what a performance engineer would, and passes the same "
+    "Variants: \"as-written\" is each program as the framework's docs teach it; a named variant (shown as "
+    "backend+variant; `xbench backends` lists them) turns on what a performance engineer would, and passes the same "
     "verification. Fastest per configuration: the row with the highest mean, the fastest as-written row beside "
     "it, the tuned gain (ratio of means with its 95 % interval), and the rows whose difference from the "
     "fastest is not significant (Welch's test on replicate means).",

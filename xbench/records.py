@@ -78,9 +78,11 @@ def write_atomic(path: Path, data: bytes | Callable[[Path], None]) -> Path:
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except OSError as err:
+    except BaseException as err:  # a writer's own error or Ctrl-C too: never leave the temporary file
         tmp.unlink(missing_ok=True)
-        raise ResultsNotWritten(f"could not write {path}: {err.strerror or err}") from None
+        if isinstance(err, OSError):
+            raise ResultsNotWritten(f"could not write {path}: {err.strerror or err}") from None
+        raise
     return path
 
 
@@ -128,15 +130,20 @@ def _write_line(handle, line: bytes) -> None:
 
 
 def _cut_torn_tail(handle) -> None:
-    """Cut a last line that a crash left without its newline (it never parses: the writer
-    writes each line whole) back to the last complete line."""
-    end = handle.seek(0, os.SEEK_END)
-    if end == 0:
+    """Make the file end with a complete line before appending: a last line a crash cut off
+    mid-write (`last_line_torn`, which readers leave out) is cut away; a whole record that lost
+    only its newline (readers count it) gets the newline."""
+    if handle.seek(0, os.SEEK_END) == 0:
+        return
+    torn = last_line_torn(Path(handle.name))
+    if torn is None:
+        with open(handle.name, "rb") as reader:
+            reader.seek(-1, os.SEEK_END)
+            if reader.read(1) != b"\n":
+                _write_line(handle, b"\n")
         return
     with open(handle.name, "rb") as reader:
         data = reader.read()
-    if data.endswith(b"\n"):
-        return
     os.ftruncate(handle.fileno(), data.rfind(b"\n") + 1)
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from xbench.contract import Availability, Backend
 from xbench.errors import BackendError, XbenchError
+from xbench.spec import MAX_SECONDS
 
 GROUP = "xbench.backends"
 _REQUIRED = ("probe", "setup", "prepare", "run")
@@ -132,8 +133,9 @@ def probe_timeout() -> float:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise XbenchError(f"{TIMEOUT_VARIABLE} must be a positive number of seconds, got {text!r}")
+    if not 0 < seconds <= MAX_SECONDS:  # also refuses nan; past a week, waits overflow the clock
+        raise XbenchError(f"{TIMEOUT_VARIABLE} must be a positive number of seconds up to {MAX_SECONDS:g}, "
+                          f"got {text!r}")
     return seconds
 
 

@@ -36,7 +36,11 @@ class RunDirLock:
     def acquire(self, command: str) -> RunDirLock:
         """Take the lock or raise a one-line error naming the run that holds it."""
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as err:
+                raise XbenchError(f"cannot lock {self.path.parent} for this run: {err.strerror or err}; "
+                                  "choose a directory you can write to") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -60,7 +64,8 @@ class RunDirLock:
     def release(self) -> None:
         if self.fd is None:
             return
-        self.path.unlink(missing_ok=True)  # while still held: nobody can take a file about to vanish
+        if _same_file(self.fd, self.path):  # while still held: nobody can take a file about to vanish
+            self.path.unlink(missing_ok=True)
         os.close(self.fd)
         self.fd = None
 
@@ -100,6 +105,15 @@ def _read_holder(fd: int) -> str:
 def run_files(run_dir: Path) -> list[str]:
     """The files of a run that `run_dir` holds (none for a new or empty directory)."""
     return [name for name in RUN_FILES if (Path(run_dir) / name).exists()]
+
+
+def discard_run_files(run_dir: Path) -> None:
+    """Remove every run file from `run_dir` (and the workers' per-member logs): for a run that
+    claimed an empty directory and never started."""
+    for name in RUN_FILES:
+        (Path(run_dir) / name).unlink(missing_ok=True)
+    for member_log in Path(run_dir).glob("workers.log.*"):
+        member_log.unlink(missing_ok=True)
 
 
 def check_new_run_dir(run_dir: Path) -> None:

@@ -533,8 +533,8 @@ def _variants(table: Mapping[str, Any], source: str) -> tuple[str, ...]:
     for name in names:
         backend, _, variant = name.partition(":")
         if name != ALL_VARIANTS and not (_NAME.fullmatch(backend) and _NAME.fullmatch(variant)):
-            raise SpecError(f"variant {name!r} in {source} must be BACKEND:VARIANT (e.g. torch:compile) or "
-                            f"'{ALL_VARIANTS}'; `xbench backends` lists each backend's variants")
+            raise SpecError(f"variant {name!r} in {source} must be BACKEND:VARIANT (a backend's name and one of its "
+                            f"variants) or '{ALL_VARIANTS}'; `xbench backends` lists each backend's variants")
     return tuple(names)
 
 

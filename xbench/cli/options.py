@@ -10,7 +10,7 @@ import typer
 from xbench.cluster import LAUNCHER_CHOICES
 from xbench.errors import SpecError, XbenchError
 from xbench.launcher import STARTUP_TIMEOUT_S
-from xbench.spec import COMPILE_CACHES, PLATFORMS, PRECISIONS, SCALINGS, SINGLE_DEVICE
+from xbench.spec import COMPILE_CACHES, MAX_SECONDS, PLATFORMS, PRECISIONS, SCALINGS, SINGLE_DEVICE
 
 # Choices come from the spec, so the CLI and the TOML accept the same words.
 Scaling = Enum("Scaling", {name: name for name in SCALINGS}, type=str)
@@ -27,7 +27,7 @@ NnodesOption = Annotated[Optional[int], typer.Option(help="spmd: nodes in the jo
 NodeRankOption = Annotated[Optional[int], typer.Option(help="spmd: this node's rank, 0..nnodes-1.")]
 # Variants and plain programs, shared by compare and verify.
 VariantsOption = Annotated[Optional[list[str]], typer.Option(
-    help="Variants to time besides each backend as written: BACKEND:VARIANT (e.g. torch:compile,tf:xla) or all; "
+    help="Variants to time besides each backend as written: BACKEND:VARIANT (comma-separated) or all; "
          "`xbench backends` lists them.")]
 SingleDevice = Enum("SingleDevice", {name: name for name in SINGLE_DEVICE}, type=str)
 SingleDeviceOption = Annotated[Optional[SingleDevice], typer.Option(
@@ -43,8 +43,9 @@ def startup_timeout_s(value: float | None) -> float:
     """--startup-timeout, checked: positive and finite."""
     if value is None:
         return STARTUP_TIMEOUT_S
-    if not 0 < value < float("inf"):
-        raise XbenchError(f"--startup-timeout must be a positive number of seconds, got {value:g}")
+    if not 0 < value <= MAX_SECONDS:
+        raise XbenchError(f"--startup-timeout must be a positive number of seconds up to {MAX_SECONDS:g} (a "
+                          f"week), got {value:g}")
     return value
 
 

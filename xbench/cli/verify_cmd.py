@@ -39,6 +39,7 @@ def verify(
     gradients, and agreeing 10-step training, with dropout off and strict fp32, for each
     backend's programs (data-parallel, plain) and the variants asked for. Exits 1 when a
     check fails or a backend cannot be verified (compare would time it anyway, marked so)."""
+    startup = startup_timeout_s(startup_timeout)
     launch = resolve_launch(value(launcher) or "auto")
     if launch.multi_node:
         raise XbenchError(f"verify runs on one node, and this {launch.source} job spans {launch.nnodes}; "
@@ -49,12 +50,12 @@ def verify(
     err = status_console()
     with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
         with err.status("finding devices for each backend…"):
-            ready = comparison.ready_backends(spec, Path(tmp), launch=launch)
+            ready = comparison.ready_backends(spec, Path(tmp), launch=launch, startup_timeout_s=startup)
         entries = ready.entries
         with err.status("running each backend's reference steps…"):
             result = run_verification(spec, entries, spec.devices, Path(tmp), host_environment(), launch=launch,
                                       launchers=ready.launchers, lineups=ready.lineups,
-                                      startup_timeout_s=startup_timeout_s(startup_timeout))
+                                      startup_timeout_s=startup)
     console = data_console()
     console.print(checks_table(result.checks))
     err.print(verify_caption(spec, entries[0].name))
