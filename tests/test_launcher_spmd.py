@@ -326,3 +326,27 @@ def test_a_slurm_layout_spmd_cannot_use_does_not_stop_a_one_process_run():
     assert resolve_launch("auto", env=env).launcher == "auto"
     with pytest.raises(XbenchError, match="one xbench per node"):
         resolve_launch("spmd", env=env)
+
+
+def test_allreduce_ranks_stop_their_windows_together():
+    """A rank that ended its windows on its own (steady enough, or out of budget) while another
+    went on would leave that one waiting in an all-reduce until gloo's 300 s timeout."""
+    from tests.fakes import SpmdNumpyBackend
+    from xbench.worker import Ranks, run_allreduce
+
+    class AnotherRankStops(Ranks):
+        """Rank 0's view of a job whose other rank wants to stop after its second window."""
+
+        def __init__(self) -> None:
+            super().__init__(SpmdNumpyBackend(), None)
+            self.stop_calls = 0
+
+        def any_stop(self, stop: bool) -> bool:
+            self.stop_calls += 1  # the first call only starts the windows together
+            return stop or self.stop_calls > 2
+
+    events = []
+    status = run_allreduce(SpmdNumpyBackend(), 4096, {}, lambda event, **fields: events.append(fields),
+                           AnotherRankStops())
+    assert status == "ok"
+    assert len(events[0]["timing"]["window_s"]) == 2 and events[0]["timing"]["stopped"] == "another rank"

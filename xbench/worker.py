@@ -254,7 +254,10 @@ def run_allreduce(backend: Backend, nbytes: int, options: dict[str, Any], emit, 
         if not callable(getattr(backend, "allreduce_prepare", None)):
             raise Unsupported(f"backend {backend.name!r} has no allreduce_prepare/allreduce_run")
         prepared = backend.allreduce_prepare(nbytes, options)
-        result = measure(_AllReduceSteps(backend), prepared, protocol, agree=ranks.agree)
+        # Every rank runs the same windows: a rank that stopped early on its own would leave
+        # the others waiting in an all-reduce until the framework's timeout.
+        result = measure(_AllReduceSteps(backend), prepared, protocol, agree=ranks.agree,
+                         all_stop=ranks.any_stop)
         timing = ranks.timing(result)
     except Unsupported as err:
         emit("allreduce", nbytes=nbytes, status="unsupported", reason=str(err))
