@@ -25,7 +25,8 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # A regular (not editable) install, redone whenever a source file changes: setuptools warns
-# about every editable install of this layout (backends/ installs as xbench_backends).
+# about every editable install of this layout (backends/ installs as xbench_backends, with one
+# subpackage per framework: backends/jax, backends/tf, backends/torch).
 SOURCES := pyproject.toml $(shell find xbench backends -name '*.py' 2>/dev/null)
 
 $(VENV)/.installed-all: $(BIN)/python $(SOURCES)

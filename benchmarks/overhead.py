@@ -259,7 +259,7 @@ def jax_minimal(work, batch: int, precision: str, device):
 
 def jax_child(args) -> None:
     from xbench.contract import PLAIN, programs_of
-    from xbench_backends.jax_pmap import JaxPmapBackend
+    from xbench_backends.jax.pmap import JaxPmapBackend
 
     backend = JaxPmapBackend()
     info = backend.setup(1, args.platform)
@@ -343,7 +343,7 @@ def torch_child(args) -> None:
     import torch
 
     from xbench.contract import PLAIN, programs_of
-    from xbench_backends.torch_ddp import TorchDdpBackend
+    from xbench_backends.torch.ddp import TorchDdpBackend
 
     backend = TorchDdpBackend()
     info = backend.setup(1, args.platform)

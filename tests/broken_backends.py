@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xbench_backends.jax_pmap import AXIS, JaxPmapBackend
+from xbench_backends.jax.pmap import JaxPmapBackend
+from xbench_backends.jax.steps import AXIS
 
 
 class NoAllReduceJax(JaxPmapBackend):

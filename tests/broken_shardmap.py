@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xbench_backends.jax_shardmap import JaxShardMapBackend
+from xbench_backends.jax.shardmap import JaxShardMapBackend
 
 
 class UncastShardMap(JaxShardMapBackend):

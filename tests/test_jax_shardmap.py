@@ -12,8 +12,8 @@ from xbench import registry
 from xbench.records import read_records
 
 OURS = [
-    entry_point("jax-shardmap", "xbench_backends.jax_shardmap:JaxShardMapBackend"),
-    entry_point("jax-auto", "xbench_backends.jax_shardmap:JaxAutoBackend"),
+    entry_point("jax-shardmap", "xbench_backends.jax.shardmap:JaxShardMapBackend"),
+    entry_point("jax-auto", "xbench_backends.jax.shardmap:JaxAutoBackend"),
     entry_point("jax-shardmap-nocast", "tests.broken_shardmap:UncastShardMap"),
 ]
 
@@ -35,14 +35,14 @@ def shardmap_backends(monkeypatch):
 
 
 def test_module_imports_without_its_framework():
-    code = ("import sys, xbench_backends.jax_shardmap, tests.broken_shardmap\n"
+    code = ("import sys, xbench_backends.jax.shardmap, tests.broken_shardmap\n"
             "print(sorted(m for m in ('jax', 'jaxlib', 'flax', 'optax') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_plugin_attributes():
-    from xbench_backends.jax_shardmap import JaxAutoBackend, JaxShardMapBackend
+    from xbench_backends.jax.shardmap import JaxAutoBackend, JaxShardMapBackend
 
     for cls, name in ((JaxShardMapBackend, "jax-shardmap"), (JaxAutoBackend, "jax-auto")):
         backend = cls()

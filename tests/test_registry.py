@@ -7,8 +7,8 @@ from tests.conftest import entry_point
 
 def test_builtin_backends_are_registered_as_entry_points():
     names = {p.name: p.value for p in registry.list_entry_points()}
-    assert names["jax"] == "xbench_backends.jax_pmap:JaxPmapBackend"
-    assert names["tf"] == "xbench_backends.tf_mirrored:TfMirroredBackend"
+    assert names["jax"] == "xbench_backends.jax.pmap:JaxPmapBackend"
+    assert names["tf"] == "xbench_backends.tf.mirrored:TfMirroredBackend"
 
 
 def test_a_plugin_entry_point_is_loaded_and_probed():

@@ -46,7 +46,7 @@ def _trial(devices: int, program: str, variant: str):
 
 def _child(devices: int) -> dict:
     from xbench.work import build_work
-    from xbench_backends.tf_mirrored import TfMirroredBackend
+    from xbench_backends.tf.mirrored import TfMirroredBackend
 
     backend = TfMirroredBackend()
     backend.setup(devices, "cpu")
@@ -104,7 +104,7 @@ def _each_run(runs):
 
 def test_programs_and_variants_are_declared():
     from xbench.contract import programs_of, variants_of
-    from xbench_backends.tf_mirrored import TfMirroredBackend
+    from xbench_backends.tf.mirrored import TfMirroredBackend
 
     backend = TfMirroredBackend()
     assert programs_of(backend) == ("data-parallel", "plain")

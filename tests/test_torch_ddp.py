@@ -57,14 +57,14 @@ def _child(job: dict) -> dict:
     trials = {name: Trial.from_dict(raw) for name, raw in job["trials"].items()}
     out: dict = {}
     if job["framework"] == "jax":
-        from xbench_backends.jax_pmap import JaxPmapBackend
+        from xbench_backends.jax.pmap import JaxPmapBackend
 
         backend = JaxPmapBackend()
         backend.setup(1, "cpu")
         _verification(backend, trials["fp32"], out)
         return out
 
-    from xbench_backends.torch_ddp import TorchDdpBackend
+    from xbench_backends.torch.ddp import TorchDdpBackend
 
     backend = TorchDdpBackend()
     if job["world"] == 1:
@@ -101,7 +101,7 @@ def _gpu_refusal() -> str | None:
     import torch
 
     from xbench.contract import DeviceUnavailable
-    from xbench_backends.torch_ddp import TorchDdpBackend
+    from xbench_backends.torch.ddp import TorchDdpBackend
 
     if torch.cuda.is_available():
         return None
@@ -157,7 +157,7 @@ def _errors(actual, expected) -> float:
 def test_module_imports_no_torch():
     code = ("import sys\n"
             "from xbench.contract import DeviceUnavailable, launchers_of\n"
-            "from xbench_backends.torch_ddp import TorchDdpBackend\n"
+            "from xbench_backends.torch.ddp import TorchDdpBackend\n"
             "b = TorchDdpBackend()\n"
             "assert b.probe().installed and b.name == 'torch' and launchers_of(b) == ('spmd',)\n"
             "try:\n    b.setup(2, 'cpu')\nexcept DeviceUnavailable as err:\n    assert 'spmd' in str(err)\n"
@@ -169,7 +169,7 @@ def test_module_imports_no_torch():
 
 
 def test_options_are_refused():
-    from xbench_backends.torch_ddp import TorchDdpBackend
+    from xbench_backends.torch.ddp import TorchDdpBackend
 
     TorchDdpBackend().validate_options({})
     with pytest.raises(ValueError, match="bucket_cap_mb"):

@@ -48,7 +48,7 @@ def _trial(**changes):
 def _child() -> dict:
     from xbench.contract import Unsupported
     from xbench.work import build_work
-    from xbench_backends.torch_ddp import TorchDdpBackend
+    from xbench_backends.torch.ddp import TorchDdpBackend
 
     trial = _trial()
     work = build_work(trial.model, trial.samples, trial.seed)
@@ -116,7 +116,7 @@ def _error(actual, expected) -> float:
 
 
 def test_programs_and_variants_are_declared():
-    from xbench_backends.torch_ddp import TorchDdpBackend
+    from xbench_backends.torch.ddp import TorchDdpBackend
 
     backend = TorchDdpBackend()
     assert programs_of(backend) == (DATA_PARALLEL, PLAIN)
@@ -127,7 +127,7 @@ def test_programs_and_variants_are_declared():
 
 def test_unknown_variant_and_program_are_refused_first():
     """Refused in `prepare` before anything else: here without setup, no torch needed."""
-    from xbench_backends.torch_ddp import TorchDdpBackend
+    from xbench_backends.torch.ddp import TorchDdpBackend
 
     with pytest.raises(ValueError, match="known: as-written, compile, cuda-graphs"):
         TorchDdpBackend().prepare(_trial(variant="xla"), None)

@@ -9,7 +9,8 @@ inductor's default mode or in "reduce-overhead" mode (CUDA graphs); loss, backwa
 optimizer step stay eager.
 
 Eager PyTorch has no fused multi-step call: `steps_per_call` steps run as a Python loop.
-The module imports no torch at import time (`probe` runs in the xbench process).
+The module imports no torch at import time (`probe` runs in the xbench process). The model,
+its loss and its weights read back are in `mlp`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from xbench.contract import (
     ADAM, AS_WRITTEN, COMPILE_CACHE_VARIABLE, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable,
     PreparedInfo, Process, Trial, Unsupported, Variant, Work, hash_arrays, probe_distributions,
 )
+from xbench_backends.torch.mlp import build_model, layer_tensors, loss as model_loss
 
 SIMULATED_DEVICE_LIMIT = 8  # as in the jax backend: CPU "devices" are processes sharing one host
 # How long joining the job and each collective may take before torch.distributed gives up, so
@@ -178,7 +180,6 @@ class TorchDdpBackend:
     def prepare(self, trial: Trial, work: Work) -> TorchPrepared:
         mode = _compile_mode(trial)
         import torch
-        from torch import nn
 
         process, device, gpu = self._process(), self.device, self.platform == "gpu"
         if trial.devices != process.world_size:
@@ -204,19 +205,7 @@ class TorchDdpBackend:
         # Dropout masks come from this stream; each rank draws its own, as jax folds in its index.
         torch.manual_seed(trial.seed + process.rank)
 
-        layers: list[nn.Module] = []
-        linears = []
-        for i, (kernel, bias) in enumerate(work.weights):
-            linear = nn.utils.skip_init(nn.Linear, kernel.shape[0], kernel.shape[1], device=device,
-                                        dtype=torch.float32)
-            with torch.no_grad():
-                linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(kernel.T)))
-                linear.bias.copy_(torch.from_numpy(bias))
-            linears.append(linear)
-            layers.append(linear)
-            if i < len(work.weights) - 1:
-                layers += [nn.ReLU(), nn.Dropout(work.model.dropout)]
-        model = nn.Sequential(*layers).train()
+        model, linears = build_model(work, device)
         # Only the module is compiled: the batch is sliced outside (a Python int index inside
         # would recompile per batch), and loss, backward and the fused Adam step stay eager.
         # The compiled graph draws dropout masks from inductor's RNG, not eager's stream, so the
@@ -242,7 +231,7 @@ class TorchDdpBackend:
         xs_d = torch.from_numpy(xs[process.rank]).to(device)
         ys_d = torch.from_numpy(ys[process.rank]).to(device)
 
-        readback = _numpy(_layer_tensors(linears))
+        readback = _numpy(layer_tensors(linears))
         info = PreparedInfo(
             params=sum(p.numel() for p in model.parameters()),
             weights_hash=hash_arrays(readback),
@@ -312,7 +301,7 @@ class TorchDdpBackend:
         """The global mean loss and this rank's gradient after DDP's all-reduce, at the current
         weights on the current step's batch; no step is applied."""
         loss = _forward_backward(prepared)
-        grads = _numpy(_layer_tensors(prepared.linears, grad=True))
+        grads = _numpy(layer_tensors(prepared.linears, grad=True))
         prepared.optimizer.zero_grad(set_to_none=True)
         return float(_global_mean(loss.reshape(1))[0]), grads
 
@@ -326,7 +315,7 @@ class TorchDdpBackend:
         import torch
         import torch.distributed as dist
 
-        tensors = _layer_tensors(prepared.linears)
+        tensors = layer_tensors(prepared.linears)
         flat = torch.cat([t.reshape(-1) for t in tensors])
         gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
         dist.all_gather(gathered, flat)
@@ -347,8 +336,6 @@ class TorchDdpBackend:
 
 def _forward_backward(p: TorchPrepared):
     """Loss and gradients of the current step's batch (all-reduced unless compute-only)."""
-    import torch.nn.functional as F
-
     index = p.step % p.xs.shape[0]
     batch, target = p.xs[index], p.ys[index]  # outside any compiled callable (see prepare)
     p.optimizer.zero_grad(set_to_none=True)
@@ -356,7 +343,7 @@ def _forward_backward(p: TorchPrepared):
     with p.ddp.no_sync() if p.ddp is not None and not p.all_reduce else nullcontext():
         with p.autocast():
             pred = p.forward(batch)
-        loss = F.mse_loss(pred.float(), target)  # mean over this rank's batch and outputs
+        loss = model_loss(pred, target)  # mean over this rank's batch and outputs
         loss.backward()
     return loss.detach()
 
@@ -487,15 +474,6 @@ def _global_mean(values):
     values = values.clone()
     dist.all_reduce(values)
     return (values / dist.get_world_size()).cpu().tolist()
-
-
-def _layer_tensors(linears, grad: bool = False) -> list[Any]:
-    """Kernels (in, out) and biases in layer order, or their gradients: views on the device."""
-    tensors = []
-    for linear in linears:
-        weight, bias = (linear.weight.grad, linear.bias.grad) if grad else (linear.weight, linear.bias)
-        tensors += [weight.detach().T, bias.detach()]
-    return tensors
 
 
 def _numpy(tensors) -> list[np.ndarray]:

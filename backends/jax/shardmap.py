@@ -19,10 +19,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import DATA_PARALLEL, PreparedInfo, Trial, Unsupported, Work, hash_arrays
-from xbench_backends.jax_pmap import (
-    AXIS, MATMUL_PRECISION, JaxAllReduce, JaxPmapBackend, _mlp_class, _optimizer, _train_steps, check_variant,
-    dropout_rng, flax_params, initial_state,
-    kernel_settings, step_losses,
+from xbench_backends.jax.mlp import initial_params, loss_function
+from xbench_backends.jax.pmap import JaxPmapBackend
+from xbench_backends.jax.steps import (
+    AXIS, MATMUL_PRECISION, JaxAllReduce, check_variant, dropout_rng, initial_state, kernel_settings, optimizer,
+    step_losses, train_steps,
 )
 
 
@@ -55,8 +56,8 @@ class _MeshBackend(JaxPmapBackend):
 
         jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[trial.precision])
         mesh = jax.sharding.Mesh(np.array(self.devices), (AXIS,))
-        tx = _optimizer(trial.learning_rate)
-        state = jax.device_put(initial_state(work, tx, trial.seed), _sharding(mesh))
+        tx = optimizer(trial.learning_rate)
+        state = jax.device_put(initial_state(initial_params(work), tx, trial.seed), _sharding(mesh))
         xs, ys = self.place_data(mesh, *work.shards(trial.global_batch, len(self.devices)))
         step, grads, notes = self.step_programs(trial, work, tx, mesh)
         layers = len(work.weights)
@@ -142,7 +143,7 @@ class JaxShardMapBackend(_MeshBackend):
         import jax
         from jax import lax
 
-        loss_fn = _loss_fn(trial, work)
+        loss_fn = loss_function(trial, work)
         batches = work.x.shape[0] // trial.global_batch  # as Work.shards lays them out
         reduce = self.reduce_gradients if trial.all_reduce else (lambda grads: grads)
         devices = len(self.devices)
@@ -155,7 +156,7 @@ class JaxShardMapBackend(_MeshBackend):
             loss, grads = jax.value_and_grad(loss_fn)(self.to_varying(params), x, y, rng)
             return loss[None], reduce(grads)  # [None]: one loss per device, stacked on "d"
 
-        train_steps = _train_steps(tx, loss_and_grads, trial.protocol.steps_per_call)
+        step_fn = train_steps(tx, loss_and_grads, trial.protocol.steps_per_call)
         # The compute-only twin (no pmean) leaves each device with its own gradient, params and
         # Adam moments: values the type checker rightly calls varying, so out_specs P() would
         # be rejected. We keep P() and turn the check off for the twin only: the state keeps
@@ -165,7 +166,7 @@ class JaxShardMapBackend(_MeshBackend):
         # The twin is timed only, never verified.
         check = trial.all_reduce
         specs = dict(in_specs=(_spec(), _spec(AXIS), _spec(AXIS)), out_specs=(_spec(), _spec(AXIS)))
-        step = jax.jit(_shard_map(train_steps, mesh, check_vma=check, **specs), donate_argnums=0)
+        step = jax.jit(_shard_map(step_fn, mesh, check_vma=check, **specs), donate_argnums=0)
         grads_specs = dict(specs, out_specs=(_spec(AXIS), _spec()))
         grads = jax.jit(_shard_map(loss_and_grads, mesh, check_vma=check, **grads_specs))
         return step, grads, ()
@@ -192,7 +193,7 @@ class JaxAutoBackend(_MeshBackend):
         if not trial.all_reduce:
             raise Unsupported("jax-auto has no compute-only step: the compiler (GSPMD/Shardy) inserts "
                               "the gradient all-reduce itself, so there is no program without it")
-        loss_fn = _loss_fn(trial, work)
+        loss_fn = loss_function(trial, work)
         batches = work.x.shape[0] // trial.global_batch
 
         def loss_and_grads(state, xs, ys):
@@ -207,7 +208,7 @@ class JaxAutoBackend(_MeshBackend):
 
         replicated, batch = _sharding(mesh), _sharding(mesh, None, AXIS)
         shardings = dict(in_shardings=(replicated, batch, batch), out_shardings=(replicated, replicated))
-        step = jax.jit(_train_steps(tx, loss_and_grads, trial.protocol.steps_per_call), donate_argnums=0,
+        step = jax.jit(train_steps(tx, loss_and_grads, trial.protocol.steps_per_call), donate_argnums=0,
                        **shardings)
         grads = jax.jit(loss_and_grads, **shardings)
         partitionable = bool(getattr(jax.config, "jax_threefry_partitionable", True))
@@ -235,17 +236,3 @@ def _shard_map(f, mesh, *, in_specs, out_specs, check_vma: bool = True):
     if shard_map is None:
         from jax.experimental.shard_map import shard_map
     return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma)
-
-
-def _loss_fn(trial: Trial, work: Work):
-    """The `jax` backend's loss: mean squared error in float32 of the Flax MLP, dropout on."""
-    import jax.numpy as jnp
-
-    model = _mlp_class()(widths=work.model.widths, outputs=work.model.outputs, dropout=work.model.dropout,
-                         dtype=jnp.bfloat16 if trial.precision == "bf16" else jnp.float32)
-
-    def loss_fn(params, x, y, rng):
-        pred = model.apply({"params": flax_params(params)}, x, train=True, rngs={"dropout": rng}).astype(jnp.float32)
-        return jnp.mean((pred - y) ** 2)
-
-    return loss_fn

@@ -12,6 +12,8 @@ RING collectives on CPU, NCCL on GPUs.
 The plain program (`trial.program == "plain"`) is what a user writes for one device without a
 strategy: the same model, Adam and step, called directly. The `xla` variant compiles each
 replica's forward and backward with `tf.function(jit_compile=True)`, in either program.
+
+The model and its per-example loss are in `mlp`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from xbench.contract import (
     ADAM, AS_WRITTEN, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process,
     Trial, Variant, Work, hash_arrays, probe_distributions,
 )
+from xbench_backends.tf.mlp import build_model, per_example_loss
 
 SIMULATED_DEVICE_LIMIT = 8
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical", "reduce-to-one")
@@ -193,8 +196,7 @@ class TfMirroredBackend:
                 f"{'MirroredStrategy' if self.multi_worker is None else 'MultiWorkerMirroredStrategy'}",
                 f"cross_device_ops={type(strategy.extended._cross_device_ops).__name__}")
         with scope:
-            model = _build_model(work)
-            model.set_weights(work.flat_weights)
+            model = build_model(work)
             optimizer = _optimizer(trial.learning_rate, all_reduce=trial.all_reduce)
             optimizer.build(model.trainable_variables)  # before the loop (pitfall 4)
             x_all, y_all = _data(strategy, work, trial.global_batch)
@@ -344,16 +346,6 @@ class TfMirroredBackend:
         }[choice]()
 
 
-def _build_model(work: Work):
-    import keras
-
-    layers: list[Any] = [keras.Input(shape=(work.model.inputs,))]
-    for width in work.model.widths:
-        layers += [keras.layers.Dense(width, activation="relu"), keras.layers.Dropout(work.model.dropout)]
-    layers.append(keras.layers.Dense(work.model.outputs))
-    return keras.Sequential(layers)
-
-
 def _optimizer(learning_rate: float, all_reduce: bool = True):
     optimizer = _paper_adam()(learning_rate=learning_rate, beta_1=ADAM.b1, beta_2=ADAM.b2, epsilon=ADAM.eps)
     optimizer.all_reduce = all_reduce
@@ -476,8 +468,7 @@ def _programs(on_replicas, model, optimizer, x_all, y_all, trial: Trial, batches
 
     def forward_backward(x, y):
         with tf.GradientTape() as tape:
-            pred = tf.cast(model(x, training=True), tf.float32)  # bf16 under mixed precision
-            per_example = tf.reduce_mean(tf.square(pred - y), axis=-1)
+            per_example = per_example_loss(model, x, y)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=trial.global_batch)
         return loss, tape.gradient(loss, variables)
 

@@ -12,11 +12,12 @@ Two ways to start it: one process driving every device (`setup`), or one process
 (`setup_process`, the spmd launcher) joined by `jax.distributed.initialize`; the pmapped
 program is the same, over the global devices. Every process holds the same numpy work and
 `device_put` places only its own shards; read-backs take the local shard or gather.
+
+The model is in `mlp`; the step programs this shares with `jax-shardmap` and `jax-auto` in `steps`.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -26,14 +27,16 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import (
-    ADAM, AS_WRITTEN, COMPILE_CACHE_VARIABLE, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable,
-    PreparedInfo, Process, Trial, Variant, Work, hash_arrays, probe_distributions,
+    DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial, Variant, Work,
+    hash_arrays, probe_distributions,
+)
+from xbench_backends.jax.mlp import initial_params, layer_arrays, loss_function
+from xbench_backends.jax.steps import (
+    AXIS, MATMUL_PRECISION, JaxAllReduce, check_variant, initial_state, kernel_settings, optimizer, programs,
+    step_losses, use_compile_cache,
 )
 
-AXIS = "d"
 SIMULATED_DEVICE_LIMIT = 8
-# The spec's precision, spelled as jax_default_matmul_precision values.
-MATMUL_PRECISION = {"fp32": "float32", "tf32": "tensorfloat32", "bf16": "bfloat16"}
 # Steps per compiled call of the `fused` variant: enough that the per-call dispatch (tens of
 # µs) is spread thin; measured on an H200, 50 fused steps ran within 2-7 % across processes.
 FUSED_STEPS = 50
@@ -52,13 +55,6 @@ class JaxPrepared:
     steps_per_call: int
     layers: int
     stacked: bool = True  # state and outputs carry a leading device axis (pmap); False: plain
-
-
-@dataclass
-class JaxAllReduce:
-    reduce: Any
-    buffer: Any
-    sync_every_call: bool
 
 
 class JaxPmapBackend:
@@ -165,17 +161,18 @@ class JaxPmapBackend:
         sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
         n = len(self.devices)
 
-        tx = _optimizer(trial.learning_rate)
-        state = initial_state(work, tx, trial.seed)
+        tx = optimizer(trial.learning_rate)
+        state = initial_state(initial_params(work), tx, trial.seed)
         replicated = jax.tree.map(lambda a: jax.device_put(np.broadcast_to(a, (n, *np.shape(a))), sharded),
                                   state)
         xs, ys = (jax.device_put(a, sharded) for a in work.shards(trial.global_batch, n))
 
         reduce = self.reduce_gradients if trial.all_reduce else (lambda grads: grads)
-        step_fn, grads_fn = _programs(trial, work, tx, xs.shape[1], reduce, n, lambda: lax.axis_index(AXIS))
+        step_fn, grads_fn = programs(trial, loss_function(trial, work), tx, xs.shape[1], reduce, n,
+                                      lambda: lax.axis_index(AXIS))
         step = jax.pmap(step_fn, axis_name=AXIS, devices=self.devices, donate_argnums=(0,))
         grads = jax.pmap(grads_fn, axis_name=AXIS, devices=self.devices)
-        readback = _layer_arrays(_local(replicated[0]), len(work.weights), replica=0)
+        readback = layer_arrays(_local(replicated[0]), len(work.weights), replica=0)
         info = PreparedInfo(
             params=sum(int(np.prod(a.shape[1:])) for a in jax.tree.leaves(replicated[0])),
             weights_hash=hash_arrays(readback),
@@ -195,14 +192,15 @@ class JaxPmapBackend:
         import jax
 
         device = self.devices[0]
-        tx = _optimizer(trial.learning_rate)
-        state = jax.device_put(initial_state(work, tx, trial.seed), device)
+        tx = optimizer(trial.learning_rate)
+        state = jax.device_put(initial_state(initial_params(work), tx, trial.seed), device)
         xs, ys = (jax.device_put(a[0], device) for a in work.shards(trial.global_batch, 1))
-        step_fn, grads_fn = _programs(trial, work, tx, xs.shape[0], lambda grads: grads, 1, lambda: 0)
+        step_fn, grads_fn = programs(trial, loss_function(trial, work), tx, xs.shape[0], lambda grads: grads, 1,
+                                      lambda: 0)
         step, grads = jax.jit(step_fn, donate_argnums=(0,)), jax.jit(grads_fn)
         info = PreparedInfo(
             params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
-            weights_hash=hash_arrays(_layer_arrays(_stacked(state[0]), len(work.weights), replica=0)),
+            weights_hash=hash_arrays(layer_arrays(_stacked(state[0]), len(work.weights), replica=0)),
             precision={"jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
                        "compute_dtype": "bfloat16" if trial.precision == "bf16" else "float32"},
             sync_every_call=False,  # no collective, so no rendezvous to deadlock (pitfall 3)
@@ -272,8 +270,8 @@ class JaxPmapBackend:
     def gradients(self, prepared: JaxPrepared) -> tuple[float, list[np.ndarray]]:
         loss, grads = prepared.grads(prepared.state, prepared.xs, prepared.ys)
         if not prepared.stacked:
-            return float(loss), _layer_arrays(_stacked(grads), prepared.layers, replica=0)
-        return float(np.mean(_gathered(loss))), _layer_arrays(_local(grads), prepared.layers, replica=0)
+            return float(loss), layer_arrays(_stacked(grads), prepared.layers, replica=0)
+        return float(np.mean(_gathered(loss))), layer_arrays(_local(grads), prepared.layers, replica=0)
 
     def train(self, prepared: JaxPrepared, steps: int) -> list[float]:
         losses: list[float] = []
@@ -284,9 +282,9 @@ class JaxPmapBackend:
 
     def replica_weights(self, prepared: JaxPrepared) -> list[list[np.ndarray]]:
         if not prepared.stacked:
-            return [_layer_arrays(_stacked(prepared.state[0]), prepared.layers, replica=0)]
+            return [layer_arrays(_stacked(prepared.state[0]), prepared.layers, replica=0)]
         params = _gathered(prepared.state[0])
-        return [_layer_arrays(params, prepared.layers, replica=r) for r in range(len(self.devices))]
+        return [layer_arrays(params, prepared.layers, replica=r) for r in range(len(self.devices))]
 
 
 def _cuda_plugin_present() -> bool:
@@ -294,19 +292,6 @@ def _cuda_plugin_present() -> bool:
     jax.distributed.initialize)."""
     plugins = ("jax_cuda13_plugin", "jax_cuda12_plugin")
     return any(importlib.util.find_spec(p) is not None for p in plugins) and os.path.exists("/dev/nvidiactl")
-
-
-def check_variant(trial: Trial, variants: tuple[Variant, ...]) -> None:
-    known = [AS_WRITTEN, *(v.name for v in variants)]
-    if trial.variant not in known:
-        raise ValueError(f"unknown variant {trial.variant!r} of {trial.backend}; known: {', '.join(known)}")
-
-
-def step_losses(loss, steps_per_call: int) -> list[float]:
-    """Each step's global loss from one call's output: [..., steps_per_call], the leading axes
-    (devices, when there are any) holding equal shards' means, so their mean is global."""
-    per_step = np.asarray(loss, np.float64).reshape(-1, steps_per_call).mean(axis=0)
-    return [float(x) for x in per_step]
 
 
 def _stacked(tree):
@@ -334,141 +319,3 @@ def _gathered(tree):
     if jax.process_count() == 1:
         return jax.tree.map(np.asarray, tree)
     return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
-
-
-def initial_state(work: Work, tx, seed: int):
-    """(params, Adam state, step, dropout key data), with params [(kernel, bias), ...] in layer
-    order: the flattest tree, as a minimal loop holds it. Every call flattens the state and
-    builds it anew from the outputs, and nested dicts cost microseconds more per step than
-    lists of tuples: measurable in a 0.1 ms step."""
-    import jax
-
-    params = [(kernel, bias) for kernel, bias in work.weights]
-    return params, tx.init(params), np.int32(0), jax.random.key_data(jax.random.key(seed))
-
-
-def flax_params(params) -> dict[str, Any]:
-    """The Flax MLP's parameter dict from [(kernel, bias), ...]; built while tracing, so it
-    costs nothing per step."""
-    return {f"Dense_{i}": {"kernel": kernel, "bias": bias} for i, (kernel, bias) in enumerate(params)}
-
-
-def _optimizer(learning_rate: float):
-    import optax
-
-    return optax.adam(learning_rate, b1=ADAM.b1, b2=ADAM.b2, eps=ADAM.eps)
-
-
-@functools.lru_cache(maxsize=None)
-def _mlp_class():
-    import flax.linen as nn
-
-    class MLP(nn.Module):
-        widths: tuple[int, ...]
-        outputs: int
-        dropout: float
-        dtype: Any = None  # compute dtype; parameters stay float32 (mixed precision)
-
-        @nn.compact
-        def __call__(self, x, train: bool):
-            for width in self.widths:
-                x = nn.relu(nn.Dense(width, dtype=self.dtype)(x))
-                x = nn.Dropout(self.dropout, deterministic=not train)(x)
-            return nn.Dense(self.outputs, dtype=self.dtype)(x)
-
-    return MLP
-
-
-def _programs(trial: Trial, work: Work, tx, batches: int, reduce_gradients, devices: int, device_index):
-    """Per-device functions (for pmap, or for jit on one device): `steps_per_call` fused
-    training steps, and the loss and all-reduced gradients at the current state, both through
-    the same `loss_and_grads`. `device_index()` is this device's index among `devices`, which
-    picks its dropout stream (`dropout_rng`)."""
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-
-    model = _mlp_class()(widths=work.model.widths, outputs=work.model.outputs, dropout=work.model.dropout,
-                         dtype=jnp.bfloat16 if trial.precision == "bf16" else jnp.float32)
-
-    def loss_and_grads(state, xs, ys):
-        params, _, step, key = state
-        index = step % batches
-        x = lax.dynamic_index_in_dim(xs, index, keepdims=False)
-        y = lax.dynamic_index_in_dim(ys, index, keepdims=False)
-        rng = dropout_rng(key, step, devices, device_index)
-
-        def loss_fn(p):
-            pred = model.apply({"params": flax_params(p)}, x, train=True, rngs={"dropout": rng}).astype(jnp.float32)
-            return jnp.mean((pred - y) ** 2)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        return loss, reduce_gradients(grads)
-
-    # This device's losses; no extra collective in the timed step.
-    return _train_steps(tx, loss_and_grads, trial.protocol.steps_per_call), loss_and_grads
-
-
-def dropout_rng(key_data, step, devices: int, device_index):
-    """The dropout key of one (step, device): a single fold of the run's key, as a minimal
-    loop folds in its step (each fold is a threefry kernel on a GPU: at 0.1 ms per step, one
-    more is a measurable cost the user's loop does not pay). `device_index()` is called only
-    with several devices."""
-    import jax
-
-    key = jax.random.wrap_key_data(key_data)
-    return jax.random.fold_in(key, step if devices == 1 else step * devices + device_index())
-
-
-def _train_steps(tx, loss_and_grads, steps_per_call: int):
-    """`steps_per_call` Adam steps fused with lax.scan; returns each step's loss, steps on the
-    last axis (so that a per-device leading axis stays first for pmap and shard_map)."""
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-
-    def one_step(state, xs, ys):
-        params, opt_state, step, key = state
-        loss, grads = loss_and_grads(state, xs, ys)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = jax.tree.map(lambda p, u: p + u, params, updates)
-        return (params, opt_state, step + 1, key), loss
-
-    def train_steps(state, xs, ys):
-        if steps_per_call == 1:  # no loop at all: the step a user jits
-            state, loss = one_step(state, xs, ys)
-            return state, loss[..., None]
-        state, losses = lax.scan(lambda s, _: one_step(s, xs, ys), state, None, length=steps_per_call)
-        return state, jnp.moveaxis(losses, 0, -1)
-
-    return train_steps
-
-
-def _layer_arrays(params, layers: int, replica: int) -> list[np.ndarray]:
-    """Kernels and biases in layer order, from one replica of device-stacked params."""
-    return [np.asarray(params[i][part][replica]) for i in range(layers) for part in (0, 1)]
-
-
-def use_compile_cache() -> bool:
-    """Point JAX's persistent compilation cache at the run's directory when xbench gives one
-    (contract: "Replicates"), caching every program however fast it compiled; call before
-    anything compiles."""
-    path = os.environ.get(COMPILE_CACHE_VARIABLE)
-    if not path:
-        return False
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    return True
-
-
-def kernel_settings() -> dict[str, Any]:
-    """What decides which kernels run, as this process sees it: XLA's flags (autotuning
-    level among them; unset means XLA's default, autotuning on) and the compilation cache."""
-    import jax
-
-    return {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
-            "compile_cache": jax.config.jax_compilation_cache_dir or None,
-            "jax_default_matmul_precision": jax.config.jax_default_matmul_precision}

@@ -1,0 +1,137 @@
+"""How a step of the jax backends runs, shared by `jax` (pmap, and the plain jit program),
+`jax-shardmap` and `jax-auto`: the training state, Adam, the fused multi-step program, the
+dropout stream, losses read back, and the settings that decide which kernels run. The model
+itself (what `loss_fn` computes) comes from `mlp`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from xbench.contract import ADAM, AS_WRITTEN, COMPILE_CACHE_VARIABLE, Trial, Variant
+
+AXIS = "d"
+# The spec's precision, spelled as jax_default_matmul_precision values.
+MATMUL_PRECISION = {"fp32": "float32", "tf32": "tensorfloat32", "bf16": "bfloat16"}
+
+
+@dataclass
+class JaxAllReduce:
+    reduce: Any
+    buffer: Any
+    sync_every_call: bool
+
+
+def check_variant(trial: Trial, variants: tuple[Variant, ...]) -> None:
+    known = [AS_WRITTEN, *(v.name for v in variants)]
+    if trial.variant not in known:
+        raise ValueError(f"unknown variant {trial.variant!r} of {trial.backend}; known: {', '.join(known)}")
+
+
+def step_losses(loss, steps_per_call: int) -> list[float]:
+    """Each step's global loss from one call's output: [..., steps_per_call], the leading axes
+    (devices, when there are any) holding equal shards' means, so their mean is global."""
+    per_step = np.asarray(loss, np.float64).reshape(-1, steps_per_call).mean(axis=0)
+    return [float(x) for x in per_step]
+
+
+def initial_state(params, tx, seed: int):
+    """(params, Adam state, step, dropout key data), with params [(kernel, bias), ...] in layer
+    order (`mlp.initial_params`): the flattest tree, as a minimal loop holds it. Every call
+    flattens the state and builds it anew from the outputs, and nested dicts cost microseconds
+    more per step than lists of tuples: measurable in a 0.1 ms step."""
+    import jax
+
+    return params, tx.init(params), np.int32(0), jax.random.key_data(jax.random.key(seed))
+
+
+def optimizer(learning_rate: float):
+    import optax
+
+    return optax.adam(learning_rate, b1=ADAM.b1, b2=ADAM.b2, eps=ADAM.eps)
+
+
+def programs(trial: Trial, loss_fn, tx, batches: int, reduce_gradients, devices: int, device_index):
+    """Per-device functions (for pmap, or for jit on one device): `steps_per_call` fused
+    training steps, and the loss and all-reduced gradients at the current state, both through
+    the same `loss_and_grads`. `loss_fn(params, x, y, rng)` is the model's loss
+    (`mlp.loss_function`). `device_index()` is this device's index among `devices`, which
+    picks its dropout stream (`dropout_rng`)."""
+    import jax
+    from jax import lax
+
+    def loss_and_grads(state, xs, ys):
+        params, _, step, key = state
+        index = step % batches
+        x = lax.dynamic_index_in_dim(xs, index, keepdims=False)
+        y = lax.dynamic_index_in_dim(ys, index, keepdims=False)
+        rng = dropout_rng(key, step, devices, device_index)
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y, rng)
+        return loss, reduce_gradients(grads)
+
+    # This device's losses; no extra collective in the timed step.
+    return train_steps(tx, loss_and_grads, trial.protocol.steps_per_call), loss_and_grads
+
+
+def dropout_rng(key_data, step, devices: int, device_index):
+    """The dropout key of one (step, device): a single fold of the run's key, as a minimal
+    loop folds in its step (each fold is a threefry kernel on a GPU: at 0.1 ms per step, one
+    more is a measurable cost the user's loop does not pay). `device_index()` is called only
+    with several devices."""
+    import jax
+
+    key = jax.random.wrap_key_data(key_data)
+    return jax.random.fold_in(key, step if devices == 1 else step * devices + device_index())
+
+
+def train_steps(tx, loss_and_grads, steps_per_call: int):
+    """`steps_per_call` Adam steps fused with lax.scan; returns each step's loss, steps on the
+    last axis (so that a per-device leading axis stays first for pmap and shard_map)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def one_step(state, xs, ys):
+        params, opt_state, step, key = state
+        loss, grads = loss_and_grads(state, xs, ys)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = jax.tree.map(lambda p, u: p + u, params, updates)
+        return (params, opt_state, step + 1, key), loss
+
+    def train_steps(state, xs, ys):
+        if steps_per_call == 1:  # no loop at all: the step a user jits
+            state, loss = one_step(state, xs, ys)
+            return state, loss[..., None]
+        state, losses = lax.scan(lambda s, _: one_step(s, xs, ys), state, None, length=steps_per_call)
+        return state, jnp.moveaxis(losses, 0, -1)
+
+    return train_steps
+
+
+def use_compile_cache() -> bool:
+    """Point JAX's persistent compilation cache at the run's directory when xbench gives one
+    (contract: "Replicates"), caching every program however fast it compiled; call before
+    anything compiles."""
+    path = os.environ.get(COMPILE_CACHE_VARIABLE)
+    if not path:
+        return False
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    return True
+
+
+def kernel_settings() -> dict[str, Any]:
+    """What decides which kernels run, as this process sees it: XLA's flags (autotuning
+    level among them; unset means XLA's default, autotuning on) and the compilation cache."""
+    import jax
+
+    return {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+            "compile_cache": jax.config.jax_compilation_cache_dir or None,
+            "jax_default_matmul_precision": jax.config.jax_default_matmul_precision}

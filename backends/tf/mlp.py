@@ -1,0 +1,32 @@
+"""The MLP of the tf backend: a Keras 3 Sequential built from the core's numpy weights (kernel
+[in, out] and bias per layer, which is Keras's Dense layout) and its per-example loss. How a
+step runs (strategies, Adam, the global-batch scaling, XLA) is in `mirrored`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xbench.contract import Work
+
+
+def build_model(work: Work):
+    """The Keras MLP holding the work's initial weights; build it inside the scope (strategy
+    or device) its variables belong to."""
+    import keras
+
+    layers: list[Any] = [keras.Input(shape=(work.model.inputs,))]
+    for width in work.model.widths:
+        layers += [keras.layers.Dense(width, activation="relu"), keras.layers.Dropout(work.model.dropout)]
+    layers.append(keras.layers.Dense(work.model.outputs))
+    model = keras.Sequential(layers)
+    model.set_weights(work.flat_weights)
+    return model
+
+
+def per_example_loss(model, x, y):
+    """Each example's mean squared error over the outputs, in float32, dropout on."""
+    import tensorflow as tf
+
+    pred = tf.cast(model(x, training=True), tf.float32)  # bf16 under mixed precision
+    return tf.reduce_mean(tf.square(pred - y), axis=-1)
