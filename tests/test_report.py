@@ -34,7 +34,8 @@ def test_compare_wrote_the_report(real_run):
 def test_report_tables_hold_every_measured_trial(report_dir):
     text = (report_dir / "report.md").read_text()
     rows = rows_from_records(read_records(report_dir))
-    assert "## Model medium (54,403 parameters)" in text and "## Model large (2,021,379 parameters)" in text
+    assert "## Model medium (54,403 parameters, 298 kFLOP per training sample)" in text
+    assert "## Model large (2,021,379 parameters, 12 MFLOP per training sample)" in text
     for row in rows:
         line = (f"| {row.label} | {row.devices} | {row.global_batch} | {row.throughput.mean:,.0f} | "
                 f"{row.throughput.ci_half_width:,.0f} | {row.step_ms:.3f} |")

@@ -7,7 +7,7 @@ from typing import Any
 
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL
 from xbench.present import notes
-from xbench.summary import energy_mj_per_sample, gpu_util_pct, memory_gib, rows_from_records, verdict
+from xbench.summary import energy_mj_per_sample, gpu_util_pct, memory_gib, mfu, rows_from_records, verdict
 
 
 def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -42,6 +42,9 @@ def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "unstable": row.unstable, "host_bound": row.host_bound, "throttled": "; ".join(row.throttled) or None,
             "windows_kept": t.windows if t else None, "outliers_removed": t.removed if t else None,
             "step_ms": row.step_ms, "first_call_s": row.first_call_s,
+            "flops_per_sample": row.flops_per_sample, "peak_tflops": row.peak.flops / 1e12 if row.peak else None,
+            "peak_device": row.peak.device if row.peak else None,
+            "mfu": _mfu(row, 0), "mfu_ci95_low": _mfu(row, 1), "mfu_ci95_high": _mfu(row, 2),
             "speedup": s.speedup if s else None, "speedup_ci95_low": s.ci_low if s else None,
             "speedup_ci95_high": s.ci_high if s else None,
             "efficiency": s.efficiency if s and row.devices > 1 else None,
@@ -55,6 +58,11 @@ def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "verification": (record.get("verification") or {}).get("status"),
         })
     return out
+
+
+def _mfu(row, which: int) -> float | None:
+    found = mfu(row)
+    return None if found is None else found[which]
 
 
 def _config(record: Mapping[str, Any]) -> tuple:

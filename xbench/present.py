@@ -7,14 +7,15 @@ and labels from here, so they can never say different things about the same conf
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from xbench import stats
 from xbench.contract import PLAIN
-from xbench.summary import BENEFICIAL_SPEEDUP, SINGLE_PREFERRED_BELOW, Fastest, Row, verdict
+from xbench.summary import BENEFICIAL_SPEEDUP, SINGLE_PREFERRED_BELOW, Fastest, Row, mfu, verdict
 
-RESULT_HEADERS = ("backend", "dev", "batch", "samples/s", "±95%", "step ms", "1st call s", "speedup",
+RESULT_HEADERS = ("backend", "dev", "batch", "samples/s", "±95%", "step ms", "MFU", "1st call s", "speedup",
                   "eff.", "verdict", "reps", "notes")
-NUMERIC_COLUMNS = frozenset(range(1, 9)) | {10}
+NUMERIC_COLUMNS = frozenset(range(1, 10)) | {11}
 
 
 def result_cells(row: Row) -> tuple[str, ...]:
@@ -22,7 +23,7 @@ def result_cells(row: Row) -> tuple[str, ...]:
     t = row.throughput
     assert t is not None, "rows without a measurement go to the problems list"
     return (row.label, str(row.devices), str(row.global_batch), f"{t.mean:,.0f}", _half_width(t),
-            f"{row.step_ms:.3f}", f"{row.first_call_s:.2f}", speedup_text(row),
+            f"{row.step_ms:.3f}", mfu_text(row), f"{row.first_call_s:.2f}", speedup_text(row),
             f"{row.scaling.efficiency:.0%}" if row.scaling and row.devices > 1 else "", verdict(row),
             replicates_text(row),
             "; ".join(notes(row)))
@@ -30,6 +31,39 @@ def result_cells(row: Row) -> tuple[str, ...]:
 
 def _half_width(t: stats.Replicated) -> str:
     return "n/a" if math.isnan(t.ci_half_width) else f"{t.ci_half_width:,.0f}"
+
+
+def model_facts(rows: Sequence[Row]) -> str:
+    """What a model table's title says of the work: e.g. "54,403 parameters, 0.298 MFLOP per
+    training sample; MFU against 494.7 TFLOP/s per device (H200 SXM, tf32, tensor cores)"."""
+    params = next((r.params for r in rows if r.params), None)
+    flops = next((r.flops_per_sample for r in rows if r.flops_per_sample), None)
+    facts = [f"{params:,} parameters"] if params else []
+    if flops:
+        facts.append(f"{flops_text(flops)} per training sample")
+    peaks = sorted({(r.peak.device, r.peak.flops, r.peak.unit) for r in rows if r.peak is not None})
+    precisions = sorted({r.precision for r in rows if r.peak is not None})
+    text = ", ".join(facts)
+    if peaks:
+        text += "; MFU against " + ", ".join(f"{flops / 1e12:g} TFLOP/s per device ({device}, "
+                                             f"{'/'.join(precisions)}, {unit})" for device, flops, unit in peaks)
+    return text
+
+
+def flops_text(flops: float) -> str:
+    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if flops >= scale:
+            return f"{flops / scale:.3g} {unit}"
+    return f"{flops:.0f} FLOP"
+
+
+def mfu_text(row: Row) -> str:
+    """e.g. "12.3%": model FLOPs utilisation at the mean throughput; "unknown" where xbench has
+    no peak for the device (every CPU)."""
+    found = mfu(row)
+    if found is None:
+        return "unknown"
+    return f"{found[0]:.1%}" if found[0] >= 0.001 else f"{found[0]:.2%}"
 
 
 def speedup_text(row: Row) -> str:
@@ -122,6 +156,12 @@ READING_NOTES = (
     "verification. Fastest per configuration: the row with the highest mean, the fastest as-written row beside "
     "it, the tuned gain (ratio of means with its 95 % interval), and the rows whose difference from the "
     "fastest is not significant (Welch's test on replicate means).",
+    "MFU (model FLOPs utilisation): samples/s × the model's FLOPs per sample of a training step ÷ (devices × "
+    "each device's dense peak at the run's precision: fp32 on the CUDA cores, tf32 and bf16 on the tensor "
+    "cores, from the vendor's datasheet; `xbench.peaks`). FLOPs per sample count the matmuls of the forward "
+    "pass, the weight gradients and the input gradients of every layer but the first, a multiply-add as 2; "
+    "element-wise work (biases, activations, dropout, loss, optimizer) is left out. \"unknown\": the device is "
+    "not in xbench's table of peaks (CPUs never are).",
     f"verdict: multi-device beneficial when speedup ≥ {BENEFICIAL_SPEEDUP:.2f} and Welch's test on the "
     f"replicate means finds the difference significant (p < {stats.SIGNIFICANCE}); single device "
     f"preferred when speedup < {SINGLE_PREFERRED_BELOW:.2f} and significant; marginal otherwise.",

@@ -10,7 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from xbench.allreduce import format_size, ok_results, result_from_record
-from xbench.present import FASTEST_HEADERS, NUMERIC_COLUMNS, RESULT_HEADERS, fastest_cells, result_cells
+from xbench.present import (
+    FASTEST_HEADERS, NUMERIC_COLUMNS, RESULT_HEADERS, fastest_cells, model_facts, result_cells,
+)
 from xbench.summary import Row, energy_mj_per_sample, fastest_rows, full_rows, gpu_util_pct, memory_gib
 
 
@@ -125,8 +127,8 @@ def _cost_table(model: str, rows: list[Row], busbw: Busbw) -> Table | None:
 
 
 def _model_table(model: str, rows: list[Row]) -> Table:
-    params = next((r.params for r in rows if r.params is not None), None)
-    title = f"model {model}" + (f" — {params:,} parameters" if params else "")
+    facts = model_facts(rows)
+    title = f"model {model}" + (f" — {facts}" if facts else "")
     table = Table(title=title, title_justify="left", caption=_caption(rows), caption_justify="left")
     for index, header in enumerate(RESULT_HEADERS):
         table.add_column(header, justify="right" if index in NUMERIC_COLUMNS else "left",

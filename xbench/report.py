@@ -13,7 +13,8 @@ from xbench.render import (
     ALLREDUCE_HEADERS, ALLREDUCE_NOTE, Busbw, allreduce_rows, busbw_by_size, cost_columns, format_p,
 )
 from xbench.present import (
-    FASTEST_HEADERS, NUMERIC_COLUMNS, READING_NOTES, RESULT_HEADERS, fastest_cells, result_cells, spread_text,
+    FASTEST_HEADERS, NUMERIC_COLUMNS, READING_NOTES, RESULT_HEADERS, fastest_cells, model_facts, result_cells,
+    spread_text,
 )
 from xbench.contract import implementation_of
 from xbench.summary import Row, fastest_rows, full_rows, rows_from_records
@@ -126,9 +127,9 @@ def verification_section(records: Sequence[Mapping[str, Any]]) -> list[Block]:
 
 
 def model_section(model: str, rows: Sequence[Row], images: Sequence[Image], busbw: Busbw) -> list[Block]:
-    params = next((r.params for r in rows if r.params), None)
+    facts = model_facts(rows)
     measured = [row for row in full_rows(rows) if row.throughput is not None]
-    blocks: list[Block] = [Heading(f"Model {model}" + (f" ({params:,} parameters)" if params else ""))]
+    blocks: list[Block] = [Heading(f"Model {model}" + (f" ({facts})" if facts else ""))]
     if measured:
         blocks.append(TableBlock(RESULT_HEADERS, tuple(result_cells(row) for row in measured),
                                  right_aligned=NUMERIC_COLUMNS))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,20 @@ class ModelSpec:
         """Kernels and biases of every Dense layer."""
         sizes = self.layer_sizes
         return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
+    @property
+    def training_flops_per_sample(self) -> int:
+        return training_flops_per_sample(self.layer_sizes)
+
+
+def training_flops_per_sample(layer_sizes: Sequence[int]) -> int:
+    """The model FLOPs of one training step per sample: the matmuls, a multiply-add counted as
+    2 FLOPs. Forward x·W per layer, weight gradients xᵀ·δ per layer, and input gradients δ·Wᵀ
+    for every layer but the first (nothing needs the data's gradient, and no framework computes
+    it). Biases, activations, dropout, the loss and the optimizer are element-wise and left out,
+    as in the usual MFU convention."""
+    matmuls = [2 * fan_in * fan_out for fan_in, fan_out in zip(layer_sizes[:-1], layer_sizes[1:])]
+    return 2 * sum(matmuls) + sum(matmuls[1:])
 
 
 @dataclass(frozen=True)

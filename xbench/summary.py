@@ -20,6 +20,8 @@ import numpy as np
 
 from xbench import stats
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, backend_label, implementation, trial_id
+from xbench.peaks import Peak, peak_for
+from xbench.spec import training_flops_per_sample
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ class Row:
     variant: str = AS_WRITTEN
     program: str = DATA_PARALLEL  # "plain": the single-device program without distribution
     baseline: str | None = None  # the 1-device program the speedup is taken against
+    flops_per_sample: int | None = None  # model FLOPs of a training step per sample
+    peak: Peak | None = None  # each device's dense peak at the trial's precision; None: unknown
+    precision: str = "fp32"
 
     @property
     def trial_id(self) -> str:
@@ -133,8 +138,32 @@ def _display_order(records: Sequence[Mapping[str, Any]]):
 
 
 def _model_size(model: Mapping[str, Any]) -> int:
-    sizes = [model.get("inputs", 0), *model.get("widths", ()), model.get("outputs", 0)]
+    sizes = _layer_sizes(model)
     return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
+
+def _layer_sizes(model: Mapping[str, Any]) -> list[int]:
+    return [model.get("inputs", 0), *model.get("widths", ()), model.get("outputs", 0)]
+
+
+def _device_peak(records: Sequence[Mapping[str, Any]], precision: str) -> Peak | None:
+    """The peak of the devices a measured replicate ran on (simulated devices have none)."""
+    for record in records:
+        devices = record.get("devices") or {}
+        if record["status"] == "ok" and devices.get("platform") == "gpu" and not devices.get("simulated"):
+            names = devices.get("device_names") or ()
+            return peak_for(names[0], precision) if names else None
+    return None
+
+
+def mfu(row: Row) -> tuple[float, float, float] | None:
+    """Model FLOPs utilisation: the mean, and the ends of the throughput's 95 % interval, as
+    fractions of the devices' peak; None where the peak is unknown."""
+    t = row.throughput
+    if t is None or row.peak is None or not row.flops_per_sample:
+        return None
+    scale = row.flops_per_sample / (row.devices * row.peak.flops)
+    return t.mean * scale, t.ci_low * scale, t.ci_high * scale
 
 
 def full_rows(rows: Sequence[Row]) -> list[Row]:
@@ -179,6 +208,9 @@ def _row(records: Sequence[Mapping[str, Any]]) -> Row:
         replicates=replicates,
         scaling=None,
         planned=max(len(replicates), (trial.get("protocol") or {}).get("replicates") or 0),
+        flops_per_sample=training_flops_per_sample(_layer_sizes(trial["model"])),
+        peak=_device_peak(records, trial["precision"]),
+        precision=trial["precision"],
     )
     if not measured:
         return Row(**common, status=last["status"], reason=last.get("reason"), throughput=None, step_ms=None,
