@@ -164,6 +164,15 @@ def test_the_fastest_row_per_configuration_with_the_fastest_as_written_beside_it
     assert fastest_rows(rows_from_records(alone)) == []  # one row: nothing to choose between
 
 
+def test_a_row_with_one_replicate_is_untested_not_tied():
+    """Welch's test needs two replicate means a side: one replicate shows nothing either way."""
+    records = [variant_record(32, 1, r, 1e-3, backend="x", noise=0.001, seed=r) for r in range(3)]
+    records.append(variant_record(32, 1, 0, 1.01e-3, backend="y", noise=0.001, seed=9))
+    [best] = fastest_rows(rows_from_records(records))
+    assert best.best.label == "x" and best.tied == () and best.untested == ("y",)
+    assert dict(zip(FASTEST_HEADERS, fastest_cells(best)))["not significantly slower"] == "untested (1 replicate): y"
+
+
 def test_records_from_before_variants_read_as_written_and_data_parallel():
     rows = rows_from_records([record(32, 1, r, 1e-3, seed=r) for r in range(2)])
     assert (rows[0].variant, rows[0].program, rows[0].trial_id) == (AS_WRITTEN, DATA_PARALLEL, "b/m/d1/b32")

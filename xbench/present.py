@@ -92,7 +92,13 @@ def fastest_cells(f: Fastest) -> tuple[str, ...]:
     written_cells = (written.label, f"{written.throughput.mean:,.0f}", _half_width(written.throughput)) \
         if written is not None and written.throughput is not None else ("", "", "")
     return (str(f.devices), str(f.global_batch), best.label, f"{best.throughput.mean:,.0f}",
-            _half_width(best.throughput), *written_cells, gain, ", ".join(f.tied))
+            _half_width(best.throughput), *written_cells, gain, _tied_text(f))
+
+
+def _tied_text(f: Fastest) -> str:
+    """The rows not significantly slower, and those one replicate leaves untested."""
+    untested = f"untested (1 replicate): {', '.join(f.untested)}" if f.untested else ""
+    return "; ".join(part for part in (", ".join(f.tied), untested) if part)
 
 
 def replicates_text(row: Row) -> str:
@@ -155,7 +161,8 @@ READING_NOTES = (
     "backend+variant; `xbench backends` lists them) turns on what a performance engineer would, and passes the same "
     "verification. Fastest per configuration: the row with the highest mean, the fastest as-written row beside "
     "it, the tuned gain (ratio of means with its 95 % interval), and the rows whose difference from the "
-    "fastest is not significant (Welch's test on replicate means).",
+    "fastest is not significant (Welch's test on replicate means; a row with one replicate cannot be tested and "
+    "is listed as untested).",
     "MFU (model FLOPs utilisation): samples/s × the model's FLOPs per sample of a training step ÷ (devices × "
     "each device's dense peak at the run's precision: fp32 on the CUDA cores, tf32 and bf16 on the tensor "
     "cores, from the vendor's datasheet; `xbench.peaks`). FLOPs per sample count the matmuls of the forward "

@@ -381,6 +381,7 @@ class Fastest:
     as_written: Row | None  # the fastest row of a backend's as-written variant
     gain: stats.Ratio | None  # best over as_written, from replicate means; None when best is as written
     tied: tuple[str, ...]  # rows whose mean the best's does not significantly exceed (Welch)
+    untested: tuple[str, ...] = ()  # rows that Welch's test cannot compare (a side with one replicate)
 
 
 def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
@@ -397,7 +398,9 @@ def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
         best = ranked[0]
         written = next((r for r in ranked if r.variant == AS_WRITTEN), None)
         gain = None if written is None or written is best else stats.ratio_interval(best.means, written.means)
-        tied = tuple(r.label for r in ranked[1:]
-                     if not stats.ratio_interval(best.means, r.means).p_value < stats.SIGNIFICANCE)
-        found.append(Fastest(model, devices, batch, best, written, gain, tied))
+        testable = len(best.means) >= 2
+        untested = tuple(r.label for r in ranked[1:] if not testable or len(r.means) < 2)
+        tied = tuple(r.label for r in ranked[1:] if r.label not in untested
+                     and not stats.ratio_interval(best.means, r.means).p_value < stats.SIGNIFICANCE)
+        found.append(Fastest(model, devices, batch, best, written, gain, tied, untested))
     return found
