@@ -74,3 +74,8 @@ def test_mfu_is_unknown_without_a_peak(name, simulated):
     assert mfu(row) is None
     assert dict(zip(RESULT_HEADERS, result_cells(row)))["MFU"] == "unknown"
     assert flat_rows([gpu_record(64, 0, 1e-3, name=name, simulated=simulated)])[0]["mfu"] is None
+
+
+def test_a_tiny_mfu_says_so_instead_of_zero():
+    [row] = rows_from_records([gpu_record(8, 0, 1e-3)])  # 8 samples of a 9-parameter model per ms
+    assert dict(zip(RESULT_HEADERS, result_cells(row)))["MFU"] == "<0.01%"

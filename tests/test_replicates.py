@@ -338,3 +338,15 @@ def test_missing_replicates_of_an_interrupted_run_are_shown():
     [row] = rows_from_records(records)
     assert dict(zip(RESULT_HEADERS, result_cells(row)))["reps"] == "2/3"
     assert "1 replicate(s) not run" in notes(row)
+
+
+def test_the_terminal_says_the_notes_as_short_tags():
+    from xbench.present import brief_notes
+
+    busy = {"devices": [{"util_mean_pct": 20.0, "util_samples": 4}]}
+    records = [record(32, 1, r, (1e-3, 1.3e-3)[r], telemetry=busy, throttled=("GPU0: sw_thermal",) if r else (),
+                      noise=0.001, seed=r) for r in range(2)]
+    records.append(record(32, 1, 2, 1e-3, status="crashed"))
+    [row] = rows_from_records(records)
+    assert brief_notes(row)[:4] == ["unstable ±18%", "host-bound (GPU 20%)", "throttled r1", "r2 crashed"]
+    assert len(notes(row)) == len(brief_notes(row))  # the same labels, said shorter

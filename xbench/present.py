@@ -11,22 +11,25 @@ from collections.abc import Sequence
 
 from xbench import stats
 from xbench.contract import PLAIN
-from xbench.summary import BENEFICIAL_SPEEDUP, SINGLE_PREFERRED_BELOW, Fastest, Row, mfu, verdict
+from xbench.summary import (
+    BENEFICIAL_SPEEDUP, HOST_BOUND_GPU_UTIL_PCT, SINGLE_PREFERRED_BELOW, Fastest, Row, gpu_util_pct, mfu, verdict,
+)
 
 RESULT_HEADERS = ("backend", "dev", "batch", "samples/s", "±95%", "step ms", "MFU", "1st call s", "speedup",
                   "eff.", "verdict", "reps", "notes")
 NUMERIC_COLUMNS = frozenset(range(1, 10)) | {11}
 
 
-def result_cells(row: Row) -> tuple[str, ...]:
-    """A measured row's cells, in RESULT_HEADERS order."""
+def result_cells(row: Row, brief: bool = False) -> tuple[str, ...]:
+    """A measured row's cells, in RESULT_HEADERS order; `brief`: the notes as short tags, for
+    a terminal's narrow last column (the report says them in full)."""
     t = row.throughput
     assert t is not None, "rows without a measurement go to the problems list"
     return (row.label, str(row.devices), str(row.global_batch), f"{t.mean:,.0f}", _half_width(t),
             f"{row.step_ms:.3f}", mfu_text(row), f"{row.first_call_s:.2f}", speedup_text(row),
             f"{row.scaling.efficiency:.0%}" if row.scaling and row.devices > 1 else "", verdict(row),
             replicates_text(row),
-            "; ".join(notes(row)))
+            ", ".join(brief_notes(row)) if brief else "; ".join(notes(row)))
 
 
 def _half_width(t: stats.Replicated) -> str:
@@ -63,6 +66,8 @@ def mfu_text(row: Row) -> str:
     found = mfu(row)
     if found is None:
         return "unknown"
+    if found[0] < 0.0001:
+        return "<0.01%"
     return f"{found[0]:.1%}" if found[0] >= 0.001 else f"{found[0]:.2%}"
 
 
@@ -125,6 +130,27 @@ def notes(row: Row) -> list[str]:
         found.append(f"{row.planned - len(row.replicates)} replicate(s) not run")
     if t is not None and t.removed:
         found.append(f"{t.removed} outlier window(s)")
+    return found
+
+
+def brief_notes(row: Row) -> list[str]:
+    """The same labels as `notes`, as short tags."""
+    found = []
+    t = row.throughput
+    if t is not None and t.unstable:
+        found.append(f"unstable ±{t.spread:.0%}")
+    if row.host_bound:
+        util = gpu_util_pct(row)
+        busy = util is not None and util < HOST_BOUND_GPU_UTIL_PCT
+        found.append(f"host-bound (GPU {util:.0f}%)" if busy else "host-bound (flat step)")
+    throttled = sorted({f"r{r.index}" for r in row.replicates if r.throttled})
+    if throttled:
+        found.append(f"throttled {','.join(throttled)}")
+    found += [f"r{r.index} {r.status}" for r in row.failed_replicates]
+    if row.planned > len(row.replicates):
+        found.append(f"{row.planned - len(row.replicates)} rep(s) not run")
+    if t is not None and t.removed:
+        found.append(f"{t.removed} outlier(s)")
     return found
 
 

@@ -163,7 +163,7 @@ def _cells(row: Row) -> list[str]:
     if row.throughput is None:
         head = [row.label, str(row.devices), str(row.global_batch)]
         return [*head, f"[red]{row.status}[/]", *[""] * (len(RESULT_HEADERS) - 4)]
-    cells = [escape(cell) for cell in result_cells(row)]
+    cells = [escape(cell) for cell in result_cells(row, brief=True)]
     verdict_at, notes_at = RESULT_HEADERS.index("verdict"), RESULT_HEADERS.index("notes")
     style = VERDICT_STYLE.get(cells[verdict_at])
     if style:
@@ -184,7 +184,8 @@ def _caption(rows: list[Row]) -> str:
         "process); ±95%: t-interval over replicate means; speedup (95% interval) over the same backend and "
         "variant's faster 1-device program (\"vs plain\": its plain single-device program); verdict from "
         "Welch's test on replicate means; unstable: replicates disagree beyond "
-        "their windows; host-bound: the step measures dispatch, not arithmetic (details in the report)",
+        "their windows; host-bound: the step measures dispatch, not arithmetic; MFU: model FLOPs utilisation "
+        "against the devices' dense peak at this precision (details in the report)",
     ]
     lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}"
               for r in rows if r.throughput is None]
