@@ -79,3 +79,23 @@ def test_mfu_is_unknown_without_a_peak(name, simulated):
 def test_a_tiny_mfu_says_so_instead_of_zero():
     [row] = rows_from_records([gpu_record(8, 0, 1e-3)])  # 8 samples of a 9-parameter model per ms
     assert dict(zip(RESULT_HEADERS, result_cells(row)))["MFU"] == "<0.01%"
+
+
+def test_the_terminal_drops_a_column_of_unknowns_and_says_why():
+    from rich.console import Console
+
+    from xbench.render import model_tables
+
+    def terminal(records):
+        console = Console(width=250, record=True)
+        for table in model_tables(rows_from_records(records)):
+            console.print(table)
+        return console.export_text()
+
+    def header(text):
+        return next(line for line in text.splitlines() if "backend" in line and "┃" in line)
+
+    cpu = terminal([gpu_record(64, r, 1e-3, simulated=True) for r in range(2)])
+    assert "MFU: unknown here" in cpu and "MFU" not in header(cpu)
+    gpu = terminal([gpu_record(64, r, 1e-3) for r in range(2)])
+    assert "MFU" in header(gpu) and "unknown here" not in gpu

@@ -129,12 +129,18 @@ def _cost_table(model: str, rows: list[Row], busbw: Busbw) -> Table | None:
 def _model_table(model: str, rows: list[Row]) -> Table:
     facts = model_facts(rows)
     title = f"model {model}" + (f" — {facts}" if facts else "")
-    table = Table(title=title, title_justify="left", caption=_caption(rows), caption_justify="left")
-    for index, header in enumerate(RESULT_HEADERS):
-        table.add_column(header, justify="right" if index in NUMERIC_COLUMNS else "left",
-                         no_wrap=header not in ("backend", "notes"))
+    # A column of nothing but "unknown" (every CPU run) would only squeeze the notes; the
+    # caption says why it is missing, and the report keeps it.
+    shown = [i for i, header in enumerate(RESULT_HEADERS) if header != "MFU" or any(r.peak for r in rows)]
+    caption = _caption(rows) + ("" if len(shown) == len(RESULT_HEADERS)
+                                else "\nMFU: unknown here (no peak for these devices; CPUs never have one)")
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for index in shown:
+        table.add_column(RESULT_HEADERS[index], justify="right" if index in NUMERIC_COLUMNS else "left",
+                         no_wrap=RESULT_HEADERS[index] not in ("backend", "notes"))
     for row in full_rows(rows):
-        table.add_row(*_cells(row))
+        cells = _cells(row)
+        table.add_row(*(cells[i] for i in shown))
     return table
 
 
