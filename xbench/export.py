@@ -44,7 +44,7 @@ def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "step_ms": row.step_ms, "first_call_s": row.first_call_s,
             "flops_per_sample": row.flops_per_sample, "peak_tflops": row.peak.flops / 1e12 if row.peak else None,
             "peak_device": row.peak.device if row.peak else None,
-            "mfu": _mfu(row, 0), "mfu_ci95_low": _mfu(row, 1), "mfu_ci95_high": _mfu(row, 2),
+            **_mfu_fields(row),
             "speedup": s.speedup if s else None, "speedup_ci95_low": s.ci_low if s else None,
             "speedup_ci95_high": s.ci_high if s else None,
             "efficiency": s.efficiency if s and row.devices > 1 else None,
@@ -60,9 +60,9 @@ def flat_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _mfu(row, which: int) -> float | None:
-    found = mfu(row)
-    return None if found is None else found[which]
+def _mfu_fields(row) -> dict[str, float | None]:
+    found = mfu(row) or (None, None, None)
+    return dict(zip(("mfu", "mfu_ci95_low", "mfu_ci95_high"), found))
 
 
 def _config(record: Mapping[str, Any]) -> tuple:

@@ -116,41 +116,35 @@ def replicates_text(row: Row) -> str:
 
 def notes(row: Row) -> list[str]:
     """What a reader must know before trusting the row's numbers."""
-    found = []
-    t = row.throughput
-    if t is not None and t.unstable:
-        found.append(f"unstable: replicates ±{t.spread:.0%}")
-    if row.host_bound:
-        found.append(f"host-bound: {row.host_bound}")
-    if row.throttled:
-        found.append("throttled: " + ", ".join(row.throttled))
-    for replicate in row.failed_replicates:
-        found.append(f"r{replicate.index} {replicate.status}")
-    if row.planned > len(row.replicates):
-        found.append(f"{row.planned - len(row.replicates)} replicate(s) not run")
-    if t is not None and t.removed:
-        found.append(f"{t.removed} outlier window(s)")
-    return found
+    return [full for full, _ in _labels(row)]
 
 
 def brief_notes(row: Row) -> list[str]:
     """The same labels as `notes`, as short tags."""
+    return [brief for _, brief in _labels(row)]
+
+
+def _labels(row: Row) -> list[tuple[str, str]]:
+    """Each note in full (report, export) and as a short tag (terminal), side by side so that
+    the two can never list different labels."""
     found = []
     t = row.throughput
     if t is not None and t.unstable:
-        found.append(f"unstable ±{t.spread:.0%}")
+        found.append((f"unstable: replicates ±{t.spread:.0%}", f"unstable ±{t.spread:.0%}"))
     if row.host_bound:
         util = gpu_util_pct(row)
         busy = util is not None and util < HOST_BOUND_GPU_UTIL_PCT
-        found.append(f"host-bound (GPU {util:.0f}%)" if busy else "host-bound (flat step)")
-    throttled = sorted({f"r{r.index}" for r in row.replicates if r.throttled})
-    if throttled:
-        found.append(f"throttled {','.join(throttled)}")
-    found += [f"r{r.index} {r.status}" for r in row.failed_replicates]
+        found.append((f"host-bound: {row.host_bound}", f"host-bound (GPU {util:.0f}%)" if busy
+                      else "host-bound (flat step)"))
+    if row.throttled:
+        throttled = sorted({f"r{r.index}" for r in row.replicates if r.throttled})
+        found.append(("throttled: " + ", ".join(row.throttled), f"throttled {','.join(throttled)}"))
+    found += [(f"r{r.index} {r.status}",) * 2 for r in row.failed_replicates]
     if row.planned > len(row.replicates):
-        found.append(f"{row.planned - len(row.replicates)} rep(s) not run")
+        missing = row.planned - len(row.replicates)
+        found.append((f"{missing} replicate(s) not run", f"{missing} rep(s) not run"))
     if t is not None and t.removed:
-        found.append(f"{t.removed} outlier(s)")
+        found.append((f"{t.removed} outlier window(s)", f"{t.removed} outlier(s)"))
     return found
 
 
