@@ -40,7 +40,7 @@ def assert_refused(code: int, err: str, out_dir, *needles: str) -> None:
     ('[[models]]\nname = "m"\nwidths = [8, true]\nbatch_sizes = [16]\n', ("'widths'", "got [8, True]")),
     ('[[models]]\nname = "m"\nwidths = [8.5]\nbatch_sizes = [16]\n', ("'widths'",)),
     ('[[models]]\nname = "m"\nwidths = [65536, 65536]\nbatch_sizes = [16]\n',
-     ("a 65536 x 65536 kernel", "int32 indexing", "lower its widths")),
+     ("parameter dense1.kernel [65536, 65536]", "int32 indexing", "make the model smaller")),
     ('[[models]]\npreset = "medium"\ndropout = "0.1"\n', ("'dropout'", "[0, 1)")),
     ('[[models]]\npreset = "medium"\ndropout = 1.0\n', ("'dropout'", "got 1.0")),
     ('[[models]]\npreset = "medium"\nbatch_sizes = []\n', ("'batch_sizes'",)),

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from xbench import launcher
 from xbench.environment import command_line, host_environment
-from xbench.errors import BackendError, XbenchError
+from xbench.errors import BackendError, SpecError, XbenchError
 from xbench.plan import AS_WRITTEN_VARIANT, Lineup, group_trials, plan_trials
 from xbench.allreduce import sizes_for
 from xbench.cluster import Launch
@@ -36,7 +36,7 @@ from xbench.records import (
 )
 from xbench.rundir import RunDirLock, check_new_run_dir, check_same_run, discard_run_files
 from xbench.registry import BackendEntry, discover, resolve
-from xbench.spec import ALL_VARIANTS, Spec, build_spec, resolve_protocol
+from xbench.spec import ALL_VARIANTS, ModelSpec, Spec, build_spec, model_table, resolve_protocol
 from xbench.verification import Verification, checks_as_dicts, verify
 
 VERIFY_FILE = "verify.json"
@@ -372,6 +372,8 @@ def _saved_spec(raw: Mapping[str, Any], source: str) -> Spec:
     the way it started: one replicate, in plan order, every window, no time budget; one
     recorded before plain programs existed times the data-parallel program on 1 device."""
     raw = {**raw, "single_device": raw.get("single_device", DATA_PARALLEL)}
+    if isinstance(raw.get("models"), list):  # asdict of each ModelSpec; older runs lack family and dims
+        raw["models"] = [_saved_model(m, source) for m in raw["models"]]
     if not raw.get("variants"):
         raw.pop("variants", None)
     protocol = dict(raw.get("protocol") or {})
@@ -380,6 +382,16 @@ def _saved_spec(raw: Mapping[str, Any], source: str) -> Spec:
     legacy = {**protocol, "target_ci": 0, "window_budget_s": 1e9}
     spec = build_spec({**raw, "protocol": legacy}, source=source)
     return replace(spec, protocol=replace(spec.protocol, replicates=1, order_seed=spec.seed))
+
+
+def _saved_model(raw: Any, source: str) -> Any:
+    """A stored ModelSpec as a [[models]] table (older ones are tables already)."""
+    if not isinstance(raw, Mapping) or "family" not in raw:
+        return raw
+    try:
+        return model_table(ModelSpec.from_dict(raw))
+    except (KeyError, TypeError, ValueError) as err:
+        raise SpecError(f"a model in {source} is not one xbench wrote ({err}); start a new run") from None
 
 
 def verify_backends(comparison: Comparison, environment: dict[str, Any]) -> Verification:

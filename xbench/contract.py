@@ -12,7 +12,7 @@ Life of a backend inside one worker process (one backend, one device count):
     backend = Backend()
     info = backend.setup(devices, platform)       # first: configure devices, import framework
     for trial in trials:
-        prepared = backend.prepare(trial, work)   # model from work.weights, data on devices
+        prepared = backend.prepare(trial, work)   # model from work.arrays, data on devices
         backend.run(prepared, steps)              # timed by the core, many times
 
 Replicates. The core measures each configuration in several fresh worker processes; a
@@ -60,8 +60,8 @@ from xbench.work import Work, hash_arrays
 __all__ = [
     "ADAM", "AS_WRITTEN", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL", "LAUNCHERS", "PLAIN", "Adam", "Availability",
     "Backend", "DeviceInfo", "DeviceUnavailable", "Prepared", "PreparedInfo", "Process", "Trial", "Unsupported",
-    "Variant", "Work", "hash_arrays", "implementation", "implementation_of", "launchers_of", "probe_distributions",
-    "programs_of", "replicate_id", "variants_of",
+    "Variant", "Work", "families_of", "hash_arrays", "implementation", "implementation_of", "launchers_of",
+    "probe_distributions", "programs_of", "replicate_id", "variants_of",
 ]
 
 LAUNCHERS = ("subprocess", "spmd")
@@ -232,10 +232,7 @@ class Trial:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Trial:
-        model = dict(raw["model"])
-        for key in ("widths", "batch_sizes"):
-            model[key] = tuple(model[key])
-        return cls(**{**raw, "model": ModelSpec(**model), "protocol": TimingProtocol(**raw["protocol"])})
+        return cls(**{**raw, "model": ModelSpec.from_dict(raw["model"]), "protocol": TimingProtocol(**raw["protocol"])})
 
 
 class Backend(Protocol):
@@ -252,6 +249,9 @@ class Backend(Protocol):
     #     (see "Programs and variants" above).
     # variants: ClassVar[tuple[Variant, ...]] = ()
     #     Optional. The backend's named variants besides "as-written".
+    # families: ClassVar[tuple[str, ...]] = ("mlp",)
+    #     Optional. The model families `prepare` can build (`xbench.models`: "mlp",
+    #     "transformer", "cnn", "lstm", or a plugin's); trials of others are `unsupported`.
     # launchers: ClassVar[tuple[str, ...]] = ("subprocess",)
     #     Optional. The launchers that can start this backend, preferred first: "subprocess"
     #     (one process drives every device: `setup`) and/or "spmd" (one process per device:
@@ -267,7 +267,8 @@ class Backend(Protocol):
         short-lived process to learn which devices a backend sees (`available` = how many)."""
 
     def prepare(self, trial: Trial, work: Work) -> Prepared:
-        """Build the model from `work.weights`, place `work.shards(...)` on the devices, apply
+        """Build the model of `trial.model.family` from `work.arrays` (the family's canonical
+        layout, converted explicitly to the framework's), place `work.shards(...)` on the devices, apply
         `trial.precision` explicitly, build the optimizer (`ADAM`, `trial.learning_rate`) and
         the compiled step. With `trial.all_reduce` False, build the same step without the
         gradient all-reduce (each device applies its own gradient), or raise `Unsupported`.
@@ -296,12 +297,12 @@ class Backend(Protocol):
     #     """Raise ValueError naming a bad key or value of [options.NAME]."""
     # def gradients(self, prepared) -> tuple[float, list[np.ndarray]]:
     #     """Global-batch loss and the gradient the data-parallel step applies after its
-    #     all-reduce, at the current weights on the current step's batch; kernels and biases
-    #     in layer order (replica 0)."""
+    #     all-reduce, at the current weights on the current step's batch; in the family's
+    #     canonical order and layout, as `work.arrays` (replica 0)."""
     # def train(self, prepared, steps: int) -> list[float]:
     #     """Run `steps` training steps of the timed program; the global loss of each."""
     # def replica_weights(self, prepared) -> list[list[np.ndarray]]:
-    #     """The weights held by each replica, kernels and biases in layer order."""
+    #     """The weights held by each replica, in canonical order and layout."""
     # def allreduce_prepare(self, nbytes: int, options: dict) -> Any:
     #     """A float32 buffer of `nbytes` on each device and the framework's own SUM
     #     all-reduce over them (xbench allreduce, --breakdown); without it: 'unsupported'."""
@@ -357,6 +358,12 @@ def variants_of(backend: Any) -> dict[str, Variant]:
     """A backend's named variants by name (without "as-written")."""
     declared = getattr(backend, "variants", ())
     return {v.name: v for v in declared if isinstance(v, Variant)} if isinstance(declared, (tuple, list)) else {}
+
+
+def families_of(backend: Any) -> tuple[str, ...]:
+    """The model families a backend builds (`xbench.models`): the MLP unless it says more."""
+    declared = getattr(backend, "families", ("mlp",))
+    return tuple(declared) if isinstance(declared, (tuple, list)) else ("mlp",)
 
 
 def launchers_of(backend: Any) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, Trial, Variant
 from xbench.spec import Protocol, Spec
+from xbench.work import data_samples
 
 AS_WRITTEN_VARIANT = Variant(AS_WRITTEN, "the program as the framework's docs teach it")
 
@@ -94,7 +95,7 @@ def _configurations(spec: Spec, backend: str, devices: int, breakdown: bool, lau
             platform=spec.platform,
             learning_rate=spec.learning_rate,
             seed=spec.seed,
-            samples=spec.data.samples,
+            samples=data_samples(model, spec.data.samples, spec.global_batch(batch, devices)),
             protocol=variant_protocol(spec.protocol, variant),
             options=dict(spec.options.get(backend, {})),
             launcher=(launchers or {}).get(backend, "subprocess"),

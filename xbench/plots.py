@@ -71,14 +71,15 @@ def throughput_figure(rows: Sequence[Row], model: str):
     series = _series(rows)
     if not series:
         return None
+    unit, k = rows[0].unit, rows[0].units_per_sample
     fig, ax = _figure(f"Throughput, model {model}", "global batch (samples per step)",
-                           "throughput (samples/s, mean ± 95% CI)")
+                      f"throughput ({unit}/s, mean ± 95% CI)")
     for (backend, devices), group in series.items():
         x = [r.global_batch for r in group]
-        mean = [r.throughput.mean for r in group]
+        mean = [r.throughput.mean * k for r in group]
         line, = ax.plot(x, mean, marker="o", label=f"{backend}, {devices} device{'s' if devices > 1 else ''}",
                         linestyle="-" if devices == 1 else "--")
-        ax.fill_between(x, [r.throughput.ci_low for r in group], [r.throughput.ci_high for r in group],
+        ax.fill_between(x, [r.throughput.ci_low * k for r in group], [r.throughput.ci_high * k for r in group],
                         color=line.get_color(), alpha=0.2, linewidth=0)
     _batch_axis(ax, [r.global_batch for group in series.values() for r in group])
     ax.set_yscale("log")

@@ -25,15 +25,32 @@ def result_cells(row: Row, brief: bool = False) -> tuple[str, ...]:
     a terminal's narrow last column (the report says them in full)."""
     t = row.throughput
     assert t is not None, "rows without a measurement go to the problems list"
-    return (row.label, str(row.devices), str(row.global_batch), f"{t.mean:,.0f}", _half_width(t),
+    return (row.label, str(row.devices), str(row.global_batch), *rate_cells(row),
             f"{row.step_ms:.3f}", mfu_text(row), f"{row.first_call_s:.2f}", speedup_text(row),
             f"{row.scaling.efficiency:.0%}" if row.scaling and row.devices > 1 else "", verdict(row),
             replicates_text(row),
             ", ".join(brief_notes(row)) if brief else "; ".join(notes(row)))
 
 
-def _half_width(t: stats.Replicated) -> str:
-    return "n/a" if math.isnan(t.ci_half_width) else f"{t.ci_half_width:,.0f}"
+def rate_cells(row: Row) -> tuple[str, str]:
+    """The mean throughput and its 95 % half-width in the model's unit (tokens/s for a
+    transformer: samples/s times its context)."""
+    t, k = row.throughput, row.units_per_sample
+    half = "n/a" if math.isnan(t.ci_half_width) else f"{t.ci_half_width * k:,.0f}"
+    return f"{t.mean * k:,.0f}", half
+
+
+def rate_header(rows: Sequence[Row]) -> str:
+    """e.g. "tokens/s": the unit of a model's rows (one model, one unit)."""
+    return f"{rows[0].unit if rows else 'samples'}/s"
+
+
+def result_headers(rows: Sequence[Row]) -> tuple[str, ...]:
+    return tuple(rate_header(rows) if h == "samples/s" else h for h in RESULT_HEADERS)
+
+
+def fastest_headers(rows: Sequence[Row]) -> tuple[str, ...]:
+    return tuple(rate_header(rows) if h == "samples/s" else h for h in FASTEST_HEADERS)
 
 
 def model_facts(rows: Sequence[Row]) -> str:
@@ -42,7 +59,11 @@ def model_facts(rows: Sequence[Row]) -> str:
     params = next((r.params for r in rows if r.params), None)
     flops = next((r.flops_per_sample for r in rows if r.flops_per_sample), None)
     facts = [f"{params:,} parameters"] if params else []
-    if flops:
+    per = rows[0].units_per_sample if rows else 1
+    if flops and per > 1:
+        facts.append(f"{flops_text(flops / per)} per training {rows[0].unit.rstrip('s')}, "
+                     f"{per:,} {rows[0].unit} per sample")
+    elif flops:
         facts.append(f"{flops_text(flops)} per training sample")
     peaks = sorted({(r.peak.device, r.peak.flops, r.peak.unit) for r in rows if r.peak is not None})
     precisions = sorted({r.precision for r in rows if r.peak is not None})
@@ -94,10 +115,10 @@ def fastest_cells(f: Fastest) -> tuple[str, ...]:
     else:
         interval = "" if math.isnan(f.gain.ci_low) else f" ({f.gain.ci_low:.2f}–{f.gain.ci_high:.2f})"
         gain = f"{f.gain.ratio:.2f}×{interval}"
-    written_cells = (written.label, f"{written.throughput.mean:,.0f}", _half_width(written.throughput)) \
+    written_cells = (written.label, *rate_cells(written)) \
         if written is not None and written.throughput is not None else ("", "", "")
-    return (str(f.devices), str(f.global_batch), best.label, f"{best.throughput.mean:,.0f}",
-            _half_width(best.throughput), *written_cells, gain, _tied_text(f))
+    return (str(f.devices), str(f.global_batch), best.label, *rate_cells(best), *written_cells, gain,
+            _tied_text(f))
 
 
 def _tied_text(f: Fastest) -> str:

@@ -11,7 +11,8 @@ from rich.table import Table
 
 from xbench.allreduce import format_size, ok_results, result_from_record
 from xbench.present import (
-    FASTEST_HEADERS, NUMERIC_COLUMNS, RESULT_HEADERS, fastest_cells, model_facts, result_cells,
+    NUMERIC_COLUMNS, RESULT_HEADERS, fastest_cells, fastest_headers, model_facts, rate_header, result_cells,
+    result_headers,
 )
 from xbench.summary import Row, energy_mj_per_sample, fastest_rows, full_rows, gpu_util_pct, memory_gib
 
@@ -66,8 +67,9 @@ def _fastest_table(model: str, rows: list[Row]) -> Table | None:
     if not found:
         return None
     table = Table(title=f"model {model}: fastest per configuration", title_justify="left")
-    for header in FASTEST_HEADERS:
-        table.add_column(header, justify="right" if header in ("dev", "batch", "samples/s", "±95%", "tuned gain")
+    rate = rate_header(rows)
+    for header in fastest_headers(rows):
+        table.add_column(header, justify="right" if header in ("dev", "batch", rate, "±95%", "tuned gain")
                          else "left", no_wrap=header != "not significantly slower")
     for f in found:
         table.add_row(*(escape(cell) for cell in fastest_cells(f)))
@@ -135,8 +137,9 @@ def _model_table(model: str, rows: list[Row]) -> Table:
     caption = _caption(rows) + ("" if len(shown) == len(RESULT_HEADERS)
                                 else "\nMFU: unknown here (no peak for these devices; CPUs never have one)")
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    headers = result_headers(rows)
     for index in shown:
-        table.add_column(RESULT_HEADERS[index], justify="right" if index in NUMERIC_COLUMNS else "left",
+        table.add_column(headers[index], justify="right" if index in NUMERIC_COLUMNS else "left",
                          no_wrap=RESULT_HEADERS[index] not in ("backend", "notes"))
     for row in full_rows(rows):
         cells = _cells(row)
@@ -224,10 +227,18 @@ def checks_table(checks: Sequence[Any]) -> Table:
 
 
 def verify_caption(spec: Any, reference: str) -> str:
-    from xbench.verify import VERIFY_STEPS, verification_batch
+    from xbench.verify import VERIFY_STEPS, verification_model
 
-    batch = verification_batch(sorted(set(spec.devices) | {1}))
-    return (f"dropout off, strict fp32, global batch {batch}, {VERIFY_STEPS} Adam steps "
+    counts = sorted(set(spec.devices) | {1})
+    batches = ", ".join(f"{m.name} {verification_model(m, counts).batch_sizes[0]}" for m in spec.models)
+    from xbench.verify import verification_precision
+
+    float64 = [m.name for m in spec.models if verification_precision(m) == "fp64"]
+    per_device = [m.name for m in spec.models if m.kind.batch_statistics]
+    cnn = "".join([f" ({', '.join(float64)}: float64, smaller, tolerances 1e-8; see xbench/verify.py)"
+                   if float64 else "",
+                   f" ({', '.join(per_device)}: N devices against the reference backend on N)" if per_device else ""])
+    return (f"dropout off, strict fp32{cnn}, global batch: {batches}; {VERIFY_STEPS} Adam steps "
             f"(lr {spec.learning_rate:g}) from the core's weights (seed {spec.seed}); reference backend: "
             f"{reference}. rel err (norm) = ||a-b|| / ||b|| decides; max rel err divides by "
             "max(|b|, 1e-3 max|b|).")

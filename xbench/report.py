@@ -13,7 +13,7 @@ from xbench.render import (
     ALLREDUCE_HEADERS, ALLREDUCE_NOTE, Busbw, allreduce_rows, busbw_by_size, cost_columns, format_p,
 )
 from xbench.present import (
-    FASTEST_HEADERS, NUMERIC_COLUMNS, READING_NOTES, RESULT_HEADERS, fastest_cells, model_facts, result_cells,
+    NUMERIC_COLUMNS, READING_NOTES, fastest_cells, fastest_headers, model_facts, result_cells, result_headers,
     spread_text,
 )
 from xbench.contract import implementation_of
@@ -131,7 +131,7 @@ def model_section(model: str, rows: Sequence[Row], images: Sequence[Image], busb
     measured = [row for row in full_rows(rows) if row.throughput is not None]
     blocks: list[Block] = [Heading(f"Model {model}" + (f" ({facts})" if facts else ""))]
     if measured:
-        blocks.append(TableBlock(RESULT_HEADERS, tuple(result_cells(row) for row in measured),
+        blocks.append(TableBlock(result_headers(rows), tuple(result_cells(row) for row in measured),
                                  right_aligned=NUMERIC_COLUMNS))
         blocks += fastest_section(model, rows)
         blocks += replicates_section(model, [row for row in rows if row.throughput is not None])
@@ -150,7 +150,7 @@ def fastest_section(model: str, rows: Sequence[Row]) -> list[Block]:
     if not found:
         return []
     return [Heading(f"Fastest per configuration, model {model}", 3),
-            TableBlock(FASTEST_HEADERS, tuple(fastest_cells(f) for f in found),
+            TableBlock(fastest_headers(rows), tuple(fastest_cells(f) for f in found),
                        right_aligned=frozenset({0, 1, 3, 4, 6, 7, 8}))]
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from xbench.errors import SpecError
+from xbench.models import Dim, Family, broken_families, families, family, params_count, presets, training_flops
+from xbench.models.mlp import Mlp
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,27 +29,37 @@ SCALINGS = ("strong", "weak")
 SINGLE_DEVICE = ("plain", "data-parallel", "both")
 PLATFORMS = ("auto", "cpu", "gpu")
 
-# The seed study's two MLPs (input 50, output 3, ReLU); batch sizes are the seed's grid.
-PRESETS: dict[str, dict[str, Any]] = {
-    "medium": {"widths": (256, 128, 64), "dropout": 0.2, "batch_sizes": (8, 16, 32, 64, 128)},
-    "large": {
-        "widths": (1024, 1024, 512, 512, 256),
-        "dropout": 0.3,
-        "batch_sizes": (4, 8, 16, 32, 64),
-    },
-}
+# The seed study's two MLPs, kept here for code that names them; every family's presets
+# (gpt2-small, resnet50, ...) are in `xbench.models`.
+PRESETS: dict[str, dict[str, Any]] = {name: dict(keys) for name, keys in Mlp.presets.items()}
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """An MLP: inputs -> widths (ReLU, dropout) -> outputs, and the batch sizes to time."""
+    """A model of a family (`xbench.models`) and the batch sizes to time. The MLP keeps its
+    shape in named fields (inputs -> widths, ReLU and dropout -> outputs), as records have
+    always stored it; other families keep theirs in `dims`, (key, value) pairs by key."""
 
     name: str
-    widths: tuple[int, ...]
-    dropout: float
-    batch_sizes: tuple[int, ...]
+    widths: tuple[int, ...] = ()
+    dropout: float = 0.0
+    batch_sizes: tuple[int, ...] = ()
     inputs: int = 50
     outputs: int = 3
+    family: str = "mlp"
+    dims: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def shape(self) -> dict[str, Any]:
+        """The family's shape keys and their values."""
+        if self.family == "mlp":
+            return {"widths": self.widths, "inputs": self.inputs, "outputs": self.outputs}
+        return dict(self.dims)
+
+    @property
+    def kind(self) -> Family:
+        """The family object; KeyError when its plugin is not installed here."""
+        return family(self.family)
 
     @property
     def layer_sizes(self) -> tuple[int, ...]:
@@ -55,23 +67,60 @@ class ModelSpec:
 
     @property
     def params(self) -> int:
-        """Kernels and biases of every Dense layer."""
-        sizes = self.layer_sizes
-        return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+        return params_count(self.kind, self.shape)
 
     @property
     def training_flops_per_sample(self) -> int:
-        return training_flops_per_sample(self.layer_sizes)
+        return self.kind.flops_per_sample(self.shape)
+
+    @property
+    def unit(self) -> str:
+        """What throughput is counted in: "samples", "tokens", "images"."""
+        return self.kind.unit
+
+    @property
+    def units_per_sample(self) -> int:
+        return self.kind.units_per_sample(self.shape)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> ModelSpec:
+        """The inverse of `asdict` (records store lists; older records lack family and dims)."""
+        raw = dict(raw)
+        raw["widths"] = tuple(raw.get("widths", ()))
+        raw["batch_sizes"] = tuple(raw.get("batch_sizes", ()))
+        raw["dims"] = tuple((str(k), int(v)) for k, v in raw.get("dims", ()))
+        return cls(**raw)
+
+
+def model_table(model: ModelSpec) -> dict[str, Any]:
+    """The [[models]] table that `build_spec` turns back into `model` (run.json stores
+    `asdict`, which --resume reads back through here)."""
+    table: dict[str, Any] = {"name": model.name, "family": model.family, "batch_sizes": list(model.batch_sizes)}
+    table.update({key: list(value) if isinstance(value, tuple) else value for key, value in model.shape.items()})
+    if model.family == "mlp":
+        table["dropout"] = model.dropout
+    return table
+
+
+def preset_model(name: str, **changes: Any) -> ModelSpec:
+    """The ModelSpec of a preset of any family (e.g. "gpt2-small"), with `changes` applied to
+    its keys (e.g. batch_sizes=(8,)); KeyError for an unknown preset."""
+    family_name, keys = presets()[name]
+    keys = {**keys, **changes}
+    batch_sizes = tuple(keys.pop("batch_sizes", ()))
+    dropout = float(keys.pop("dropout", 0.0))
+    fam = family(family_name)
+    dims = {key: keys.get(key, dim.default) for key, dim in fam.dims.items()}
+    if family_name == "mlp":
+        return ModelSpec(name=name, widths=tuple(dims["widths"]), dropout=dropout, batch_sizes=batch_sizes,
+                         inputs=dims["inputs"], outputs=dims["outputs"])
+    return ModelSpec(name=name, batch_sizes=batch_sizes, dropout=dropout, family=family_name,
+                     dims=tuple(sorted(dims.items())))
 
 
 def training_flops_per_sample(layer_sizes: Sequence[int]) -> int:
-    """The model FLOPs of one training step per sample: the matmuls, a multiply-add counted as
-    2 FLOPs. Forward x·W per layer, weight gradients xᵀ·δ per layer, and input gradients δ·Wᵀ
-    for every layer but the first (nothing needs the data's gradient, and no framework computes
-    it). Biases, activations, dropout, the loss and the optimizer are element-wise and left out,
-    as in the usual MFU convention."""
-    matmuls = [2 * fan_in * fan_out for fan_in, fan_out in zip(layer_sizes[:-1], layer_sizes[1:])]
-    return 2 * sum(matmuls) + sum(matmuls[1:])
+    """The MLP's model FLOPs of one training step per sample (see `models.training_flops`)."""
+    return training_flops([2 * a * b for a, b in zip(layer_sizes[:-1], layer_sizes[1:])])
 
 
 @dataclass(frozen=True)
@@ -171,7 +220,7 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 # (jax/<model>/d2/b32/r0): no '/', spaces or leading dot, and short enough for any file system.
 MAX_NAME_LENGTH = 64
 _MODEL_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_NAME_LENGTH - 1}}}")
-_MODEL_KEYS = {"name", "preset", "widths", "dropout", "batch_sizes", "inputs", "outputs"}
+_MODEL_KEYS = {"name", "preset", "family", "dropout", "batch_sizes"}  # and the family's shape keys
 
 
 def load_raw(path: Path | None) -> dict[str, Any]:
@@ -236,10 +285,10 @@ def _select_models(tables: Any, wanted: Any) -> list[dict[str, Any]]:
     for name in _str_list({"models": wanted}, "models", None, "the command line"):
         if name in by_name:
             chosen.append(by_name[name])
-        elif name in PRESETS:
+        elif name in presets():
             chosen.append({"preset": name})
         else:
-            known = sorted(set(PRESETS) | {str(n) for n in by_name})
+            known = sorted(set(presets()) | {str(n) for n in by_name})
             raise SpecError(f"unknown model {name!r}; choose one of: {', '.join(known)}")
     return chosen
 
@@ -290,27 +339,57 @@ def _models(value: Any, source: str) -> tuple[ModelSpec, ...]:
 
 def _model(table: dict[str, Any], source: str) -> ModelSpec:
     where = f"[[models]] of {source}"
-    _reject_unknown(table, _MODEL_KEYS, where, source)
     name = _model_key(table, where)
-    preset_name = table.get("preset")
-    if preset_name is None and "widths" not in table:
-        raise SpecError(f"each model in {source} needs 'preset' ({', '.join(PRESETS)}) or 'widths'")
+    family_name = _family_name(table, where)
+    fam = family(family_name)
+    _reject_unknown(table, _MODEL_KEYS | set(fam.dims), f"a [[models]] table of family {family_name!r}", source)
+    preset = presets()[table["preset"]][1] if "preset" in table else {}
     if name is None:
-        raise SpecError(f"a model with explicit 'widths' in {source} needs a 'name'")
-    preset = PRESETS.get(preset_name, {})
-    widths = _positive_list(table, "widths", preset.get("widths"), where, unique=False, maximum=MAX_ELEMENTS)
+        raise SpecError(f"a model of family {family_name!r} without a 'preset' in {source} needs a 'name'")
+    dims = {key: _dim(table, key, dim, preset, where, family_name) for key, dim in fam.dims.items()}
+    try:
+        fam.check(dims)
+    except ValueError as err:
+        raise SpecError(f"model {name!r} in {source}: {err}") from None
     dropout = table.get("dropout", preset.get("dropout", 0.0))
     if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
         raise SpecError(f"'dropout' in {where} must be a number in [0, 1), got {dropout!r}")
-    return ModelSpec(
-        name=name,
-        widths=tuple(widths),
-        dropout=float(dropout),
-        batch_sizes=tuple(_positive_list(table, "batch_sizes", preset.get("batch_sizes"), where,
-                                         maximum=MAX_ELEMENTS)),
-        inputs=_integer(table, "inputs", 50, where, minimum=3, maximum=MAX_ELEMENTS),
-        outputs=_integer(table, "outputs", 3, where, minimum=1, maximum=MAX_ELEMENTS),
-    )
+    if dropout and family_name != "mlp":
+        raise SpecError(f"model {name!r} in {source}: family {family_name!r} has no dropout; remove 'dropout'")
+    batch_sizes = tuple(_positive_list(table, "batch_sizes", preset.get("batch_sizes"), where, maximum=MAX_ELEMENTS))
+    if family_name == "mlp":
+        return ModelSpec(name=name, widths=tuple(dims["widths"]), dropout=float(dropout), batch_sizes=batch_sizes,
+                         inputs=dims["inputs"], outputs=dims["outputs"])
+    return ModelSpec(name=name, batch_sizes=batch_sizes, family=family_name, dims=tuple(sorted(dims.items())))
+
+
+def _family_name(table: Mapping[str, Any], where: str) -> str:
+    """The model's family: its 'family', else its preset's, else "mlp" when it gives 'widths'."""
+    from_preset = presets()[table["preset"]][0] if "preset" in table else None
+    given = table.get("family")
+    if given is not None and (not isinstance(given, str) or given not in families()):
+        broken = broken_families().get(given) if isinstance(given, str) else None
+        if broken:
+            raise SpecError(f"model family {given!r} in {where} failed to load: {broken}")
+        raise SpecError(f"unknown model family {_brief(given)} in {where}; choose one of: {', '.join(families())}")
+    if given is not None and from_preset is not None and given != from_preset:
+        raise SpecError(f"preset {table['preset']!r} in {where} is of family {from_preset!r}, not {given!r}; "
+                        "drop one of 'preset' and 'family'")
+    name = given or from_preset or ("mlp" if "widths" in table else None)
+    if name is None:
+        raise SpecError(f"each model in {where} needs a 'preset' ({', '.join(presets())}), a 'family' "
+                        f"({', '.join(families())}) with its shape keys, or MLP 'widths'")
+    return name
+
+
+def _dim(table: Mapping[str, Any], key: str, dim: Dim, preset: Mapping[str, Any], where: str, family_name: str):
+    """One shape key: from the table, else the preset, else its default; checked."""
+    default = preset.get(key, dim.default)
+    if key not in table and default is None:
+        raise SpecError(f"model family {family_name!r} in {where} needs {key!r} ({dim.doc})")
+    if dim.is_list:
+        return tuple(_positive_list(table, key, default, where, unique=False, maximum=dim.maximum))
+    return _integer(table, key, default, where, minimum=dim.minimum, maximum=dim.maximum, why=dim.doc)
 
 
 def _model_key(table: Mapping[str, Any], where: str) -> str | None:
@@ -318,10 +397,10 @@ def _model_key(table: Mapping[str, Any], where: str) -> str | None:
     Checks both, since names become parts of file names and trial ids."""
     preset_name = table.get("preset")
     if preset_name is not None and not isinstance(preset_name, str):
-        raise SpecError(f"'preset' in {where} must be a string, one of: {', '.join(PRESETS)}; "
+        raise SpecError(f"'preset' in {where} must be a string, one of: {', '.join(presets())}; "
                         f"got {_brief(preset_name)}")
-    if preset_name is not None and preset_name not in PRESETS:
-        raise SpecError(f"unknown model preset {_brief(preset_name)} in {where}; choose one of: {', '.join(PRESETS)}")
+    if preset_name is not None and preset_name not in presets():
+        raise SpecError(f"unknown model preset {_brief(preset_name)} in {where}; choose one of: {', '.join(presets())}")
     if "name" not in table:
         return preset_name
     name = table["name"]
@@ -411,22 +490,26 @@ def _check_batches(spec: Spec) -> None:
 
 
 def _check_array_sizes(spec: Spec) -> None:
-    """Every array the spec implies (the data xbench builds, each kernel, each device's
-    activations) stays within int32 indexing (MAX_ELEMENTS), which the frameworks need."""
+    """Every array the spec implies (the data xbench builds, each parameter, each device's
+    inputs and largest activation) stays within int32 indexing (MAX_ELEMENTS), which the
+    frameworks need."""
+    from xbench.work import make_data  # work builds on spec
     for model in spec.models:
-        features = max(model.inputs, model.outputs)
-        _within_int32(spec.data.samples * features, model,
-                      f"its data ([data] samples {spec.data.samples} x {features} features)",
-                      "lower [data] samples")
-        sizes = model.layer_sizes
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-            _within_int32(fan_in * fan_out, model, f"a {fan_in} x {fan_out} kernel", "lower its widths")
+        if model.family == "mlp":
+            features = max(model.inputs, model.outputs)
+            _within_int32(spec.data.samples * features, model,
+                          f"its data ([data] samples {spec.data.samples} x {features} features)",
+                          "lower [data] samples")
+        for param in model.kind.parameters(model.shape):
+            _within_int32(math.prod(param.shape), model, f"parameter {param.name} {list(param.shape)}",
+                          "make the model smaller")
+        one_input = math.prod(make_data(model, 1, spec.seed)[0].shape)
+        per_sample, what = max((model.kind.largest_activation(model.shape), (one_input, "inputs")))
         for batch in model.batch_sizes:
             for devices in spec.devices:
                 per_device = batch // devices if spec.scaling == "strong" else batch
-                _within_int32(per_device * max(sizes), model,
-                              f"a device's activations (batch {per_device} x width {max(sizes)})",
-                              "lower its batch_sizes or widths")
+                _within_int32(per_device * per_sample, model, f"a device's {what} (batch {per_device})",
+                              "lower its batch_sizes or its size")
 
 
 def _within_int32(elements: int, model: ModelSpec, what: str, fix: str) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 from xbench import stats
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, backend_label, implementation, trial_id
 from xbench.peaks import Peak, peak_for
-from xbench.spec import training_flops_per_sample
+from xbench.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,8 @@ class Row:
     flops_per_sample: int | None = None  # model FLOPs of a training step per sample
     peak: Peak | None = None  # each device's dense peak at the trial's precision; None: unknown
     precision: str = "fp32"
+    unit: str = "samples"  # what a sample holds, as tables count throughput: "tokens", "images"
+    units_per_sample: int = 1  # e.g. a sequence's tokens
 
     @property
     def trial_id(self) -> str:
@@ -138,12 +140,21 @@ def _display_order(records: Sequence[Mapping[str, Any]]):
 
 
 def _model_size(model: Mapping[str, Any]) -> int:
-    sizes = _layer_sizes(model)
-    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+    try:
+        return ModelSpec.from_dict(model).params
+    except (KeyError, TypeError, ValueError):
+        return 0
 
 
-def _layer_sizes(model: Mapping[str, Any]) -> list[int]:
-    return [model.get("inputs", 0), *model.get("widths", ()), model.get("outputs", 0)]
+def _model_facts(model: Mapping[str, Any]) -> dict[str, Any]:
+    """What the model's family says of a stored model: FLOPs per sample and the throughput
+    unit; nothing where its family is not installed here (a plugin's)."""
+    try:
+        spec = ModelSpec.from_dict(model)
+        return {"flops_per_sample": spec.training_flops_per_sample, "unit": spec.unit,
+                "units_per_sample": spec.units_per_sample}
+    except (KeyError, TypeError, ValueError):
+        return {}
 
 
 def _device_peak(records: Sequence[Mapping[str, Any]], precision: str) -> Peak | None:
@@ -208,9 +219,9 @@ def _row(records: Sequence[Mapping[str, Any]]) -> Row:
         replicates=replicates,
         scaling=None,
         planned=max(len(replicates), (trial.get("protocol") or {}).get("replicates") or 0),
-        flops_per_sample=training_flops_per_sample(_layer_sizes(trial["model"])),
         peak=_device_peak(records, trial["precision"]),
         precision=trial["precision"],
+        **_model_facts(trial["model"]),
     )
     if not measured:
         return Row(**common, status=last["status"], reason=last.get("reason"), throughput=None, step_ms=None,

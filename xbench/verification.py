@@ -13,7 +13,9 @@ from xbench.contract import implementation_of
 from xbench.plan import Lineup, group_trials
 from xbench.registry import BackendEntry
 from xbench.spec import Spec
-from xbench.verify import Check, failed_backends, load_reference, run_checks, verification_trials
+from xbench.verify import (
+    Check, failed_backends, load_reference, run_checks, verification_precision, verification_trials,
+)
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,11 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
             problems[record["trial_id"]] = f"{record['status']}: {record['reason']}"
             owners[record["trial_id"]] = name
     reference = next((n for n in names if n not in unverifiable), names[0])
-    return Verification(tuple(run_checks(refs, reference_backend=reference)), problems,
+    per_device = {m.name for m in spec.models if m.kind.batch_statistics}
+    float64 = {m.name for m in spec.models if verification_precision(m) == "fp64"}
+    return Verification(tuple(run_checks(refs, reference_backend=reference, per_device_statistics=per_device,
+                                         float64=float64)),
+                        problems,
                         frozenset(owners.values()), unverifiable, owners)
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from xbench.contract import Backend, DeviceInfo, DeviceUnavailable, Process, Trial, Unsupported
+from xbench.contract import Backend, DeviceInfo, DeviceUnavailable, Process, Trial, Unsupported, families_of
 from xbench.allreduce import window_protocol
 from xbench.measure import measure, observe, telemetry_steps
 from xbench.records import utc_now as _now
@@ -143,6 +143,9 @@ def run_trial(backend: Backend, trial: Trial, works: dict[tuple, Work], emit, ac
     """Prepare one trial and apply `action` to it; any exception becomes a failed result."""
     emit("start", trial=trial.id, at=_now())
     try:
+        if trial.model.family not in families_of(backend):
+            raise Unsupported(f"backend {backend.name!r} builds no {trial.model.family!r} models "
+                              f"(it builds: {', '.join(families_of(backend))})")
         key = (trial.model, trial.samples, trial.seed)
         if key not in works:
             works[key] = build_work(trial.model, trial.samples, trial.seed)

@@ -1,5 +1,6 @@
 """The MLP of the jax backends: a Flax module built from the core's numpy weights (kernel
-[in, out] and bias per layer), its loss, and its weights read back in the core's layer order.
+[in, out] and bias per layer, the core's layout as is) and its loss. Its params
+[(kernel, bias), ...] flatten to the core's canonical order (`families.canonical_arrays`).
 How a step runs (pmap, shard_map, jit, the optimizer) is in `steps`, `pmap` and `shardmap`.
 """
 
@@ -46,20 +47,20 @@ def mlp_class():
 
 
 def loss_function(trial: Trial, work: Work):
-    """The `jax` backend's loss: mean squared error in float32 of the Flax MLP, dropout on;
-    `loss_fn(params, x, y, rng)`, differentiated with respect to `params`."""
+    """The `jax` backend's loss: mean squared error in float32 (float64 in fp64) of the Flax
+    MLP, dropout on; `loss_fn(params, x, y, rng)`, differentiated with respect to `params`."""
     import jax.numpy as jnp
 
+    from xbench_backends.jax.layers import compute_dtype, statistics_dtype
+
+    dtype = compute_dtype(trial)
+    loss_dtype = statistics_dtype(dtype)  # float32, float64 in fp64
     model = mlp_class()(widths=work.model.widths, outputs=work.model.outputs, dropout=work.model.dropout,
-                        dtype=jnp.bfloat16 if trial.precision == "bf16" else jnp.float32)
+                        dtype=dtype)
 
     def loss_fn(params, x, y, rng):
-        pred = model.apply({"params": flax_params(params)}, x, train=True, rngs={"dropout": rng}).astype(jnp.float32)
+        pred = model.apply({"params": flax_params(params)}, x, train=True, rngs={"dropout": rng}).astype(loss_dtype)
         return jnp.mean((pred - y) ** 2)
 
     return loss_fn
 
-
-def layer_arrays(params, layers: int, replica: int) -> list[np.ndarray]:
-    """Kernels and biases in layer order, from one replica of device-stacked params."""
-    return [np.asarray(params[i][part][replica]) for i in range(layers) for part in (0, 1)]

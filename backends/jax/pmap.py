@@ -1,4 +1,5 @@
-"""`jax`: a Flax MLP trained with optax Adam, data-parallel through `jax.pmap` with a
+"""`jax`: the model of `work.model.family` (the Flax MLP, or the transformer, ResNet or LSTM
+in plain jax.numpy; see `families`) trained with optax Adam, data-parallel through `jax.pmap` with a
 `lax.pmean` all-reduce of the gradients over the device axis.
 
 Runs on jax 0.10 and 0.11+: inputs are placed with `jax.device_put` and a `NamedSharding`
@@ -13,7 +14,8 @@ Two ways to start it: one process driving every device (`setup`), or one process
 program is the same, over the global devices. Every process holds the same numpy work and
 `device_put` places only its own shards; read-backs take the local shard or gather.
 
-The model is in `mlp`; the step programs this shares with `jax-shardmap` and `jax-auto` in `steps`.
+The models are in `mlp`, `transformer`, `cnn` and `lstm`, chosen in `families`; the step
+programs this shares with `jax-shardmap` and `jax-auto` in `steps`.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ import numpy as np
 
 from xbench.contract import (
     DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial, Variant, Work,
-    hash_arrays, probe_distributions,
+    probe_distributions,
 )
-from xbench_backends.jax.mlp import initial_params, layer_arrays, loss_function
+from xbench_backends.jax.families import FAMILIES, canonical_arrays, initial_params, loss_function, notes
+from xbench_backends.jax.layers import FLOAT64, compute_dtype_name, float64_scope, in_precision, readback_hash
 from xbench_backends.jax.steps import (
     AXIS, MATMUL_PRECISION, JaxAllReduce, check_variant, initial_state, kernel_settings, optimizer, programs,
     step_losses, use_compile_cache,
@@ -49,12 +52,12 @@ class JaxPrepared:
     info: PreparedInfo
     step: Any  # pmapped (jitted: plain): (state, xs, ys) -> (state, each step's loss [per device])
     grads: Any  # pmapped (jitted: plain): (state, xs, ys) -> (loss [per device], all-reduced gradients)
-    state: Any  # (params [(kernel, bias), ...], opt_state, step, key), pmap: a leading device axis
+    state: Any  # (params in canonical order as leaves, opt_state, step, key), pmap: a leading device axis
     xs: Any
     ys: Any
     steps_per_call: int
-    layers: int
     stacked: bool = True  # state and outputs carry a leading device axis (pmap); False: plain
+    float64: bool = False  # an "fp64" trial: every call runs in x64 mode (`layers.float64_scope`)
 
 
 class JaxPmapBackend:
@@ -63,6 +66,7 @@ class JaxPmapBackend:
     launchers: ClassVar[tuple[str, ...]] = ("subprocess", "spmd")
     programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL, PLAIN)
     variants: ClassVar[tuple[Variant, ...]] = VARIANTS
+    families: ClassVar[tuple[str, ...]] = FAMILIES
 
     def __init__(self) -> None:
         self.devices: list[Any] = []
@@ -151,39 +155,45 @@ class JaxPmapBackend:
 
     def prepare(self, trial: Trial, work: Work) -> JaxPrepared:
         import jax
-        from jax import lax
 
         check_variant(trial, self.variants)
         jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[trial.precision])
-        if trial.program == PLAIN:
-            return self._prepare_plain(trial, work)
+        with float64_scope(trial.precision == FLOAT64):
+            prepared = self._prepare_plain(trial, work) if trial.program == PLAIN else self._prepare(trial, work)
+        prepared.float64 = trial.precision == FLOAT64
+        return prepared
+
+    def _prepare(self, trial: Trial, work: Work) -> JaxPrepared:
+        """`jax.pmap` of the step over every device, a `lax.pmean` of the gradients inside."""
+        import jax
+        from jax import lax
+
         mesh = jax.sharding.Mesh(np.array(self.devices), (AXIS,))
         sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
         n = len(self.devices)
 
         tx = optimizer(trial.learning_rate)
-        state = initial_state(initial_params(work), tx, trial.seed)
+        state = initial_state(in_precision(initial_params(work), trial), tx, trial.seed)
         replicated = jax.tree.map(lambda a: jax.device_put(np.broadcast_to(a, (n, *np.shape(a))), sharded),
                                   state)
-        xs, ys = (jax.device_put(a, sharded) for a in work.shards(trial.global_batch, n))
+        xs, ys = (jax.device_put(a, sharded) for a in in_precision(work.shards(trial.global_batch, n), trial))
 
         reduce = self.reduce_gradients if trial.all_reduce else (lambda grads: grads)
         step_fn, grads_fn = programs(trial, loss_function(trial, work), tx, xs.shape[1], reduce, n,
                                       lambda: lax.axis_index(AXIS))
         step = jax.pmap(step_fn, axis_name=AXIS, devices=self.devices, donate_argnums=(0,))
         grads = jax.pmap(grads_fn, axis_name=AXIS, devices=self.devices)
-        readback = layer_arrays(_local(replicated[0]), len(work.weights), replica=0)
+        readback = canonical_arrays(_local(replicated[0]), replica=0)
         info = PreparedInfo(
             params=sum(int(np.prod(a.shape[1:])) for a in jax.tree.leaves(replicated[0])),
-            weights_hash=hash_arrays(readback),
-            precision={"jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-                       "compute_dtype": "bfloat16" if trial.precision == "bf16" else "float32"},
+            weights_hash=readback_hash(readback),
+            precision=precision_info(trial),
             # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
             sync_every_call=self.devices[0].platform == "cpu",
+            notes=notes(trial, work, jax.local_devices()[0]),  # under spmd, devices[0] is rank 0's
             settings=kernel_settings(),
         )
-        return JaxPrepared(info, step, grads, replicated, xs, ys, trial.protocol.steps_per_call,
-                           len(work.weights))
+        return JaxPrepared(info, step, grads, replicated, xs, ys, trial.protocol.steps_per_call)
 
     def _prepare_plain(self, trial: Trial, work: Work) -> JaxPrepared:
         """`jax.jit` of the step on the first device: what a user writes for one GPU. The same
@@ -193,22 +203,21 @@ class JaxPmapBackend:
 
         device = self.devices[0]
         tx = optimizer(trial.learning_rate)
-        state = jax.device_put(initial_state(initial_params(work), tx, trial.seed), device)
-        xs, ys = (jax.device_put(a[0], device) for a in work.shards(trial.global_batch, 1))
+        state = jax.device_put(initial_state(in_precision(initial_params(work), trial), tx, trial.seed), device)
+        xs, ys = (jax.device_put(a[0], device) for a in in_precision(work.shards(trial.global_batch, 1), trial))
         step_fn, grads_fn = programs(trial, loss_function(trial, work), tx, xs.shape[0], lambda grads: grads, 1,
                                       lambda: 0)
         step, grads = jax.jit(step_fn, donate_argnums=(0,)), jax.jit(grads_fn)
         info = PreparedInfo(
             params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
-            weights_hash=hash_arrays(layer_arrays(_stacked(state[0]), len(work.weights), replica=0)),
-            precision={"jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-                       "compute_dtype": "bfloat16" if trial.precision == "bf16" else "float32"},
+            weights_hash=readback_hash(canonical_arrays(_stacked(state[0]), replica=0)),
+            precision=precision_info(trial),
             sync_every_call=False,  # no collective, so no rendezvous to deadlock (pitfall 3)
-            notes=("plain: jax.jit of the step on one device; no pmap, no sharding, no collective",),
+            notes=("plain: jax.jit of the step on one device; no pmap, no sharding, no collective",
+                   *notes(trial, work, device)),
             settings=kernel_settings(),
         )
-        return JaxPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, len(work.weights),
-                           stacked=False)
+        return JaxPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, stacked=False)
 
     def run(self, prepared: JaxPrepared, steps: int) -> None:
         import jax
@@ -216,10 +225,11 @@ class JaxPmapBackend:
         # Locals, not attribute lookups, inside the loop: it is the user's loop being timed.
         step, state, xs, ys = prepared.step, prepared.state, prepared.xs, prepared.ys
         wait = prepared.info.sync_every_call
-        for _ in range(steps // prepared.steps_per_call):
-            state, loss = step(state, xs, ys)
-            if wait:
-                loss.block_until_ready()
+        with float64_scope(prepared.float64):  # entered once per call, outside the timed loop
+            for _ in range(steps // prepared.steps_per_call):
+                state, loss = step(state, xs, ys)
+                if wait:
+                    loss.block_until_ready()
         prepared.state = state
         jax.block_until_ready(state)
 
@@ -268,23 +278,37 @@ class JaxPmapBackend:
     # -- verification capability (xbench verify) -------------------------------------------
 
     def gradients(self, prepared: JaxPrepared) -> tuple[float, list[np.ndarray]]:
-        loss, grads = prepared.grads(prepared.state, prepared.xs, prepared.ys)
+        with float64_scope(prepared.float64):
+            loss, grads = prepared.grads(prepared.state, prepared.xs, prepared.ys)
         if not prepared.stacked:
-            return float(loss), layer_arrays(_stacked(grads), prepared.layers, replica=0)
-        return float(np.mean(_gathered(loss))), layer_arrays(_local(grads), prepared.layers, replica=0)
+            return float(loss), canonical_arrays(_stacked(grads), replica=0)
+        return float(np.mean(_gathered(loss))), canonical_arrays(_local(grads), replica=0)
 
     def train(self, prepared: JaxPrepared, steps: int) -> list[float]:
         losses: list[float] = []
-        for _ in range(steps // prepared.steps_per_call):
-            prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
-            losses += step_losses(_gathered(loss) if prepared.stacked else loss, prepared.steps_per_call)
+        with float64_scope(prepared.float64):
+            for _ in range(steps // prepared.steps_per_call):
+                prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
+                losses += step_losses(_gathered(loss) if prepared.stacked else loss, prepared.steps_per_call)
         return losses
 
     def replica_weights(self, prepared: JaxPrepared) -> list[list[np.ndarray]]:
         if not prepared.stacked:
-            return [layer_arrays(_stacked(prepared.state[0]), prepared.layers, replica=0)]
-        params = _gathered(prepared.state[0])
-        return [layer_arrays(params, prepared.layers, replica=r) for r in range(len(self.devices))]
+            return [canonical_arrays(_stacked(prepared.state[0]), replica=0)]
+        with float64_scope(prepared.float64):  # a multi-process gather runs a program
+            params = _gathered(prepared.state[0])
+        return [canonical_arrays(params, replica=r) for r in range(len(self.devices))]
+
+
+def precision_info(trial: Trial) -> dict[str, Any]:
+    """What the trial computes in, as this process set it (in `prepare`)."""
+    import jax
+
+    info = {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+            "compute_dtype": compute_dtype_name(trial)}
+    if trial.precision == FLOAT64:  # parameters, statistics, loss and Adam state float64 too
+        info.update(param_dtype="float64", jax_enable_x64="scoped to this trial's calls")
+    return info
 
 
 def _cuda_plugin_present() -> bool:

@@ -1,11 +1,12 @@
-"""`jax-shardmap` and `jax-auto`: the `jax` backend's model, optimizer, loss and data, stepped
-with today's JAX data-parallel idioms instead of `jax.pmap`.
+"""`jax-shardmap` and `jax-auto`: the `jax` backend's models (every family of `families`),
+optimizer, loss and data, stepped with today's JAX data-parallel idioms instead of `jax.pmap`.
 
 - `jax-shardmap`: `jax.jit` over `jax.shard_map` on a 1-D mesh (axis "d"); parameters and
   optimizer state replicated (P()), data sharded on its leading device axis (P("d")), and an
   explicit `lax.pmean` of the gradients inside.
 - `jax-auto`: `jax.jit` with `NamedSharding`s and no shard_map; the compiler (GSPMD/Shardy)
-  inserts the gradient all-reduce.
+  inserts the gradient all-reduce. One program holds the global batch, so BatchNorm (cnn)
+  takes its statistics over each device's rows explicitly (`batch_groups`), as `jax` does.
 
 Both run on jax 0.10 and 0.11, where `jax.shard_map` and `jax.lax.pcast` are public; older
 jax falls back to `jax.experimental.shard_map` and `lax.pvary` (untested here).
@@ -18,9 +19,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from xbench.contract import DATA_PARALLEL, PreparedInfo, Trial, Unsupported, Work, hash_arrays
-from xbench_backends.jax.mlp import initial_params, loss_function
-from xbench_backends.jax.pmap import JaxPmapBackend
+from xbench.contract import DATA_PARALLEL, PreparedInfo, Trial, Unsupported, Work
+from xbench_backends.jax.families import initial_params, loss_function, notes
+from xbench_backends.jax.layers import FLOAT64, float64_scope, in_precision, readback_hash
+from xbench_backends.jax.pmap import JaxPmapBackend, precision_info
 from xbench_backends.jax.steps import (
     AXIS, MATMUL_PRECISION, JaxAllReduce, check_variant, dropout_rng, initial_state, kernel_settings, optimizer,
     step_losses, train_steps,
@@ -32,11 +34,11 @@ class MeshPrepared:
     info: PreparedInfo
     step: Any  # jitted: (state, xs, ys) -> (state, each step's loss: per device or global)
     grads: Any  # jitted: (state, xs, ys) -> (loss, all-reduced gradients, replicated)
-    state: Any  # (params [(kernel, bias), ...], opt_state, step, key), every leaf replicated over the mesh
+    state: Any  # (params in canonical order as leaves, opt_state, step, key), every leaf replicated over the mesh
     xs: Any
     ys: Any
     steps_per_call: int
-    layers: int
+    float64: bool = False  # an "fp64" trial: every call runs in x64 mode (`layers.float64_scope`)
 
 
 class _MeshBackend(JaxPmapBackend):
@@ -55,26 +57,27 @@ class _MeshBackend(JaxPmapBackend):
             raise Unsupported(f"{self.name} has only the data-parallel program; the plain one is jax's")
 
         jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[trial.precision])
-        mesh = jax.sharding.Mesh(np.array(self.devices), (AXIS,))
-        tx = optimizer(trial.learning_rate)
-        state = jax.device_put(initial_state(initial_params(work), tx, trial.seed), _sharding(mesh))
-        xs, ys = self.place_data(mesh, *work.shards(trial.global_batch, len(self.devices)))
-        step, grads, notes = self.step_programs(trial, work, tx, mesh)
-        layers = len(work.weights)
-        info = PreparedInfo(
-            params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
-            weights_hash=hash_arrays(self.layer_arrays(state[0], layers, replica=0)),
-            precision={"jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-                       "compute_dtype": "bfloat16" if trial.precision == "bf16" else "float32"},
-            # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
-            sync_every_call=self.devices[0].platform == "cpu",
-            notes=notes,
-            settings=kernel_settings(),
-        )
-        return MeshPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, layers)
+        float64 = trial.precision == FLOAT64
+        with float64_scope(float64):  # x64 for an fp64 trial's calls only (`layers`)
+            mesh = jax.sharding.Mesh(np.array(self.devices), (AXIS,))
+            tx = optimizer(trial.learning_rate)
+            state = jax.device_put(initial_state(in_precision(initial_params(work), trial), tx, trial.seed),
+                                   _sharding(mesh))
+            xs, ys = self.place_data(mesh, *in_precision(work.shards(trial.global_batch, len(self.devices)), trial))
+            step, grads, program_notes = self.step_programs(trial, work, tx, mesh)
+            info = PreparedInfo(
+                params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
+                weights_hash=readback_hash(self.canonical_arrays(state[0], replica=0)),
+                precision=precision_info(trial),
+                # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
+                sync_every_call=self.devices[0].platform == "cpu",
+                notes=(*program_notes, *notes(trial, work, jax.local_devices()[0])),
+                settings=kernel_settings(),
+            )
+        return MeshPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, float64)
 
     def place_data(self, mesh, xs: np.ndarray, ys: np.ndarray):
-        """[devices, batches, per_device, features], split on the device axis."""
+        """[devices, batches, per_device, ...sample shape], split on the device axis."""
         import jax
 
         return jax.device_put(xs, _sharding(mesh, AXIS)), jax.device_put(ys, _sharding(mesh, AXIS))
@@ -82,14 +85,18 @@ class _MeshBackend(JaxPmapBackend):
     def step_programs(self, trial: Trial, work: Work, tx, mesh) -> tuple[Any, Any, tuple[str, ...]]:
         raise NotImplementedError
 
-    def layer_arrays(self, params, layers: int, replica: int) -> list[np.ndarray]:
-        """Kernels and biases in layer order, as held (and read back) by device `replica`."""
+    def canonical_arrays(self, params, replica: int) -> list[np.ndarray]:
+        """The parameters (or gradients) in canonical order and layout, as held (and read
+        back) by device `replica`."""
+        import jax
+
         device = self.devices[replica]
 
         def held(array) -> np.ndarray:
             return next(np.asarray(s.data) for s in array.addressable_shards if s.device == device)
 
-        return [held(params[i][part]) for i in range(layers) for part in (0, 1)]
+        # Leaves in canonical order (`families.canonical_arrays`), without a device axis here.
+        return [held(leaf) for leaf in jax.tree.leaves(params)]
 
     # -- all-reduce microbenchmark capability (xbench allreduce, --breakdown) ---------------
 
@@ -111,18 +118,20 @@ class _MeshBackend(JaxPmapBackend):
     # -- verification capability (xbench verify) -------------------------------------------
 
     def gradients(self, prepared: MeshPrepared) -> tuple[float, list[np.ndarray]]:
-        loss, grads = prepared.grads(prepared.state, prepared.xs, prepared.ys)
-        return float(np.mean(np.asarray(loss))), self.layer_arrays(grads, prepared.layers, replica=0)
+        with float64_scope(prepared.float64):
+            loss, grads = prepared.grads(prepared.state, prepared.xs, prepared.ys)
+        return float(np.mean(np.asarray(loss))), self.canonical_arrays(grads, replica=0)
 
     def train(self, prepared: MeshPrepared, steps: int) -> list[float]:
         losses: list[float] = []
-        for _ in range(steps // prepared.steps_per_call):
-            prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
-            losses += step_losses(loss, prepared.steps_per_call)
+        with float64_scope(prepared.float64):
+            for _ in range(steps // prepared.steps_per_call):
+                prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
+                losses += step_losses(loss, prepared.steps_per_call)
         return losses
 
     def replica_weights(self, prepared: MeshPrepared) -> list[list[np.ndarray]]:
-        return [self.layer_arrays(prepared.state[0], prepared.layers, replica=r) for r in range(len(self.devices))]
+        return [self.canonical_arrays(prepared.state[0], replica=r) for r in range(len(self.devices))]
 
 
 class JaxShardMapBackend(_MeshBackend):
@@ -176,13 +185,13 @@ class JaxAutoBackend(_MeshBackend):
     name: ClassVar[str] = "jax-auto"
 
     def place_data(self, mesh, xs: np.ndarray, ys: np.ndarray):
-        """[batches, global_batch, features] with the batch split on "d": device r holds the
-        same rows as in `jax` (the core's shards, regrouped)."""
+        """[batches, global_batch, ...sample shape] with the batch split on "d": device r holds
+        the same rows as in `jax` (the core's shards, regrouped)."""
         import jax
 
         def regroup(a: np.ndarray) -> np.ndarray:
-            n, batches, per, features = a.shape
-            return np.ascontiguousarray(a.transpose(1, 0, 2, 3).reshape(batches, n * per, features))
+            n, batches, per, *sample = a.shape
+            return np.ascontiguousarray(np.swapaxes(a, 0, 1).reshape(batches, n * per, *sample))
 
         return (jax.device_put(regroup(a), _sharding(mesh, None, AXIS)) for a in (xs, ys))
 
@@ -193,7 +202,8 @@ class JaxAutoBackend(_MeshBackend):
         if not trial.all_reduce:
             raise Unsupported("jax-auto has no compute-only step: the compiler (GSPMD/Shardy) inserts "
                               "the gradient all-reduce itself, so there is no program without it")
-        loss_fn = loss_function(trial, work)
+        # BatchNorm statistics per device's rows, as `jax` takes them (not over the global batch).
+        loss_fn = loss_function(trial, work, batch_groups=len(self.devices))
         batches = work.x.shape[0] // trial.global_batch
 
         def loss_and_grads(state, xs, ys):
@@ -211,6 +221,8 @@ class JaxAutoBackend(_MeshBackend):
         step = jax.jit(train_steps(tx, loss_and_grads, trial.protocol.steps_per_call), donate_argnums=0,
                        **shardings)
         grads = jax.jit(loss_and_grads, **shardings)
+        if work.model.family != "mlp":  # only the MLP has dropout
+            return step, grads, ()
         partitionable = bool(getattr(jax.config, "jax_threefry_partitionable", True))
         return step, grads, (f"dropout: one mask over the global batch per step and layer "
                              f"(jax_threefry_partitionable={partitionable})",)

@@ -1,7 +1,7 @@
 """How a step of the jax backends runs, shared by `jax` (pmap, and the plain jit program),
 `jax-shardmap` and `jax-auto`: the training state, Adam, the fused multi-step program, the
 dropout stream, losses read back, and the settings that decide which kernels run. The model
-itself (what `loss_fn` computes) comes from `mlp`.
+itself (what `loss_fn` computes) comes from the family's module (`families`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import numpy as np
 from xbench.contract import ADAM, AS_WRITTEN, COMPILE_CACHE_VARIABLE, Trial, Variant
 
 AXIS = "d"
-# The spec's precision, spelled as jax_default_matmul_precision values.
-MATMUL_PRECISION = {"fp32": "float32", "tf32": "tensorfloat32", "bf16": "bfloat16"}
+# The spec's precision, spelled as jax_default_matmul_precision values. "fp64": float64
+# operands, which XLA multiplies in float64 whatever this says; "highest" rules out any
+# reduced-precision shortcut besides.
+MATMUL_PRECISION = {"fp32": "float32", "tf32": "tensorfloat32", "bf16": "bfloat16", "fp64": "highest"}
 
 
 @dataclass
@@ -40,8 +42,9 @@ def step_losses(loss, steps_per_call: int) -> list[float]:
 
 
 def initial_state(params, tx, seed: int):
-    """(params, Adam state, step, dropout key data), with params [(kernel, bias), ...] in layer
-    order (`mlp.initial_params`): the flattest tree, as a minimal loop holds it. Every call
+    """(params, Adam state, step, dropout key data), with params the family's pytree
+    (`families.initial_params`; the MLP's [(kernel, bias), ...] in layer order, the flattest
+    tree, as a minimal loop holds it; a flat list for the others). Every call
     flattens the state and builds it anew from the outputs, and nested dicts cost microseconds
     more per step than lists of tuples: measurable in a 0.1 ms step."""
     import jax
@@ -59,7 +62,7 @@ def programs(trial: Trial, loss_fn, tx, batches: int, reduce_gradients, devices:
     """Per-device functions (for pmap, or for jit on one device): `steps_per_call` fused
     training steps, and the loss and all-reduced gradients at the current state, both through
     the same `loss_and_grads`. `loss_fn(params, x, y, rng)` is the model's loss
-    (`mlp.loss_function`). `device_index()` is this device's index among `devices`, which
+    (`families.loss_function`). `device_index()` is this device's index among `devices`, which
     picks its dropout stream (`dropout_rng`)."""
     import jax
     from jax import lax

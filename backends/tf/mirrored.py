@@ -1,4 +1,4 @@
-"""`tf`: a Keras 3 MLP trained with Adam in a custom loop under
+"""`tf`: a Keras 3 model of any built-in family trained with Adam in a custom loop under
 `tf.distribute.MirroredStrategy`; `strategy.run` inside a `tf.function`.
 
 Keras 3's `apply_gradients` sum-reduces gradients across replicas, so the per-replica loss is
@@ -13,7 +13,9 @@ The plain program (`trial.program == "plain"`) is what a user writes for one dev
 strategy: the same model, Adam and step, called directly. The `xla` variant compiles each
 replica's forward and backward with `tf.function(jit_compile=True)`, in either program.
 
-The model and its per-example loss are in `mlp`.
+The models (`mlp`, `transformer`, `cnn`, `lstm`), their per-example losses and the mapping of
+their variables to the core's canonical parameters are in `models`; the step programs here
+are the same for every family. Gradients and weights read back in canonical order and layout.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from xbench.contract import (
     ADAM, AS_WRITTEN, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process,
     Trial, Variant, Work, hash_arrays, probe_distributions,
 )
-from xbench_backends.tf.mlp import build_model, per_example_loss
+from xbench_backends.tf.models import FAMILIES, Built, build
 
 SIMULATED_DEVICE_LIMIT = 8
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical", "reduce-to-one")
 OPTIONS = {"cross_device_ops": CROSS_DEVICE_OPS}
+# trial.precision -> Keras global dtype policy. "fp64" (verify's CNN runs): float64 variables,
+# inputs, activations, BatchNorm statistics, losses, gradients, all-reduce and Adam state.
+KERAS_POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp64": "float64"}
 VARIANTS = (Variant("xla", "XLA: jit_compile=True on the per-replica forward and backward"),)
 
 
@@ -45,7 +50,8 @@ class TfPrepared:
     one_step: Any  # tf.function: (step) -> per-replica losses; the same replica step
     gradients: Any  # tf.function: (step) -> per-replica (loss, all-reduced gradients)
     strategy: Any  # None for the plain program: its results are the one replica's
-    variables: list[Any]
+    variables: list[Any]  # the trainable variables in canonical order
+    canonical: Any  # arrays of `variables` -> canonical layout (models.Built.canonical)
     steps_per_call: int
     next_step: int = 0
 
@@ -61,6 +67,7 @@ class TfMirroredBackend:
     launchers: ClassVar[tuple[str, ...]] = ("subprocess", "spmd")
     programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL, PLAIN)
     variants: ClassVar[tuple[Variant, ...]] = VARIANTS
+    families: ClassVar[tuple[str, ...]] = FAMILIES
 
     def __init__(self) -> None:
         self.device_names: list[str] = []
@@ -182,7 +189,10 @@ class TfMirroredBackend:
         import keras
 
         # Global in Keras: set for every trial, so one trial's policy never leaks into the next.
-        keras.mixed_precision.set_global_policy("mixed_bfloat16" if trial.precision == "bf16" else "float32")
+        if trial.precision not in KERAS_POLICIES:
+            raise Unsupported(f"precision {trial.precision!r} is not one the tf backend knows: "
+                              f"{', '.join(KERAS_POLICIES)}")
+        keras.mixed_precision.set_global_policy(KERAS_POLICIES[trial.precision])
         if self.platform == "gpu":
             for i in range(len(tf.config.list_logical_devices("GPU"))):
                 tf.config.experimental.reset_memory_stats(f"GPU:{i}")  # peaks per trial
@@ -196,19 +206,21 @@ class TfMirroredBackend:
                 f"{'MirroredStrategy' if self.multi_worker is None else 'MultiWorkerMirroredStrategy'}",
                 f"cross_device_ops={type(strategy.extended._cross_device_ops).__name__}")
         with scope:
-            model = build_model(work)
+            built = build(work, jit_compile)
             optimizer = _optimizer(trial.learning_rate, all_reduce=trial.all_reduce)
-            optimizer.build(model.trainable_variables)  # before the loop (pitfall 4)
-            x_all, y_all = _data(strategy, work, trial.global_batch)
-        programs = _programs(_on_replicas(strategy), model, optimizer, x_all, y_all, trial,
+            optimizer.build(built.variables)  # before the loop (pitfall 4)
+            x_all, y_all = _data(strategy, work, trial.global_batch, float64=trial.precision == "fp64")
+        programs = _programs(_on_replicas(strategy), built, optimizer, x_all, y_all, trial,
                              batches=work.x.shape[0] // trial.global_batch, jit_compile=jit_compile)
-        variables = model.trainable_variables
         info = PreparedInfo(
-            params=sum(int(np.prod(v.shape)) for v in variables),
-            weights_hash=hash_arrays([v.numpy() for v in variables]),
+            # Keras's own count of trainable parameters (a tied embedding counts once).
+            params=sum(int(np.prod(v.shape)) for v in built.model.trainable_variables),
+            # Of the weights as float32 (float32 -> float64 -> float32 is exact): the work's hash in fp64 too.
+            weights_hash=hash_arrays([np.asarray(a, np.float32)
+                                      for a in built.canonical([v.numpy() for v in built.variables])]),
             precision={"tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled(),
                        "keras_policy": keras.mixed_precision.global_policy().name},
-            notes=notes,
+            notes=notes + built.notes,
             # tf.function, XLA-compiled in the `xla` variant: no persistent compilation cache
             # (TF's XLA one, --tf_xla_persistent_cache_directory, only if TF_XLA_FLAGS sets it);
             # cuDNN autotuning unless turned off.
@@ -216,7 +228,7 @@ class TfMirroredBackend:
                       "TF_CUDNN_USE_AUTOTUNE": os.environ.get("TF_CUDNN_USE_AUTOTUNE", "1 (default)"),
                       "TF_XLA_FLAGS": os.environ.get("TF_XLA_FLAGS", ""), "compile_cache": None},
         )
-        return TfPrepared(info, *programs, strategy, variables, trial.protocol.steps_per_call)
+        return TfPrepared(info, *programs, strategy, built.variables, built.canonical, trial.protocol.steps_per_call)
 
     def _plain_device(self, trial: Trial) -> str:
         """The one device of the plain program. Under the spmd launcher it is built the same
@@ -294,7 +306,8 @@ class TfMirroredBackend:
         import tensorflow as tf
 
         losses, grads = prepared.gradients(tf.constant(prepared.next_step, dtype=tf.int64))
-        return _global_loss(prepared.strategy, losses), [_first_replica(prepared.strategy, g).numpy() for g in grads]
+        return _global_loss(prepared.strategy, losses), prepared.canonical(
+            [_first_replica(prepared.strategy, g).numpy() for g in grads])
 
     def train(self, prepared: TfPrepared, steps: int) -> list[float]:
         import tensorflow as tf
@@ -308,11 +321,12 @@ class TfMirroredBackend:
 
     def replica_weights(self, prepared: TfPrepared) -> list[list[np.ndarray]]:
         if prepared.strategy is None:
-            return [[v.numpy() for v in prepared.variables]]
+            return [prepared.canonical([v.numpy() for v in prepared.variables])]
         # Keras variables wrap the strategy's mirrored tf.Variable in `.value`.
         per_variable = [prepared.strategy.experimental_local_results(getattr(v, "value", v))
                         for v in prepared.variables]
-        local = [[values[r].numpy() for values in per_variable] for r in range(len(per_variable[0]))]
+        local = [prepared.canonical([values[r].numpy() for values in per_variable])
+                 for r in range(len(per_variable[0]))]
         if self.multi_worker is None:
             return local
         return _gather_replicas(prepared.strategy, local)
@@ -349,6 +363,7 @@ class TfMirroredBackend:
 def _optimizer(learning_rate: float, all_reduce: bool = True):
     optimizer = _paper_adam()(learning_rate=learning_rate, beta_1=ADAM.b1, beta_2=ADAM.b2, epsilon=ADAM.eps)
     optimizer.all_reduce = all_reduce
+    optimizer.exact_learning_rate = float(learning_rate)
     return optimizer
 
 
@@ -361,9 +376,12 @@ def _paper_adam():
         """Keras's Adam with the update of the contract's `Adam`: eps added to sqrt(v_hat).
         (Keras adds it to sqrt(v) and folds the bias correction into the step size.)
         With `all_reduce` False it skips the cross-replica sum, so each replica applies its
-        own gradient: the compute-only step."""
+        own gradient: the compute-only step. Dtype-generic: the update runs in each variable's
+        dtype (its slots have it too); a float64 variable takes the learning rate as the
+        Python float, since Keras keeps it in a float32 variable (1e-3 there is 1e-3 + 4.7e-11)."""
 
         all_reduce = True
+        exact_learning_rate: float | None = None
 
         def _all_reduce_sum_gradients(self, grads_and_vars):
             if self.all_reduce:
@@ -372,9 +390,15 @@ def _paper_adam():
 
         def update_step(self, gradient, variable, learning_rate):
             dtype = variable.dtype
-            lr, g = ops.cast(learning_rate, dtype), ops.cast(gradient, dtype)
+            if dtype == "float64" and self.exact_learning_rate is not None:
+                lr = ops.convert_to_tensor(self.exact_learning_rate, dtype=dtype)
+            else:
+                lr = ops.cast(learning_rate, dtype)
+            g = ops.cast(gradient, dtype)
             t = ops.cast(self.iterations + 1, dtype)
-            b1, b2 = ops.cast(self.beta_1, dtype), ops.cast(self.beta_2, dtype)
+            # Python floats converted straight to `dtype`: ops.cast would make a float32
+            # constant first (0.9 -> 0.8999999762 in float64).
+            b1, b2 = (ops.convert_to_tensor(beta, dtype=dtype) for beta in (self.beta_1, self.beta_2))
             m = self._momentums[self._get_variable_index(variable)]
             v = self._velocities[self._get_variable_index(variable)]
             self.assign(m, b1 * m + (1 - b1) * g)
@@ -394,15 +418,20 @@ def _jit_compile(variant: str) -> bool:
     return variant == "xla"
 
 
-def _data(strategy, work: Work, global_batch: int):
+def _data(strategy, work: Work, global_batch: int, float64: bool = False):
     """The data as [batches, per_device_batch, features] on every replica's device; for the
-    plain program (no strategy), plain tensors on the current device."""
+    plain program (no strategy), plain tensors on the current device. With `float64` the float
+    arrays (images, sequences, features, regression targets) are float64; tokens and labels
+    keep their integer dtype."""
     import tensorflow as tf
 
+    def dtype(shards: np.ndarray) -> np.ndarray:
+        return shards.astype(np.float64) if float64 and np.issubdtype(shards.dtype, np.floating) else shards
+
     if strategy is None:
-        return tuple(tf.identity(tf.constant(shards[0])) for shards in work.shards(global_batch, 1))
+        return tuple(tf.identity(tf.constant(dtype(shards[0]))) for shards in work.shards(global_batch, 1))
     replicas = strategy.num_replicas_in_sync
-    return tuple(_per_replica(strategy, shards) for shards in work.shards(global_batch, replicas))
+    return tuple(_per_replica(strategy, dtype(shards)) for shards in work.shards(global_batch, replicas))
 
 
 def _on_replicas(strategy):
@@ -459,18 +488,20 @@ def _gather_replicas(strategy, local: list[list[np.ndarray]]) -> list[list[np.nd
     return [[part.reshape(shape) for part, shape in zip(np.split(row, splits), shapes)] for row in rows]
 
 
-def _programs(on_replicas, model, optimizer, x_all, y_all, trial: Trial, batches: int, jit_compile: bool):
+def _programs(on_replicas, built: Built, optimizer, x_all, y_all, trial: Trial, batches: int, jit_compile: bool):
     """The timed loop, one step of it, and the gradients it applies, as tf.functions;
     `on_replicas` (`_on_replicas`) runs a replica function on every replica."""
     import tensorflow as tf
 
-    variables = model.trainable_variables
+    model, variables, per_example_loss = built.model, built.variables, built.per_example_loss
 
     def forward_backward(x, y):
         with tf.GradientTape() as tape:
             per_example = per_example_loss(model, x, y)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=trial.global_batch)
-        return loss, tape.gradient(loss, variables)
+        # Dense gradients: an embedding lookup's alone would be IndexedSlices (a no-op for
+        # the dense gradients every other variable has).
+        return loss, [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
 
     if jit_compile:
         # XLA around each replica's forward and backward only: jit_compile around strategy.run

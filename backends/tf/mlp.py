@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from xbench.contract import Work
 
 
@@ -15,18 +17,25 @@ def build_model(work: Work):
     or device) its variables belong to."""
     import keras
 
-    layers: list[Any] = [keras.Input(shape=(work.model.inputs,))]
+    from xbench_backends.tf.models import input_dtype
+
+    layers: list[Any] = [keras.Input(shape=(work.model.inputs,), dtype=input_dtype())]
     for width in work.model.widths:
         layers += [keras.layers.Dense(width, activation="relu"), keras.layers.Dropout(work.model.dropout)]
     layers.append(keras.layers.Dense(work.model.outputs))
     model = keras.Sequential(layers)
-    model.set_weights(work.flat_weights)
+    dtype = input_dtype()  # the variables' (float64 in fp64)
+    model.set_weights([np.asarray(w, dtype=dtype) for w in work.flat_weights])
     return model
 
 
 def per_example_loss(model, x, y):
-    """Each example's mean squared error over the outputs, in float32, dropout on."""
+    """Each example's mean squared error over the outputs, in float32 (float64 in fp64),
+    dropout on."""
     import tensorflow as tf
 
-    pred = tf.cast(model(x, training=True), tf.float32)  # bf16 under mixed precision
+    from xbench_backends.tf.models import loss_dtype
+
+    pred = model(x, training=True)
+    pred = tf.cast(pred, loss_dtype(pred))  # bf16 under mixed precision
     return tf.reduce_mean(tf.square(pred - y), axis=-1)

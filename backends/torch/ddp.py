@@ -1,16 +1,16 @@
-"""`torch`: a PyTorch MLP trained with torch.optim.Adam, data-parallel through
+"""`torch`: PyTorch models trained with torch.optim.Adam, data-parallel through
 `DistributedDataParallel`: one process per device (the `spmd` launcher), NCCL on GPUs and
 gloo on CPUs, the gradients averaged over ranks by DDP's bucketed all-reduce during backward.
 
 Besides the data-parallel program, the plain single-device program a user would write
-(`trial.program == "plain"`): the same nn.Sequential and fused Adam, no DDP. The variants
-compile the nn.Sequential (`torch.compile`, inside DDP for the data-parallel program) in
-inductor's default mode or in "reduce-overhead" mode (CUDA graphs); loss, backward and the
-optimizer step stay eager.
+(`trial.program == "plain"`): the same model and fused Adam, no DDP. The variants compile the
+model (`torch.compile`, inside DDP for the data-parallel program) in inductor's default mode
+or in "reduce-overhead" mode (CUDA graphs); loss, backward and the optimizer step stay eager.
 
 Eager PyTorch has no fused multi-step call: `steps_per_call` steps run as a Python loop.
-The module imports no torch at import time (`probe` runs in the xbench process). The model,
-its loss and its weights read back are in `mlp`.
+The module imports no torch at import time (`probe` runs in the xbench process). Each family's
+model, its loss, its data placement and its weights read back in the core's canonical layout
+are in its module (`mlp`, `transformer`, `cnn`, `lstm`; the dispatch in `families`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from xbench.contract import (
     ADAM, AS_WRITTEN, COMPILE_CACHE_VARIABLE, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable,
     PreparedInfo, Process, Trial, Unsupported, Variant, Work, hash_arrays, probe_distributions,
 )
-from xbench_backends.torch.mlp import build_model, layer_tensors, loss as model_loss
+from xbench_backends.torch import families as model_families
 
 SIMULATED_DEVICE_LIMIT = 8  # as in the jax backend: CPU "devices" are processes sharing one host
 # How long joining the job and each collective may take before torch.distributed gives up, so
@@ -46,13 +46,20 @@ TIMEOUT_S = 300.0
 # (after the first step DDP rebuilds the buckets in the order gradients become ready, with a
 # 1 MiB first bucket, so that communication starts early in the backward pass).
 BUCKET_CAP_MB = 25.0
-# The spec's precision: (cuda matmul TF32, cudnn TF32, float32 matmul precision, autocast dtype).
+# The spec's precision: (cuda matmul TF32, cudnn TF32, float32 matmul precision, autocast dtype,
+# parameter dtype: that of the parameters, buffers, float inputs and targets, so of the whole step).
 PRECISION = {
-    "fp32": (False, False, "highest", None),
-    "tf32": (True, True, "high", None),
+    "fp32": (False, False, "highest", None, "float32"),
+    "tf32": (True, True, "high", None, "float32"),
     # bf16 mixed: bf16 compute under autocast, float32 parameters and optimizer, float32 loss;
-    # any float32 matmul left outside autocast stays strict (there is none in this step).
-    "bf16": (False, False, "highest", "bfloat16"),
+    # any float32 matmul or convolution left outside autocast stays strict (there is none in
+    # this step). cudnn's flag covers its convolutions and its LSTM alike.
+    "bf16": (False, False, "highest", "bfloat16", "float32"),
+    # float64 throughout (verify's precision for ill-conditioned families, xbench.verify):
+    # parameters, BatchNorm statistics, activations, loss, gradients, all-reduce and Adam's
+    # state; no autocast. The float32 flags are set strict all the same, so that nothing a
+    # previous trial in this process set applies.
+    "fp64": (False, False, "highest", None, "float64"),
 }
 VARIANTS = (
     Variant("compile", "torch.compile, default mode"),
@@ -67,10 +74,11 @@ COMPILE_MODES = {AS_WRITTEN: None, "compile": "default", "cuda-graphs": "reduce-
 class TorchPrepared:
     info: PreparedInfo
     forward: Any  # what runs a batch forward: the DDP module, the plain module, or either compiled
-    ddp: Any  # DistributedDataParallel around the nn.Sequential (for no_sync); None in the plain program
-    linears: list[Any]  # the nn.Linear layers, in order
+    ddp: Any  # DistributedDataParallel around the model (for no_sync); None in the plain program
+    canonical: Any  # canonical(grad) -> the weights or gradients in the core's order and layout
+    loss: Any  # loss(output, targets): the mean over this rank's batch, float32 (float64 in fp64)
     optimizer: Any
-    xs: Any  # this rank's shard: (batches, per_device_batch, inputs) on the device
+    xs: Any  # this rank's shard: (batches, per_device_batch, ...) on the device, in the model's layout
     ys: Any
     all_reduce: bool
     autocast: Any  # a context factory: autocast for bf16, nullcontext otherwise
@@ -90,6 +98,7 @@ class TorchDdpBackend:
     launchers: ClassVar[tuple[str, ...]] = ("spmd",)
     programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL, PLAIN)
     variants: ClassVar[tuple[Variant, ...]] = VARIANTS
+    families: ClassVar[tuple[str, ...]] = model_families.FAMILIES
 
     def __init__(self) -> None:
         self.process: Process | None = None
@@ -195,7 +204,10 @@ class TorchDdpBackend:
             gc.collect()  # the previous trial's module and optimizer, should a cycle hold them
             torch.cuda.reset_peak_memory_stats(device)
 
-        matmul_tf32, cudnn_tf32, matmul_precision, autocast_dtype = PRECISION[trial.precision]
+        if trial.precision not in PRECISION:
+            raise ValueError(f"unknown precision {trial.precision!r} of torch; known: {', '.join(PRECISION)}")
+        matmul_tf32, cudnn_tf32, matmul_precision, autocast_dtype, param_dtype_name = PRECISION[trial.precision]
+        param_dtype = getattr(torch, param_dtype_name)
         torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
         torch.backends.cudnn.allow_tf32 = cudnn_tf32
         torch.set_float32_matmul_precision(matmul_precision)
@@ -205,7 +217,9 @@ class TorchDdpBackend:
         # Dropout masks come from this stream; each rank draws its own, as jax folds in its index.
         torch.manual_seed(trial.seed + process.rank)
 
-        model, linears = build_model(work, device)
+        built = model_families.build(work, device, None if autocast_dtype is None else getattr(torch, autocast_dtype),
+                                     param_dtype)
+        model = built.model
         # Only the module is compiled: the batch is sliced outside (a Python int index inside
         # would recompile per batch), and loss, backward and the fused Adam step stay eager.
         # The compiled graph draws dropout masks from inductor's RNG, not eager's stream, so the
@@ -224,24 +238,29 @@ class TorchDdpBackend:
 
         # torch's Adam is the paper's (eps added to sqrt(v_hat), after the bias correction),
         # as is optax's. The fused kernel: one launch per step for all parameters.
-        optimizer = torch.optim.Adam(model.parameters(), lr=trial.learning_rate, betas=(ADAM.b1, ADAM.b2),
+        # Only the trainable parameters (the LSTM's frozen second bias is not).
+        optimizer = torch.optim.Adam(built.trainable, lr=trial.learning_rate, betas=(ADAM.b1, ADAM.b2),
                                      eps=ADAM.eps, fused=True)
 
+        # Placed once, in the model's layout and dtype (NCHW images, int64 tokens, float inputs
+        # and targets in the parameters' dtype): outside the step.
         xs, ys = work.shards(trial.global_batch, trial.devices)
-        xs_d = torch.from_numpy(xs[process.rank]).to(device)
-        ys_d = torch.from_numpy(ys[process.rank]).to(device)
+        xs_d = built.place_inputs(_placed(xs[process.rank], device, param_dtype))
+        ys_d = built.place_targets(_placed(ys[process.rank], device, param_dtype))
 
-        readback = _numpy(layer_tensors(linears))
+        readback = _numpy(built.canonical(False))
         info = PreparedInfo(
-            params=sum(p.numel() for p in model.parameters()),
-            weights_hash=hash_arrays(readback),
+            params=sum(p.numel() for p in built.trainable),
+            # The core hashes its float32 arrays; float32 -> float64 -> float32 is exact, so a
+            # float64 model that holds them exactly hashes the same.
+            weights_hash=hash_arrays(a.astype(np.float32, copy=False) for a in readback),
             precision={
                 "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
                 "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
                 "float32_matmul_precision": torch.get_float32_matmul_precision(),
                 "autocast_dtype": autocast_dtype,
                 "param_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-                "loss_dtype": "float32",
+                "loss_dtype": "float64" if param_dtype == torch.float64 else "float32",
             },
             sync_every_call=False,
             # cuDNN's benchmark mode (off unless a user turns it on) picks kernels by timing them;
@@ -249,16 +268,18 @@ class TorchDdpBackend:
             settings={"cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
                       "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
                       "program": trial.program, "variant": trial.variant, "compile_mode": mode,
-                      "compile_cache": compile_cache, **_dynamo_settings(mode, ddp)},
+                      "compile_cache": compile_cache, **_fp32_precision_settings(), **_dynamo_settings(mode, ddp)},
             notes=(
                 _program_note(ddp),
-                *(() if mode is None else (_compile_note(mode, ddp),)),
+                *(() if mode is None else (_compile_note(mode, ddp, model),)),
+                *built.notes,
                 "Adam: torch.optim.Adam(fused=True), eps after the bias correction (paper/optax form)",
                 "no fused multi-step call: steps_per_call steps run as a Python loop",
                 *(() if trial.all_reduce else (_compute_only_note(ddp),)),
             ),
         )
-        return TorchPrepared(info, forward, ddp, linears, optimizer, xs_d, ys_d, trial.all_reduce, autocast, device)
+        return TorchPrepared(info, forward, ddp, built.canonical, built.loss, optimizer, xs_d, ys_d, trial.all_reduce,
+                             autocast, device)
 
     def run(self, prepared: TorchPrepared, steps: int) -> None:
         import torch
@@ -301,7 +322,7 @@ class TorchDdpBackend:
         """The global mean loss and this rank's gradient after DDP's all-reduce, at the current
         weights on the current step's batch; no step is applied."""
         loss = _forward_backward(prepared)
-        grads = _numpy(layer_tensors(prepared.linears, grad=True))
+        grads = _numpy(prepared.canonical(True))
         prepared.optimizer.zero_grad(set_to_none=True)
         return float(_global_mean(loss.reshape(1))[0]), grads
 
@@ -315,7 +336,7 @@ class TorchDdpBackend:
         import torch
         import torch.distributed as dist
 
-        tensors = layer_tensors(prepared.linears)
+        tensors = prepared.canonical(False)
         flat = torch.cat([t.reshape(-1) for t in tensors])
         gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
         dist.all_gather(gathered, flat)
@@ -343,7 +364,7 @@ def _forward_backward(p: TorchPrepared):
     with p.ddp.no_sync() if p.ddp is not None and not p.all_reduce else nullcontext():
         with p.autocast():
             pred = p.forward(batch)
-        loss = model_loss(pred, target)  # mean over this rank's batch and outputs
+        loss = p.loss(pred, target)  # float32 (float64 in fp64), the mean over this rank's batch
         loss.backward()
     return loss.detach()
 
@@ -360,7 +381,9 @@ def _ddp(model, device, gpu: bool):
 
     kwargs: dict[str, Any] = {"device_ids": [device.index] if gpu else None,
                               "bucket_cap_mb": BUCKET_CAP_MB, "gradient_as_bucket_view": True}
-    # The model has no buffers; say so explicitly anyway (torch 2.13 renamed the flag).
+    # No broadcast of buffers from rank 0 at each forward: only the cnn has any (BatchNorm's
+    # running statistics), and each rank keeps its own, as it normalises with its own batch's
+    # statistics; they do not enter the loss (torch 2.13 renamed the flag).
     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
         kwargs["forward_sync_buffers"] = False
     else:
@@ -454,11 +477,34 @@ def _program_note(ddp) -> str:
             f"{_buckets(ddp)}, gradient_as_bucket_view=True, zero_grad(set_to_none=True)")
 
 
-def _compile_note(mode: str, ddp) -> str:
+def _compile_note(mode: str, ddp, model) -> str:
+    import torch.nn as nn
+
+    what = "the nn.Sequential" if isinstance(model, nn.Sequential) else f"the {type(model).__name__} module"
+    if any(isinstance(m, nn.RNNBase) for m in model.modules()):
+        what += " (dynamo runs nn.LSTM eagerly unless torch._dynamo.config.allow_rnn)"
     if ddp is None:
-        return f"torch.compile(mode={mode}) of the nn.Sequential; loss, backward and Adam eager"
-    return (f"DDP(torch.compile(mode={mode}) of the nn.Sequential); DDPOptimizer splits graphs at buckets; "
+        return f"torch.compile(mode={mode}) of {what}; loss, backward and Adam eager"
+    return (f"DDP(torch.compile(mode={mode}) of {what}); DDPOptimizer splits graphs at buckets; "
             "loss, backward and Adam eager")
+
+
+def _fp32_precision_settings() -> dict[str, Any]:
+    """torch's newer per-operation float32 settings (torch >= 2.9), as the legacy flags set
+    them: matmul, cuDNN convolutions and cuDNN RNNs ("ieee" or "none": no TF32; "tf32")."""
+    import torch
+
+    found = {}
+    for key, owner in (("cuda_matmul_fp32_precision", "cuda.matmul"), ("cudnn_conv_fp32_precision", "cudnn.conv"),
+                       ("cudnn_rnn_fp32_precision", "cudnn.rnn")):
+        obj: Any = torch.backends
+        try:
+            for part in owner.split("."):
+                obj = getattr(obj, part)
+            found[key] = str(obj.fp32_precision)
+        except (AttributeError, RuntimeError):  # an older torch: the legacy flags in `precision` say it
+            continue
+    return found
 
 
 def _compute_only_note(ddp) -> str:
@@ -474,6 +520,17 @@ def _global_mean(values):
     values = values.clone()
     dist.all_reduce(values)
     return (values / dist.get_world_size()).cpu().tolist()
+
+
+def _placed(array: np.ndarray, device, param_dtype):
+    """A host array on the device; floating ones (images, sequences, MLP features and
+    targets, float32 in the core) in `param_dtype` (exact for float64), integer ones as they are."""
+    import torch
+
+    tensor = torch.from_numpy(array)
+    if tensor.is_floating_point() and tensor.dtype != param_dtype:
+        return tensor.to(device, param_dtype)
+    return tensor.to(device)
 
 
 def _numpy(tensors) -> list[np.ndarray]:

@@ -29,7 +29,7 @@ from xbench.summary import rows_from_records
 def compare(
     backends: Annotated[Optional[list[str]], typer.Option(help="Backends to compare, e.g. --backends tf jax.")] = None,
     config: Annotated[Optional[Path], typer.Option(help="Experiment spec (TOML); default: the quick CPU-friendly spec.")] = None,
-    model: Annotated[Optional[list[str]], typer.Option(help="Models to run: names from the config or presets (medium, large).")] = None,
+    model: Annotated[Optional[list[str]], typer.Option(help="Models to run: names from the config or presets (`xbench models` lists them: medium, gpt2-small, resnet50, ...).")] = None,
     batch_sizes: Annotated[Optional[list[str]], typer.Option(help="Batch sizes for every selected model, e.g. 32,128 (global under strong scaling, per device under weak).")] = None,
     devices: Annotated[Optional[list[str]], typer.Option(help="Device counts, e.g. 1,2.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Run directory for records (default results/<timestamp>); a new or empty directory.")] = None,

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import xbench
-from xbench.cli import allreduce_cmd, backends_cmd, compare_cmd, env_cmd, report_cmd, verify_cmd
+from xbench.cli import allreduce_cmd, backends_cmd, compare_cmd, env_cmd, models_cmd, report_cmd, verify_cmd
 from xbench.errors import Interrupted, XbenchError
 from xbench.records import ResultsNotWritten
 
@@ -25,6 +25,7 @@ app = typer.Typer(
 )
 app.command("compare")(compare_cmd.compare)
 app.command("backends")(backends_cmd.backends)
+app.command("models")(models_cmd.models)
 app.command("env")(env_cmd.env)
 app.command("allreduce")(allreduce_cmd.allreduce)
 app.command("verify")(verify_cmd.verify)

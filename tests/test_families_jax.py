@@ -1,0 +1,337 @@
+"""The jax backends' model families (transformer, cnn, lstm; issue 15), in-process on
+simulated CPU devices: parameter counts from the framework's own variables, readback of the
+core's weights bit for bit, verification against deliberately wrong builds (which the real
+check code must reject), per-device BatchNorm statistics, the fused variant, and bf16."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, Trial
+from xbench.models import presets
+from xbench.spec import ModelSpec, Protocol, preset_model
+from xbench.verify import (
+    FLOAT64_TOLERANCES, TOLERANCES, VERIFY_STEPS, reference_run, run_checks, verification_batch, verification_model,
+)
+from xbench.work import build_work
+
+pytest.importorskip("jax")
+pytest.importorskip("flax")
+pytest.importorskip("optax")
+
+from xbench_backends.jax import cnn, lstm, transformer  # noqa: E402
+from xbench_backends.jax.pmap import JaxPmapBackend  # noqa: E402
+from xbench_backends.jax.shardmap import JaxAutoBackend, JaxShardMapBackend  # noqa: E402
+
+DEVICES = 2
+BATCH = 8
+STEPS = 2
+VERIFY_BATCH = verification_batch([1])  # as `xbench verify` on 1 device
+
+
+def tiny(family: str, **dims: int) -> ModelSpec:
+    return ModelSpec(name=f"{family}-test", family=family, dims=tuple(sorted(dims.items())), batch_sizes=(BATCH,))
+
+
+# Small enough to compile and step in a second or two on a CPU.
+TINY = {
+    "transformer": tiny("transformer", layers=1, heads=2, width=32, context=16, vocab=64),
+    "cnn": tiny("cnn", depth=18, image=32, channels=3, classes=10),
+    "lstm": tiny("lstm", layers=2, hidden=16, sequence=8, inputs=4, outputs=2),
+}
+
+# Each a builder constant set to a classic slip: every one must fail verification, on the
+# model and by the check named. The GELU variants differ by at most 5e-4 per activation, and
+# GPT-2's small initial weights keep pre-activations near 0, where they differ far less: at
+# initialisation the gradients of transformer-tiny differ by only 6e-6 (within tolerance),
+# and only verify's ten training steps take the difference past it (1.4e-4 against 1e-4).
+GRADIENTS, TRAINING = "initial loss and gradients across backends", "10 steps: losses and final weights"
+SLOW = pytest.mark.slow  # over ~10 s on a shared 2-core CPU
+WRONG_BUILDS = [
+    pytest.param("transformer-tiny", transformer, "GELU_APPROXIMATE", False, TRAINING, id="transformer-gelu-erf",
+                 marks=SLOW),
+    pytest.param("transformer", transformer, "LAYER_NORM_EPSILON", 1e-3, GRADIENTS,
+                 id="transformer-layernorm-eps-keras"),
+    pytest.param("cnn", cnn, "EXPLICIT_PADDING", False, GRADIENTS, id="cnn-same-padding", marks=SLOW),
+    pytest.param("cnn", cnn, "BATCH_NORM_EPSILON", 1e-3, GRADIENTS, id="cnn-batchnorm-eps-keras", marks=SLOW),
+    pytest.param("lstm", lstm, "GATE_ORDER", ("f", "i", "g", "o"), GRADIENTS, id="lstm-gates-i-f-swapped"),
+]
+
+
+@pytest.fixture(scope="module")
+def backends():
+    """One instance of each jax backend on 2 simulated CPU devices (jax fixes its device
+    count at its first operation, so this must come first in the process)."""
+    first = JaxPmapBackend()
+    try:
+        first.setup(DEVICES, "cpu")
+    except RuntimeError:  # jax already started in this process: use its devices if enough
+        import jax
+
+        if len(jax.devices()) < DEVICES or jax.devices()[0].platform != "cpu":
+            pytest.skip(f"jax already started here without {DEVICES} CPU devices")
+        first.devices = jax.devices()[:DEVICES]
+    made = {}
+    for cls in (JaxPmapBackend, JaxShardMapBackend, JaxAutoBackend):
+        made[cls.name] = backend = cls()
+        backend.devices = list(first.devices)  # setup may run once per process
+    return made
+
+
+def trial(model: ModelSpec, backend: str = "jax", devices: int = 1, program: str = DATA_PARALLEL,
+          precision: str = "fp32", steps_per_call: int = 1, batch: int = BATCH, steps: int = STEPS) -> Trial:
+    protocol = Protocol(warmup_steps=0, steps=steps, repeats=1, steps_per_call=steps_per_call, trial_timeout_s=600)
+    return Trial(backend=backend, model=replace(model, batch_sizes=(batch,)), devices=devices, global_batch=batch,
+                 scaling="strong", precision=precision, platform="cpu", learning_rate=1e-3, seed=0,
+                 samples=batch * steps, protocol=protocol, options={}, launcher="subprocess", variant=AS_WRITTEN,
+                 program=program)
+
+
+@pytest.fixture
+def on_devices(backends):
+    """Sets a backend's device count for one run, restoring all of them afterwards."""
+    saved = {name: list(b.devices) for name, b in backends.items()}
+
+    def use(name: str, devices: int):
+        backends[name].devices = saved[name][:devices]
+        return backends[name]
+
+    yield use
+    for name, b in backends.items():
+        b.devices = saved[name]
+
+
+def reference(on_devices, model: ModelSpec, backend: str = "jax", devices: int = 1, **kwargs):
+    """The verification result (gradients, the trial's steps, replicas) of one build."""
+    chosen = on_devices(backend, devices)
+    t = trial(model, backend, devices, **kwargs)
+    return reference_run(chosen, chosen.prepare(t, build_work(model, t.samples, t.seed)), t.protocol.steps)
+
+
+# -- parameters: counted by jax, read back bit for bit ------------------------------------
+
+
+@pytest.mark.parametrize("preset", ["transformer-tiny", "resnet18", "lstm-small", "lstm-seed"])
+def test_params_counted_by_jax_equal_the_core_formula(on_devices, preset):
+    model = preset_model(preset, batch_sizes=(BATCH,))
+    backend = on_devices("jax", 1)
+    t = trial(model, program=PLAIN)
+    work = build_work(model, t.samples, t.seed)
+    info = backend.prepare(t, work).info
+    assert info.params == model.params == work.params
+    assert info.weights_hash == work.weights_hash
+
+
+@pytest.mark.parametrize("preset", ["gpt2-small", "resnet50"])  # builds in about 5 s
+def test_params_of_the_large_presets(on_devices, preset):
+    model = preset_model(preset, batch_sizes=(BATCH,))
+    t = trial(model, program=PLAIN)
+    work = build_work(model, BATCH, t.seed)
+    info = on_devices("jax", 1).prepare(t, work).info
+    assert info.params == model.params == {"gpt2-small": 124_475_904, "resnet50": 25_557_032}[preset]
+    assert info.weights_hash == work.weights_hash
+
+
+@pytest.mark.parametrize("backend", ["jax", "jax-shardmap", "jax-auto"])
+@pytest.mark.parametrize("family", list(TINY))
+def test_readback_on_every_device_is_the_core_weights(on_devices, backend, family):
+    """Including the -0.0 the core's resnet18 init holds (pmap readback once lost its sign)."""
+    model = TINY[family]
+    t = trial(model, backend, DEVICES)
+    work = build_work(model, t.samples, t.seed)
+    chosen = on_devices(backend, DEVICES)
+    prepared = chosen.prepare(t, work)
+    assert prepared.info.weights_hash == work.weights_hash
+    for replica in chosen.replica_weights(prepared):
+        assert [a.shape for a in replica] == [p.shape for p in work.parameters]
+        assert all(np.array_equal(a, b) for a, b in zip(replica, work.arrays))
+
+
+def test_backends_declare_the_families():
+    for cls in (JaxPmapBackend, JaxShardMapBackend, JaxAutoBackend):
+        assert cls.families == ("mlp", "transformer", "cnn", "lstm")
+
+
+# -- verification: correct builds agree, wrong ones are caught ----------------------------
+
+
+@pytest.mark.parametrize("model, module, constant, wrong, caught_by", WRONG_BUILDS)
+def test_wrong_build_fails_verification(on_devices, monkeypatch, model, module, constant, wrong, caught_by):
+    """Two correct builds (the data-parallel and the plain program) agree; the wrong one
+    fails the real checks. A preset name runs as `xbench verify` does (its batch, ten steps)."""
+    full = model in presets()
+    spec = preset_model(model, batch_sizes=(VERIFY_BATCH,)) if full else TINY[model]
+    sizes = dict(batch=VERIFY_BATCH, steps=VERIFY_STEPS) if full else {}
+    refs = {("jax", 1, spec.name): reference(on_devices, spec, **sizes),
+            ("jax-plain", 1, spec.name): reference(on_devices, spec, program=PLAIN, **sizes)}
+    monkeypatch.setattr(module, constant, wrong)
+    refs[("jax-wrong", 1, spec.name)] = reference(on_devices, spec, program=PLAIN, **sizes)
+    checks = run_checks(refs, "jax")
+    correct = [c for c in checks if c.backends[0] == "jax-plain"]
+    assert correct and all(c.passed for c in correct), correct
+    caught = next(c for c in checks if c.backends[0] == "jax-wrong" and c.check == caught_by)
+    assert caught.norm_rel > TOLERANCES["gradients" if caught_by == GRADIENTS else "training"], caught
+
+
+@pytest.mark.parametrize("backend", ["jax-shardmap", "jax-auto"])
+@pytest.mark.parametrize("family", [pytest.param("transformer", marks=SLOW), "lstm"])
+def test_data_parallel_programs_agree(on_devices, backend, family):
+    model = TINY[family]
+    refs = {("jax", 1, model.name): reference(on_devices, model),
+            (backend, 1, model.name): reference(on_devices, model, backend),
+            (backend, DEVICES, model.name): reference(on_devices, model, backend, DEVICES)}
+    checks = run_checks(refs, "jax")
+    assert len(checks) == 5 and all(c.passed for c in checks), [c for c in checks if not c.passed]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax-shardmap", "jax-auto"])
+def test_batchnorm_statistics_are_per_device(on_devices, backend):
+    """N devices normalise over their own rows: the same as `jax` on N devices, and not the
+    same as 1 device (whose statistics cover the whole batch)."""
+    model = TINY["cnn"]
+    refs = {("jax", DEVICES, model.name): reference(on_devices, model, "jax", DEVICES),
+            ("jax", 1, model.name): reference(on_devices, model, "jax", 1),
+            (backend, DEVICES, model.name): reference(on_devices, model, backend, DEVICES)}
+    same = run_checks({("jax", 1, "m"): refs[("jax", DEVICES, model.name)],
+                       (backend, 1, "m"): refs[(backend, DEVICES, model.name)]}, "jax")
+    assert same and all(c.passed for c in same), same
+    whole_batch = run_checks({("jax", 1, "m"): refs[("jax", 1, model.name)],
+                              (backend, 1, "m"): refs[(backend, DEVICES, model.name)]}, "jax")
+    assert not next(c for c in whole_batch if c.check.startswith("initial loss")).passed
+
+
+@pytest.mark.parametrize("family", ["transformer", pytest.param("cnn", marks=SLOW), "lstm"])
+def test_fused_steps_match_single_steps(on_devices, family):
+    model = TINY[family]
+    single = reference(on_devices, model, devices=DEVICES)
+    fused = reference(on_devices, model, devices=DEVICES, steps_per_call=STEPS)
+    checks = run_checks({("jax", 1, "m"): single, ("jax-fused", 1, "m"): fused}, "jax")
+    if family != "cnn":
+        assert all(c.passed for c in checks), checks
+        return
+    # The ResNet's ReLUs make its gradient jump where a unit's input crosses 0: the 1e-7
+    # rounding of another compilation flips one (the 1 x 1 last stage of a 32-pixel image
+    # holds units within 1e-7 of 0) and the next step's gradient moves by ~1e-2. So the fused
+    # program is held to the same start and the same losses, not to 1e-4 final weights.
+    assert next(c for c in checks if c.check == GRADIENTS).norm_rel == 0.0
+    assert np.allclose(fused.losses, single.losses, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("family", list(TINY))
+def test_bf16_trains_with_float32_master_weights(on_devices, family):
+    model = TINY[family]
+    backend = on_devices("jax", 1)
+    t = trial(model, precision="bf16", program=PLAIN)
+    prepared = backend.prepare(t, build_work(model, t.samples, t.seed))
+    assert prepared.info.precision["compute_dtype"] == "bfloat16"
+    losses = backend.train(prepared, STEPS)
+    assert len(losses) == STEPS and np.all(np.isfinite(losses))
+    assert {str(w.dtype) for w in backend.replica_weights(prepared)[0]} == {"float32"}
+
+
+def test_notes_name_the_kernels(on_devices):
+    backend = on_devices("jax", 1)
+    notes = {family: backend.prepare(trial(model), build_work(model, BATCH * STEPS, 0)).info.notes
+             for family, model in TINY.items()}
+    assert any("dot_product_attention" in n and "XLA" in n for n in notes["transformer"])
+    assert any("running averages not kept" in n for n in notes["cnn"])
+    assert any("no cuDNN LSTM" in n for n in notes["lstm"])
+
+
+def test_a_step_of_each_family_is_quick(on_devices):
+    """Nothing pathological (a step that recompiles, or a scan that unrolls): after the first
+    call, a tiny step takes well under a second on a CPU."""
+    backend = on_devices("jax", 1)
+    for model in TINY.values():
+        t = trial(model, program=PLAIN)
+        prepared = backend.prepare(t, build_work(model, t.samples, t.seed))
+        backend.run(prepared, 1)  # compiles
+        start = time.perf_counter()
+        backend.run(prepared, STEPS)
+        assert (time.perf_counter() - start) / STEPS < 1.0, model.family
+
+
+# -- float64 ("fp64", verify's precision for the ResNet) ----------------------------------
+
+FP64_CNN = preset_model("resnet18", batch_sizes=(8,))  # verify's: 8 images
+FP64_SIZES = dict(precision="fp64", batch=8, steps=VERIFY_STEPS)
+
+
+def fp64_model(model: ModelSpec) -> ModelSpec:
+    """resnet18 at 32 x 32 (its `verification_dims`), as verify runs it."""
+    return verification_model(model, [1])
+
+
+def float64_all(ref) -> bool:
+    return all(a.dtype == np.float64 for a in [*ref.gradients, *ref.replicas[0]])
+
+
+@pytest.mark.slow
+def test_fp64_resnet_builds_agree_and_a_wrong_one_fails(on_devices, monkeypatch):
+    """resnet18 (32 x 32, 8 images) in float64: the data-parallel and the plain program agree
+    far below verify's 1e-8; BatchNorm epsilon 1e-3 fails at verify's float64 tolerances;
+    gradients and weights read back float64, hashed as the core's float32 weights."""
+    model = fp64_model(FP64_CNN)
+    backend = on_devices("jax", 1)
+    t = trial(model, **FP64_SIZES)
+    work = build_work(model, t.samples, t.seed)
+    prepared = backend.prepare(t, work)
+    assert prepared.info.weights_hash == work.weights_hash
+    assert prepared.info.precision["compute_dtype"] == "float64"
+    refs = {("jax", 1, model.name): reference_run(backend, prepared, t.protocol.steps),
+            ("jax-plain", 1, model.name): reference(on_devices, model, program=PLAIN, **FP64_SIZES)}
+    assert all(float64_all(r) for r in refs.values())
+    monkeypatch.setattr(cnn, "BATCH_NORM_EPSILON", 1e-3)
+    refs[("jax-wrong", 1, model.name)] = reference(on_devices, model, program=PLAIN, **FP64_SIZES)
+    checks = run_checks(refs, "jax", float64={model.name})
+    correct = [c for c in checks if c.backends[0] == "jax-plain"]
+    assert correct and all(c.passed and c.norm_rel < 1e-11 for c in correct), correct
+    caught = next(c for c in checks if c.backends[0] == "jax-wrong" and c.check == GRADIENTS)
+    assert caught.norm_rel > FLOAT64_TOLERANCES["gradients"], caught
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax-shardmap", "jax-auto"])
+def test_fp64_resnet_on_two_devices_agrees_with_jax(on_devices, backend):
+    model = fp64_model(FP64_CNN)
+    refs = {("jax", DEVICES, model.name): reference(on_devices, model, "jax", DEVICES, **FP64_SIZES),
+            (backend, DEVICES, model.name): reference(on_devices, model, backend, DEVICES, **FP64_SIZES)}
+    assert all(float64_all(r) for r in refs.values())
+    checks = run_checks(refs, "jax", per_device_statistics={model.name}, float64={model.name})
+    assert checks and all(c.passed for c in checks), [c for c in checks if not c.passed]
+
+
+@pytest.mark.parametrize("family", ["mlp", *TINY])
+def test_fp64_runs_every_family_in_float64(on_devices, family):
+    """Every family and program: float64 gradients and weights, the same weights hash as the
+    core's float32 arrays, and float64 gradients that agree with the float32 ones to float32
+    rounding (so nothing is silently lost or changed on the way)."""
+    model = TINY.get(family) or ModelSpec(name="mlp-test", widths=(32, 32), batch_sizes=(BATCH,), inputs=16)
+    fp32 = reference(on_devices, model)
+    for program in (DATA_PARALLEL, PLAIN):
+        ref = reference(on_devices, model, program=program, precision="fp64")
+        assert float64_all(ref), program
+        checks = run_checks({("jax", 1, "m"): fp32, ("jax-fp64", 1, "m"): ref}, "jax")
+        grads = next(c for c in checks if c.check == GRADIENTS)
+        assert grads.norm_rel < 1e-4, grads
+
+
+def test_fp64_leaves_fp32_trials_unchanged(on_devices):
+    """An fp32 trial after an fp64 one in the same process: float32 throughout, bit for bit
+    what it gave before, and x64 mode off again."""
+    import jax
+
+    model = TINY["lstm"]
+    before = reference(on_devices, model, "jax-shardmap", DEVICES)
+    reference(on_devices, model, "jax-shardmap", DEVICES, precision="fp64")
+    after = reference(on_devices, model, "jax-shardmap", DEVICES)
+    assert not jax.config.jax_enable_x64
+    assert {a.dtype for a in [*after.gradients, *after.replicas[0]]} == {np.dtype(np.float32)}
+    assert after.losses == before.losses
+    assert all(np.array_equal(a, b) for a, b in zip(after.gradients, before.gradients))
+    assert all(np.array_equal(a, b) for a, b in zip(after.replicas[0], before.replicas[0]))
