@@ -212,3 +212,39 @@ def test_a_stored_spec_of_every_family_reads_back_for_resume():
     stored["models"][1]["dims"] = "oops"
     with pytest.raises(SpecError, match="not one xbench wrote"):
         _saved_spec(stored, "run.json")
+
+
+# -- a plugin family -------------------------------------------------------------------------
+
+@pytest.fixture
+def plugin_families(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    import xbench.models as models
+
+    points = [EntryPoint("linear", "tests.plugin_family:Linear", models.FAMILY_GROUP),
+              EntryPoint("broken", "tests.plugin_family:Broken", models.FAMILY_GROUP),
+              EntryPoint("cnn", "tests.plugin_family:Linear", models.FAMILY_GROUP)]  # cannot replace a built-in
+    monkeypatch.setattr(models, "entry_points", lambda group: points if group == models.FAMILY_GROUP else [])
+    models._discover.cache_clear()
+    yield
+    models._discover.cache_clear()
+
+
+def test_a_plugin_family_is_a_family_like_the_built_in_ones(plugin_families):
+    from xbench.models import broken_families, families
+
+    assert families()["linear"].name == "linear" and families()["cnn"].name == "cnn"
+    assert "cannot load" in broken_families()["broken"]
+    spec = spec_of({"preset": "linear-small"}, {"name": "wide", "family": "linear", "inputs": 64, "outputs": 4,
+                                                "batch_sizes": [8]})
+    assert [m.params for m in spec.models] == [8 * 2 + 2, 64 * 4 + 4]
+    with pytest.raises(SpecError, match="outputs must not exceed inputs"):
+        spec_of({"name": "x", "family": "linear", "inputs": 2, "outputs": 3, "batch_sizes": [2]})
+    with pytest.raises(SpecError, match="family 'broken' in .* failed to load: RuntimeError"):
+        spec_of({"name": "x", "family": "broken", "batch_sizes": [2]})
+
+
+def test_plugin_presets_are_listed_with_broken_plugins(plugin_families, run_cli):
+    code, out, _ = run_cli("models")
+    assert code == 0 and "linear-small" in out and "failed to load" in out

@@ -5,7 +5,6 @@ check code must reject), per-device BatchNorm statistics, the fused variant, and
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -243,17 +242,16 @@ def test_notes_name_the_kernels(on_devices):
     assert any("no cuDNN LSTM" in n for n in notes["lstm"])
 
 
-def test_a_step_of_each_family_is_quick(on_devices):
-    """Nothing pathological (a step that recompiles, or a scan that unrolls): after the first
-    call, a tiny step takes well under a second on a CPU."""
+def test_a_step_of_each_family_compiles_once(on_devices):
+    """Nothing pathological: the timed step compiles on its first call and never again (a
+    shape or dtype that changed between calls would recompile every step)."""
     backend = on_devices("jax", 1)
     for model in TINY.values():
         t = trial(model, program=PLAIN)
         prepared = backend.prepare(t, build_work(model, t.samples, t.seed))
         backend.run(prepared, 1)  # compiles
-        start = time.perf_counter()
         backend.run(prepared, STEPS)
-        assert (time.perf_counter() - start) / STEPS < 1.0, model.family
+        assert prepared.step._cache_size() == 1, model.family
 
 
 # -- float64 ("fp64", verify's precision for the ResNet) ----------------------------------

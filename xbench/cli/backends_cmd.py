@@ -14,7 +14,7 @@ from rich.table import Table
 
 from xbench import launcher
 from xbench.cli.options import Platform
-from xbench.contract import PLAIN, families_of, launchers_of, programs_of, variants_of
+from xbench.contract import PLAIN, launchers_of, programs_of, variants_of
 from xbench.registry import discover
 
 
@@ -24,19 +24,19 @@ def backends(
 ) -> int:
     """List registered backends: name, framework version, devices, or why unavailable."""
     table = Table(title="xbench backends (entry-point group xbench.backends)", title_justify="left")
-    for column in ("backend", "status", "version", "launchers", "families", "variants", "devices", "plugin"):
+    for column in ("backend", "status", "version", "launchers", "variants", "devices", "plugin"):
         table.add_column(column)
     err = status_console()
     with tempfile.TemporaryDirectory() as tmp, err.status("starting each backend to find its devices…"):
         for entry in discover().values():
             if not entry.usable:
-                table.add_row(entry.name, "[red]unavailable[/]", "", "", "", "",
+                table.add_row(entry.name, "[red]unavailable[/]", "", "", "",
                               escape(entry.availability.reason or ""), entry.target)
                 continue
             how = launchers_of(entry.backend)
             seen = _devices(entry.target, platform.value, Path(tmp), how) if devices else "(not probed)"
             table.add_row(entry.name, "[green]available[/]", entry.availability.version or "", ", ".join(how),
-                          ", ".join(families_of(entry.backend)), _variants(entry.backend), seen, entry.target)
+                          _variants(entry.backend), seen, entry.target)
     data_console().print(table)
     return 0
 
