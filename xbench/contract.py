@@ -55,12 +55,12 @@ from typing import Any, ClassVar, Protocol
 
 from xbench.spec import ModelSpec
 from xbench.spec import Protocol as TimingProtocol
-from xbench.work import Work, hash_arrays
+from xbench.work import Work, hash_arrays, hash_weights
 
 __all__ = [
     "ADAM", "AS_WRITTEN", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL", "LAUNCHERS", "PLAIN", "Adam", "Availability",
     "Backend", "DeviceInfo", "DeviceUnavailable", "Prepared", "PreparedInfo", "Process", "Trial", "Unsupported",
-    "Variant", "Work", "families_of", "hash_arrays", "implementation", "implementation_of", "launchers_of",
+    "Variant", "Work", "families_of", "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of",
     "probe_distributions", "programs_of", "replicate_id", "variants_of",
 ]
 
@@ -169,7 +169,7 @@ class PreparedInfo:
     """Facts a backend reports about a prepared trial; they go into the record."""
 
     params: int  # counted from the framework's own variables
-    weights_hash: str  # hash_arrays of the initial weights read back from the framework
+    weights_hash: str  # hash_weights of the initial weights read back from the framework
     precision: dict[str, Any]  # the matmul-precision settings as read back from the framework
     sync_every_call: bool = False  # True when each compiled call is waited for (see pitfalls)
     notes: tuple[str, ...] = ()

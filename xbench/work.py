@@ -113,6 +113,12 @@ def data_samples(model: ModelSpec, samples: int, global_batch: int) -> int:
     return max(global_batch, fit // global_batch * global_batch)
 
 
+def hash_weights(arrays: Iterable[np.ndarray]) -> str:
+    """`hash_arrays` of weights read back from a framework, as the core's float32: a float64
+    copy (verify's "fp64") is cast back, which is exact, so it hashes as `Work.weights_hash`."""
+    return hash_arrays(np.asarray(a).astype(np.float32, copy=False) for a in arrays)
+
+
 def hash_arrays(arrays: Iterable[np.ndarray]) -> str:
     """A short fingerprint of arrays' shapes, dtypes and bytes, in order."""
     digest = hashlib.sha256()

@@ -68,15 +68,6 @@ def in_precision(tree, trial: Trial):
     return jax.tree.map(convert, tree)
 
 
-def readback_hash(arrays) -> str:
-    """`hash_arrays` of the canonical readback as the core's float32 arrays: a float64
-    readback is cast back (float32 -> float64 -> float32 is exact, so it hashes as the
-    core's weights); float32 arrays are hashed as they are."""
-    from xbench.contract import hash_arrays
-
-    return hash_arrays(np.asarray(a).astype(np.float32, copy=False) for a in arrays)
-
-
 def dense(x, kernel, bias, dtype):
     """x @ kernel + bias, kernel [in, out], in the compute dtype."""
     return x @ kernel.astype(dtype) + bias.astype(dtype)

@@ -30,10 +30,10 @@ import numpy as np
 
 from xbench.contract import (
     DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial, Variant, Work,
-    probe_distributions,
+    hash_weights, probe_distributions,
 )
 from xbench_backends.jax.families import FAMILIES, canonical_arrays, initial_params, loss_function, notes
-from xbench_backends.jax.layers import FLOAT64, compute_dtype_name, float64_scope, in_precision, readback_hash
+from xbench_backends.jax.layers import FLOAT64, compute_dtype_name, float64_scope, in_precision
 from xbench_backends.jax.steps import (
     AXIS, MATMUL_PRECISION, JaxAllReduce, check_variant, initial_state, kernel_settings, optimizer, programs,
     step_losses, use_compile_cache,
@@ -186,7 +186,7 @@ class JaxPmapBackend:
         readback = canonical_arrays(_local(replicated[0]), replica=0)
         info = PreparedInfo(
             params=sum(int(np.prod(a.shape[1:])) for a in jax.tree.leaves(replicated[0])),
-            weights_hash=readback_hash(readback),
+            weights_hash=hash_weights(readback),
             precision=precision_info(trial),
             # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
             sync_every_call=self.devices[0].platform == "cpu",
@@ -210,7 +210,7 @@ class JaxPmapBackend:
         step, grads = jax.jit(step_fn, donate_argnums=(0,)), jax.jit(grads_fn)
         info = PreparedInfo(
             params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
-            weights_hash=readback_hash(canonical_arrays(_stacked(state[0]), replica=0)),
+            weights_hash=hash_weights(canonical_arrays(_stacked(state[0]), replica=0)),
             precision=precision_info(trial),
             sync_every_call=False,  # no collective, so no rendezvous to deadlock (pitfall 3)
             notes=("plain: jax.jit of the step on one device; no pmap, no sharding, no collective",

@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from xbench.contract import DATA_PARALLEL, PreparedInfo, Trial, Unsupported, Work
+from xbench.contract import DATA_PARALLEL, PreparedInfo, Trial, Unsupported, Work, hash_weights
 from xbench_backends.jax.families import initial_params, loss_function, notes
-from xbench_backends.jax.layers import FLOAT64, float64_scope, in_precision, readback_hash
+from xbench_backends.jax.layers import FLOAT64, float64_scope, in_precision
 from xbench_backends.jax.pmap import JaxPmapBackend, precision_info
 from xbench_backends.jax.steps import (
     AXIS, MATMUL_PRECISION, JaxAllReduce, check_variant, dropout_rng, initial_state, kernel_settings, optimizer,
@@ -67,7 +67,7 @@ class _MeshBackend(JaxPmapBackend):
             step, grads, program_notes = self.step_programs(trial, work, tx, mesh)
             info = PreparedInfo(
                 params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
-                weights_hash=readback_hash(self.canonical_arrays(state[0], replica=0)),
+                weights_hash=hash_weights(self.canonical_arrays(state[0], replica=0)),
                 precision=precision_info(trial),
                 # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
                 sync_every_call=self.devices[0].platform == "cpu",

@@ -30,7 +30,7 @@ import numpy as np
 
 from xbench.contract import (
     ADAM, AS_WRITTEN, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process,
-    Trial, Variant, Work, hash_arrays, probe_distributions,
+    Trial, Variant, Work, hash_weights, probe_distributions,
 )
 from xbench_backends.tf.models import FAMILIES, Built, build
 
@@ -215,9 +215,7 @@ class TfMirroredBackend:
         info = PreparedInfo(
             # Keras's own count of trainable parameters (a tied embedding counts once).
             params=sum(int(np.prod(v.shape)) for v in built.model.trainable_variables),
-            # Of the weights as float32 (float32 -> float64 -> float32 is exact): the work's hash in fp64 too.
-            weights_hash=hash_arrays([np.asarray(a, np.float32)
-                                      for a in built.canonical([v.numpy() for v in built.variables])]),
+            weights_hash=hash_weights(built.canonical([v.numpy() for v in built.variables])),
             precision={"tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled(),
                        "keras_policy": keras.mixed_precision.global_policy().name},
             notes=notes + built.notes,

@@ -34,7 +34,7 @@ import numpy as np
 
 from xbench.contract import (
     ADAM, AS_WRITTEN, COMPILE_CACHE_VARIABLE, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable,
-    PreparedInfo, Process, Trial, Unsupported, Variant, Work, hash_arrays, probe_distributions,
+    PreparedInfo, Process, Trial, Unsupported, Variant, Work, hash_weights, probe_distributions,
 )
 from xbench_backends.torch import families as model_families
 
@@ -251,9 +251,7 @@ class TorchDdpBackend:
         readback = _numpy(built.canonical(False))
         info = PreparedInfo(
             params=sum(p.numel() for p in built.trainable),
-            # The core hashes its float32 arrays; float32 -> float64 -> float32 is exact, so a
-            # float64 model that holds them exactly hashes the same.
-            weights_hash=hash_arrays(a.astype(np.float32, copy=False) for a in readback),
+            weights_hash=hash_weights(readback),
             precision={
                 "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
                 "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
