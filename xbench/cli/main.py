@@ -10,7 +10,9 @@ from rich.console import Console
 from rich.markup import escape
 
 import xbench
-from xbench.cli import allreduce_cmd, backends_cmd, compare_cmd, env_cmd, models_cmd, report_cmd, verify_cmd
+from xbench.cli import (
+    allreduce_cmd, backends_cmd, compare_cmd, env_cmd, models_cmd, recommend_cmd, report_cmd, sweep_cmd, verify_cmd,
+)
 from xbench.errors import Interrupted, XbenchError
 from xbench.records import ResultsNotWritten
 
@@ -32,6 +34,8 @@ app.command("verify")(verify_cmd.verify)
 app.command("report")(report_cmd.report)
 app.command("export")(report_cmd.export)
 app.command("diff")(report_cmd.diff)
+app.command("sweep")(sweep_cmd.sweep)
+app.command("recommend")(recommend_cmd.recommend)
 
 
 @app.callback(invoke_without_command=True)
@@ -45,7 +49,8 @@ def _root(version: bool = typer.Option(False, "--version", help="Print xbench's 
 _CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 # Options that take several values, written the natural way: `--backends tf jax`.
-VARIADIC = {"--backends", "--model", "--batch-sizes", "--devices", "--sizes"}
+VARIADIC = {"--backends", "--model", "--batch-sizes", "--devices", "--sizes", "--params", "--batch", "--validate",
+            "--runs", "--fits"}
 
 
 def expand_variadic(argv: list[str]) -> list[str]:

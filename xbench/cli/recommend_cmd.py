@@ -1,0 +1,255 @@
+"""`xbench recommend`: predicted throughput per backend and device count from fitted step
+models, a verdict with its interval, and held-out validation of the fits (--validate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from xbench.cli.consoles import data_console, status_console
+from xbench.cli.options import Precision, names, value
+from xbench.errors import XbenchError
+from xbench.recommend import (
+    MEASURE, MULTI, Question, break_even, break_even_batches, matching, model_flops, predictions, verdict,
+)
+from xbench.scaling import FitError, bottleneck
+from xbench.environment import cpu_name, nvidia_gpus
+from xbench.scaling_runs import StoredFits, error_summary, find_fits, fit_all, load_runs, same_kind, validate
+from xbench.spec import preset_model
+
+DEFAULT_FITS = Path("results")
+
+
+def recommend(
+    model: Annotated[Optional[str], typer.Option(help="A preset (`xbench models`), e.g. gpt2-small.")] = None,
+    params: Annotated[Optional[float], typer.Option(help="Or the model's parameter count, e.g. 5e6 (with --family, default mlp).")] = None,
+    flops: Annotated[Optional[float], typer.Option(help="With --params: training FLOPs per sample (default: from the family's measured sizes).")] = None,
+    family: Annotated[str, typer.Option(help="With --params: the model family.")] = "mlp",
+    batch: Annotated[Optional[list[str]], typer.Option(help="Global batch sizes, e.g. 64 or 64,256.")] = None,
+    devices: Annotated[Optional[int], typer.Option(help="Devices available (default: the most the fit measured).")] = None,
+    precision: Annotated[Optional[Precision], typer.Option(help="Only fits at this precision.")] = None,
+    backends: Annotated[Optional[list[str]], typer.Option(help="Only these backends.")] = None,
+    fits: Annotated[Optional[list[Path]], typer.Option(help="fit.json files or directories holding them (default: results/).")] = None,
+    runs: Annotated[Optional[list[Path]], typer.Option(help="Fit these run directories now instead of reading stored fits.")] = None,
+    validate_runs: Annotated[Optional[list[Path]], typer.Option("--validate", help="Fit on part of these runs, predict the held-out configurations, print each error.")] = None,
+) -> int:
+    """Which backend and how many devices, for a model and batch, from fitted step models."""
+    if validate_runs:
+        return _validate(validate_runs)
+    question = _question(model, params, flops, family, batch, devices)
+    sets = _fit_sets(runs, fits)
+    answered, problems = 0, []
+    for stored in sets:
+        chosen = matching(stored.fits, question.family, value(precision), names(backends))
+        if chosen:
+            done, why = _answer(stored, chosen, question)
+            answered += done
+            problems += why
+    if not answered:
+        raise XbenchError(problems[0] if problems else _no_fit_message(question, sets))
+    for problem in problems:
+        status_console().print(f"[yellow]not answered[/]: {problem}")
+    return 0
+
+
+def _question(model, params, flops, family, batch, devices) -> Question:
+    if (model is None) == (params is None):
+        raise XbenchError("give either --model PRESET or --params N (e.g. --params 5e6 --batch 64)")
+    batches = _batches(batch)
+    if devices is not None and devices < 1:
+        raise XbenchError(f"--devices must be at least 1, got {devices}")
+    if model is not None:
+        try:
+            spec = preset_model(model)
+        except KeyError:
+            raise XbenchError(f"unknown model {model!r}; `xbench models` lists the presets") from None
+        return Question(spec.params, spec.training_flops_per_sample, spec.family, batches, devices or 0, spec.unit,
+                        spec.units_per_sample)
+    if not params > 0 or (flops is not None and not flops > 0):
+        raise XbenchError("--params and --flops must be positive numbers, e.g. --params 5e6")
+    return Question(params, flops, family, batches, devices or 0)
+
+
+def _batches(batch: list[str] | None) -> tuple[int, ...]:
+    words = names(batch)
+    if not words:
+        raise XbenchError("--batch is required: the global batch, e.g. --batch 64")
+    try:
+        values = tuple(int(w) for w in words)
+    except ValueError:
+        raise XbenchError(f"--batch takes whole numbers such as 64, got {' '.join(words)}") from None
+    if min(values) < 1:
+        raise XbenchError(f"--batch must be positive, got {min(values)}")
+    return values
+
+
+def _fit_sets(runs: list[Path] | None, places: list[Path] | None) -> list[StoredFits]:
+    if runs:
+        measured = load_runs(runs)
+        with status_console().status("fitting…"):
+            fitted, skipped = fit_all(measured)
+        for reason in skipped:
+            status_console().print(f"[yellow]not fitted[/]: {reason}")
+        return [StoredFits(Path(", ".join(map(str, runs))), measured.machine, "now", tuple(fitted))]
+    found, problems = find_fits(places or [DEFAULT_FITS])
+    for problem in problems:
+        status_console().print(f"[yellow]left out[/]: {problem}")
+    here = this_machine()
+    mine = [s for s in found if same_kind(s.machine, here)]
+    if found and not mine:
+        status_console().print(f"[yellow]no fit from this machine ({here})[/]; answering from fits of others")
+    return mine or found
+
+
+def _no_fit_message(question: Question, sets: list[StoredFits]) -> str:
+    where = ", ".join(str(s.path) for s in sets) or "results/"
+    sweep = ("xbench sweep --backends jax torch" if question.family == "mlp"
+             else "xbench sweep --backends jax torch --model <presets of that family>")
+    return f"no stored fit for the {question.family} family ({'looked in ' + where}); measure one with `{sweep}`"
+
+
+def this_machine() -> str:
+    """What a fit of this machine says it was measured on (the kind, not the count)."""
+    gpus = nvidia_gpus()
+    return f"{len(gpus)} x {gpus[0]['name']}" if gpus else f"simulated CPU devices ({cpu_name()})"
+
+
+def _answer(stored: StoredFits, chosen, question: Question) -> tuple[int, list[str]]:
+    """Print one fit set's predictions; how many batches it answered, and why not the others."""
+    console = data_console()
+    answered, problems = 0, []
+    for batch in question.batches:
+        table = Table(title=f"global batch {batch}", title_justify="left")
+        for header in ("backend", "precision", "devices", "per device", f"{question.unit}/s [95 %]",
+                       "speedup [95 %]", "bound by"):
+            table.add_column(header, justify="right" if header not in ("backend", "bound by") else "left")
+        verdicts = []
+        for fit in chosen:
+            q = question if question.devices else _with_devices(question, max(fit.layout.devices))
+            try:
+                rows = predictions(fit, q, batch)
+                verdicts.append(verdict(fit, q, batch))
+            except FitError as problem:
+                problems.append(str(problem))
+                continue
+            for p in rows:
+                speed = "" if p.speedup is None else f"{p.speedup[0]:.2f}x [{p.speedup[1]:.2f}, {p.speedup[2]:.2f}]"
+                mark = " *" if p.extrapolated else ""
+                table.add_row(fit.key.label, fit.key.precision, f"{p.devices}{mark}", f"{batch // p.devices:,}",
+                              _rate(p, question), speed, bottleneck(p.terms))
+        if not verdicts:
+            continue
+        if not answered:
+            console.print(f"\nfrom {stored.path} ({stored.machine}, fitted {stored.created})")
+        answered += 1
+        console.print(table)
+        _print_verdicts(verdicts, question)
+        _print_extrapolation(chosen, question)
+    if answered:
+        _print_model(chosen[0], question)
+        _print_break_even(chosen)
+    return answered, problems
+
+
+def _rate(p, question: Question) -> str:
+    """Throughput and its interval in the model's unit (tokens/s for a transformer preset)."""
+    n = question.units_per_sample
+    return f"{n * p.throughput:,.0f} [{n * p.throughput_low:,.0f}, {n * p.throughput_high:,.0f}]"
+
+
+def _with_devices(question: Question, devices: int) -> Question:
+    from dataclasses import replace
+
+    return replace(question, devices=devices)
+
+
+def _print_verdicts(verdicts, question: Question) -> None:
+    console = data_console()
+    for v in verdicts:
+        label = f"{v.fit.key.label} ({v.fit.key.precision})"
+        if v.choice == MULTI:
+            console.print(f"{label}: use {v.best.devices} devices — {v.why}; {bottleneck(v.best.terms)}")
+        elif v.choice == MEASURE:
+            console.print(f"{label}: measure — {v.why}")
+        else:
+            console.print(f"{label}: use one device — {v.why}; {bottleneck(v.best.terms)}")
+    if len(verdicts) > 1:
+        top = max(verdicts, key=lambda v: v.chosen.throughput)
+        best = top.chosen
+        overlapping = [v.fit.key.label for v in verdicts
+                       if v is not top and v.chosen.throughput_high >= best.throughput_low]
+        tie = f"; intervals overlap with {', '.join(overlapping)}" if overlapping else ""
+        console.print(f"fastest as recommended: {top.fit.key.label} on {best.devices} device(s), "
+                      f"{question.units_per_sample * best.throughput:,.0f} {question.unit}/s{tie}")
+
+
+def _print_extrapolation(chosen, question: Question) -> None:
+    for fit in chosen:
+        if question.devices and question.devices > max(fit.layout.devices):
+            status_console().print(f"* {fit.key.label}: extrapolated beyond the measured {max(fit.layout.devices)} "
+                                   "devices: assumes devices as fast as the measured ones and a ring all-reduce over "
+                                   "the same links")
+            return
+
+
+def _print_model(fit, question: Question) -> None:
+    flops = model_flops(fit, question)
+    source = "given" if question.flops else "from the family's measured sizes"
+    status_console().print(f"model: {question.params:,.0f} parameters ({question.family}), {flops:,.3g} training "
+                           f"FLOPs per sample ({source}); intervals: bootstrap over replicates and the fit's "
+                           "residual scatter")
+
+
+def _print_break_even(chosen) -> None:
+    """The seed's question, answered from the fit: from which model size 2 devices beat one,
+    per global batch, with the interval (where the speedup's upper and lower ends pass 1)."""
+    console = data_console()
+    for fit in chosen:
+        if 2 not in fit.layout.devices:
+            continue
+        found, never = [], []
+        for batch in break_even_batches(fit):
+            b = break_even(fit, batch)
+            if b.params is None:
+                never.append(batch)
+            elif b.surely == fit.params_range[0]:
+                found.append(f"batch {batch}: already at the smallest fitted size ({b.params:,.3g} params)")
+            else:
+                high = f"{b.surely:,.3g}" if b.surely else f"above {fit.params_range[1]:,.3g}"
+                found.append(f"batch {batch}: from {b.params:,.3g} params [{b.earliest:,.3g}, {high}]")
+        if never:
+            found.append(f"batch {'/'.join(map(str, never))}: not within the fitted sizes "
+                         f"(up to {fit.params_range[1]:,.3g} params)")
+        console.print(f"2 devices beat 1 ({fit.key.label}, {fit.key.precision}): " + "; ".join(found))
+
+
+def _validate(run_dirs: list[Path]) -> int:
+    measured = load_runs(run_dirs)
+    with status_console().status("fitting each held-out split…"):
+        held, problems = validate(measured)
+    if not held:
+        raise FitError("nothing could be held out: a model needs 3+ per-device batches, or a family 3+ model sizes "
+                       "(xbench sweep measures them); " + (problems[0] if problems else ""))
+    table = Table(title=f"held-out predictions ({measured.machine})", title_justify="left")
+    for header in ("held out", "backend", "precision", "model", "devices", "global batch", "predicted", "measured",
+                   "error"):
+        table.add_column(header, justify="left" if header in ("held out", "backend", "model") else "right")
+    for h in sorted(held, key=lambda h: (h.scheme, h.key.label, h.model, h.devices, h.global_batch)):
+        table.add_row(h.scheme, h.key.label, h.key.precision, h.model, str(h.devices), f"{h.global_batch:,}",
+                      f"{h.predicted:,.0f}", f"{h.measured:,.0f}", f"{100 * h.error:+.1f} %")
+    console = data_console()
+    console.print(table)
+    for scheme in sorted({h.scheme for h in held}):
+        mine = [h for h in held if h.scheme == scheme]
+        median, p90 = error_summary(mine)
+        console.print(f"{scheme}: {len(mine)} held-out configurations, median |error| {100 * median:.1f} %, "
+                      f"90th percentile {100 * p90:.1f} %")
+    median, p90 = error_summary(held)
+    console.print(f"all: {len(held)} held-out configurations, median |error| {100 * median:.1f} %, "
+                  f"90th percentile {100 * p90:.1f} %")
+    for problem in problems:
+        status_console().print(f"[yellow]not held out[/]: {problem}")
+    return 0

@@ -1,0 +1,115 @@
+"""`xbench sweep`: measure what the step model needs on this machine, then fit it (fit.json)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from xbench import compare as comparison
+from xbench.allreduce import sizes_for
+from xbench.cli.compare_cmd import _run, run_dir_option
+from xbench.cli.consoles import data_console, status_console
+from xbench.cli.options import Precision, integers, names, value
+from xbench.environment import nvidia_gpus
+from xbench.records import finished_trials
+from xbench.errors import SpecError
+from xbench.scaling import FitError
+from xbench.scaling_runs import FIT_FILE, fit_all, load_runs, save_fits
+from xbench.spec import load_raw
+from xbench.sweep import DEFAULT_BATCHES, DEFAULT_PARAMS, estimate_seconds, sweep_spec
+
+
+def sweep(
+    backends: Annotated[Optional[list[str]], typer.Option(help="Backends to model, e.g. --backends jax torch.")] = None,
+    params: Annotated[Optional[list[str]], typer.Option(help="MLP sizes in parameters (3 equal hidden layers), e.g. 1e5 1e6 1e7; default: four sizes for this machine.")] = None,
+    model: Annotated[Optional[list[str]], typer.Option(help="Presets of any family to sweep instead of (or with --params, besides) the MLP ladder, e.g. transformer-tiny.")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="A compare spec whose [[models]] (any family, with their batch sizes), [protocol] and [data] the sweep adds.")] = None,
+    batch_sizes: Annotated[Optional[list[str]], typer.Option(help="Per-device batches (3+ to validate the fit), e.g. 16,64,256.")] = None,
+    devices: Annotated[Optional[list[str]], typer.Option(help="Device counts, 1 and N (default 1 and every GPU, or 1,2 simulated on a CPU).")] = None,
+    precision: Annotated[Optional[Precision], typer.Option(help="Matmul precision, set explicitly in every backend.")] = None,
+    replicates: Annotated[Optional[int], typer.Option(help="Fresh worker processes per configuration (the fit's intervals come from them).")] = None,
+    window_budget: Annotated[Optional[float], typer.Option(help="Seconds of timed windows per replicate at most (shorter: a faster, noisier sweep).")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Run directory (default results/<timestamp>); the fit is written beside the records as fit.json.")] = None,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the identical-work check before timing.")] = False,
+    resume: Annotated[Optional[Path], typer.Option(help="Finish an interrupted sweep (its own spec), then fit it; a finished one is refitted.")] = None,
+) -> int:
+    """Measure a few configurations per backend (model sizes x per-device batches x 1 and N
+    devices, compute-only twins, the all-reduce), then fit the step model `xbench recommend` uses."""
+    if resume is not None:
+        return _resume(resume, no_verify, given=locals())
+    platform = "gpu" if nvidia_gpus() else "cpu"
+    sizes = [_parameter_count(v) for v in names(params) or []]
+    presets = names(model) or []
+    raw = load_raw(config) if config is not None else None
+    spec = sweep_spec(
+        backends=names(backends) or [],
+        params=sizes or ([] if presets or raw else list(DEFAULT_PARAMS[platform])),
+        models=presets, batch_sizes=integers(batch_sizes, "--batch-sizes") or list(DEFAULT_BATCHES[platform]),
+        devices=integers(devices, "--devices") or [1, max(2, len(nvidia_gpus()))],
+        precision=value(precision) or "fp32", replicates=replicates, window_budget_s=window_budget, config=raw)
+    err = status_console()
+    with err.status("finding devices for each backend…"):
+        plan = comparison.prepare(spec, run_dir_option(out), strict_devices=devices is not None, breakdown=True)
+    err.print(_announce(plan, platform))
+    code = _run(plan, no_verify)
+    _fit_and_save(plan.run_dir)
+    return code
+
+
+def _resume(run_dir: Path, no_verify: bool, given: dict) -> int:
+    changed = [name for name, v in given.items()
+               if name not in ("resume", "no_verify") and v is not None and v is not False]
+    if changed:
+        raise SpecError(f"--resume finishes the sweep's own spec; drop {', '.join('--' + n.replace('_', '-') for n in changed)}")
+    plan = comparison.resume(run_dir)
+    if comparison.trial_count(plan, finished_trials(run_dir)):
+        code = _run(plan, no_verify, resumed=True)  # releases the run directory
+    else:
+        plan.release()
+        code = 0
+    _fit_and_save(run_dir)
+    return code
+
+
+def _parameter_count(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise SpecError(f"--params takes parameter counts such as 1e6 or 250000, not {text!r}") from None
+
+
+def _announce(plan, platform: str) -> str:
+    trials = comparison.plan(plan)
+    processes = len({(t.backend, t.devices, t.launcher, t.replicate) for t in trials})
+    models = plan.spec.models
+    multi = [n for n in plan.spec.devices if n > 1]
+    sizes = len(sizes_for([4 * m.params for m in models], platform == "gpu")) if multi else 0
+    seconds = estimate_seconds(len(trials), processes, sizes * len(plan.entries) * len(multi), platform,
+                               plan.spec.protocol)
+    collectives = f", the all-reduce at {sizes} sizes" if multi else " (one device: no all-reduce to fit)"
+    return (f"sweep: {len(models)} model(s) x {len(models[0].batch_sizes)} per-device batches on "
+            f"{'/'.join(map(str, plan.spec.devices))} devices, {len(plan.entries)} backend(s): {len(trials)} trial "
+            f"replicate(s) in {processes} worker process(es){collectives}; roughly "
+            f"{max(1, round(seconds / 60))} min (longer where large models compile)")
+
+
+def _fit_and_save(run_dir: Path) -> None:
+    err = status_console()
+    try:
+        measured = load_runs([run_dir])
+    except FitError as problem:
+        err.print(f"no fit: {problem}")
+        return
+    with err.status("fitting the step model (bootstrap over replicates)…"):
+        fits, skipped = fit_all(measured)
+    for reason in skipped:
+        err.print(f"[yellow]not fitted[/]: {reason}")
+    if not fits:
+        return
+    path = save_fits(run_dir / FIT_FILE, fits, measured)
+    for f in fits:
+        data_console().print(f"fit {f.key.label} {f.key.precision} {f.key.family}: {f.observations} configurations, "
+                             f"residual {100 * f.residual_sd:.1f} % (log step time)")
+    err.print(f"fit: {path}; next: xbench recommend --params N --batch B  (or --validate {run_dir})")
