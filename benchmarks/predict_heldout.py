@@ -41,17 +41,22 @@ def main() -> int:
               f"{h.predicted:12,.0f} {h.measured:12,.0f} {100 * h.error:+7.1f}%")
     for problem in problems:
         print(f"not held out: {problem}")
+    if not held:
+        print("nothing could be held out: a model needs 3+ per-device batches, or a family 3+ model sizes")
+        return 1
     missed = False
     for scheme in [*sorted({h.scheme for h in held}), "all"]:
         # "all" is the held-out schemes; a rerun's errors are reported beside them, not judged
         mine = [h for h in held if h.scheme == scheme or (scheme == "all" and h.scheme != "rerun")]
+        if not mine:
+            continue
         median, p90 = error_summary(mine)
         ok = median <= MEDIAN_TARGET and p90 <= P90_TARGET
         missed |= not ok and scheme != "rerun"
         print(f"{scheme:10}: {len(mine):3d} held out, median |error| {100 * median:5.1f} % "
               f"(target {100 * MEDIAN_TARGET:.0f}), p90 {100 * p90:5.1f} % (target {100 * P90_TARGET:.0f}): "
               f"{'meets' if ok else 'MISSES'} the targets")
-    return 1 if missed or not held else 0  # nothing held out is a miss too
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -63,6 +63,12 @@ def test_speedup_interval_and_verdicts_follow_the_terms():
     assert small.choice == SINGLE and small.best.devices == 1
 
 
+def test_a_batch_beyond_one_devices_range_recommends_more_devices():
+    fitted = fit(synthetic(), bootstrap=5)
+    v = verdict(fitted, Question(1e6, 6e6, "mlp", (2048,), 2), 2048)  # 2,048 per device was never measured
+    assert v.choice == MULTI and v.best.devices == 2 and "beyond the fitted" in v.why
+
+
 def test_an_interval_straddling_one_says_measure():
     fitted = fit(synthetic(noise=0.3, replicates=2), bootstrap=30)
     crossing = break_even(fitted, 32)
@@ -199,7 +205,7 @@ def test_sweep_spec_refuses_a_design_that_cannot_be_fitted():
         sweep_spec(["jax"], [10], [], [16, 64], [1, 2], "fp32", None)
     spec = sweep_spec(["jax"], [1e5], ["transformer-tiny"], [16, 64], [1, 2], "fp32", 2)
     assert spec.scaling == "weak" and [m.name for m in spec.models] == ["mlp-100k", "transformer-tiny"]
-    assert spec.data.samples >= 128
+    assert spec.data.samples >= 128 and spec.learning_rate == 1e-4
     config = {"models": [{"name": "t2", "family": "transformer", "layers": 2, "width": 64, "heads": 2,
                           "context": 32, "vocab": 256, "batch_sizes": [2, 4]}], "protocol": {"repeats": 3}}
     spec = sweep_spec(["jax"], [], [], [16, 64], [1, 2], "fp32", None, config=config)
@@ -248,6 +254,8 @@ def test_recommend_without_a_fit_says_what_to_sweep(run_cli, tmp_path):
     (("--params", "1e6"), "--batch is required"),
     (("--batch", "64"), "either --model PRESET or --params"),
     (("--model", "nope", "--batch", "64"), "unknown model"),
+    (("--params", "1e6", "2e6", "--batch", "64"), "--params takes one value"),
+    (("--params", "1e6", "--batch", "64", "--devices", "1", "2"), "--devices takes one value"),
     (("--params", "1e9", "--batch", "64"), "outside the fitted"),
 ])
 def test_recommend_bad_input_is_one_line(run_cli, stored_fit, args, message):

@@ -97,18 +97,19 @@ def predictions(fit: Fit, question: Question, batch: int) -> list[Prediction]:
     return found
 
 
-def verdict(fit: Fit, question: Question, batch: int) -> Verdict:
+def verdict(fit: Fit, question: Question, batch: int, found: Sequence[Prediction] | None = None) -> Verdict:
     """More devices when some count's speedup interval lies above 1 (the fastest such count);
-    one device when every count's lies below; otherwise measure."""
-    found = predictions(fit, question, batch)
+    one device when every count's lies below; otherwise measure. `found`: the predictions
+    already made (`predictions`)."""
+    found = list(found) if found is not None else predictions(fit, question, batch)
     fastest = max(found, key=lambda p: p.throughput)
     if not fit.layout.multi:
         return Verdict(fit, batch, SINGLE, found[0], "the fit measured one device only; to weigh more, sweep on a "
                        "machine with them (xbench sweep --devices 1,N)", fastest)
     single = next((p for p in found if p.devices == 1), None)
-    if single is None:
-        raise FitError(f"{fit.key.label}: batch {batch} on one device is outside the fitted per-device batches "
-                       f"{fit.batch_range[0]}-{fit.batch_range[1]}; sweep larger batches")
+    if single is None:  # the batch is beyond what one device was measured at
+        return Verdict(fit, batch, MULTI, fastest, f"{fastest.devices} devices: batch {batch} on one device is "
+                       f"beyond the fitted per-device batches ({fit.batch_range[0]}-{fit.batch_range[1]})", fastest)
     multi = [p for p in found if p.devices > 1 and p.speedup is not None]
     better = [p for p in multi if p.speedup[1] > 1]
     if better:
@@ -118,7 +119,8 @@ def verdict(fit: Fit, question: Question, batch: int) -> Verdict:
         best = max(multi, key=lambda p: p.speedup[0])
         return Verdict(fit, batch, SINGLE, single, f"{best.devices} devices would run at {_speedup(best)}", fastest)
     if not multi:
-        return Verdict(fit, batch, SINGLE, single, "no device count splits this batch evenly", fastest)
+        return Verdict(fit, batch, SINGLE, single, f"no device count up to {question.devices} splits batch {batch} "
+                       "into per-device batches the fit covers", fastest)
     best = max(multi, key=lambda p: p.speedup[0])
     return Verdict(fit, batch, MEASURE, best, f"{best.devices} devices: {_speedup(best)}, the interval straddles 1x",
                    fastest)
@@ -152,7 +154,7 @@ def _first_above(sizes: np.ndarray, values: Sequence[float]) -> float | None:
     return float(sizes[0] if last_below.size == 0 else sizes[last_below[-1] + 1])
 
 
-def break_even_batches(fit: Fit, devices: int = 2) -> list[int]:
+def break_even_batches(fit: Fit, devices: int) -> list[int]:
     """Powers of two at which both one device and `devices` stay in the fitted batch range."""
     low, high = fit.batch_range
     start = 2 ** math.ceil(math.log2(low * devices))

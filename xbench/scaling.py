@@ -94,8 +94,8 @@ class Observation:
 
     @property
     def throughput(self) -> float:
-        """Samples per second of the whole step (global batch / step time)."""
-        return self.devices * self.local_batch / float(np.mean(self.step_s))
+        """Samples per second of the whole step, the mean over replicates (as tables show it)."""
+        return float(np.mean([self.devices * self.local_batch / s for s in self.step_s]))
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,6 @@ class Terms:
     comm: float  # the all-reduce alone
     exposed_comm: float  # step - compute: what overlap leaves of the all-reduce
 
-    @property
-    def compute(self) -> float:
-        return self.host + self.arithmetic
 
 
 @dataclass(frozen=True)
@@ -409,12 +406,15 @@ def check_in_range(fit: Fit, params: float, local_batch: float) -> None:
         raise FitError("model size and batch must be positive")
     low, high = fit.params_range
     if not low <= params <= high:
+        how = (f"--params {params:.3g}" if fit.key.family == "mlp"
+               else f"--model or --config with a {fit.key.family} of that size")
         raise FitError(f"{fit.key.label}: {params:,.0f} parameters is outside the fitted {low:,}-{high:,}; "
-                       f"sweep a model of that size (xbench sweep --params {params:.3g})")
+                       f"sweep a model of that size (xbench sweep {how})")
     low, high = fit.batch_range
     if not low <= local_batch <= high:
+        batch = max(1, int(local_batch))
         raise FitError(f"{fit.key.label}: {local_batch:g} samples per device is outside the fitted {low}-{high}; "
-                       f"sweep that batch (xbench sweep --batch-sizes {max(1, int(local_batch))})")
+                       f"sweep batches around it (xbench sweep --batch-sizes {max(1, batch // 2)} {batch} {2 * batch})")
 
 
 def extrapolation(fit: Fit, devices: int) -> str | None:

@@ -14,7 +14,7 @@ import numpy as np
 from xbench.allreduce import ok_results
 from xbench.records import ALLREDUCE_FILE, RECORDS_FILE, read_records, utc_now, write_json
 from xbench.scaling import (
-    Fit, FitError, FitKey, Layout, Observation, alpha_beta, fit, flops_for, predict_log,
+    Fit, FitError, FitKey, Layout, Observation, alpha_beta, fit, predict_log,
 )
 from xbench.spec import ModelSpec
 from xbench.summary import rows_from_records
@@ -101,7 +101,7 @@ def comm_benchmarks(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[int,
 
 
 def machine_of(records: Sequence[Mapping[str, Any]]) -> str:
-    """'2 x NVIDIA H200', or '2 simulated CPU devices (<cpu>)': what the fits hold for."""
+    """'2 x NVIDIA H200', or 'simulated CPU devices (<cpu>)': what the fits hold for."""
     for record in records:
         devices = record.get("devices") or {}
         if record.get("status") != "ok" or not devices:
@@ -202,7 +202,7 @@ def read_fits(path: Path) -> StoredFits:
         if raw.get("schema") != FIT_SCHEMA:
             raise FitError(f"{path}: fit schema {raw.get('schema')} is not {FIT_SCHEMA}; refit with xbench sweep")
         return StoredFits(Path(path), raw["machine"], raw["created"], tuple(fit_from_dict(f) for f in raw["fits"]))
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise FitError(f"{path} is not a readable fit ({type(err).__name__}: {err}); "
                        "delete it or refit with xbench sweep") from None
 
@@ -257,6 +257,9 @@ def validate(measured: Measured) -> tuple[list[HeldOut], list[str]]:
 def predict_rerun(fitted_on: Measured, rerun: Measured) -> list[HeldOut]:
     """Fits on one run predict every full step of another run of the same machine (a rerun of
     the same sweep: what a user sees when they measure what the fit promised)."""
+    if not same_kind(fitted_on.machine, rerun.machine):
+        raise FitError(f"the rerun ran on {rerun.machine}, the fit's runs on {fitted_on.machine}; "
+                       "compare runs of one machine")
     fits = {f.key: f for f in fit_all(fitted_on, bootstrap=0)[0]}
     found = []
     for o in rerun.observations:

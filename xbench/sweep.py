@@ -27,6 +27,11 @@ START_S = {"cpu": 4.0, "gpu": 10.0}  # a worker process: the framework's import 
 FIRST_CALL_S = {"cpu": 0.3, "gpu": 2.0}  # compilation of one configuration (a small model's)
 WINDOW_SHARE = 0.8  # of the window budget a replicate's windows take before they are steady
 ALLREDUCE_SIZE_S = 2.0
+# Adam at 1e-3 makes ten steps of the ladder's wide MLPs chaotic: on an H200, torch and jax
+# (both strict fp32) drifted apart to 7e-3 at width 1,400, and verify refused them; at 1e-4
+# they agree to 2e-7 there (though still 2.4e-4 at width 5,632). The step's cost does not
+# depend on the rate (a config may set its own).
+SWEEP_LEARNING_RATE = 1e-4
 
 
 def ladder_width(params: float) -> int:
@@ -80,7 +85,7 @@ def sweep_spec(backends: Sequence[str], params: Sequence[float], models: Sequenc
     own = {"replicates": replicates, "window_budget_s": window_budget_s}
     protocol = {**config.pop("protocol", {}), **{key: v for key, v in own.items() if v is not None}}
     raw: dict[str, Any] = {
-        **config, "models": tables, "backends": list(backends), "devices": sorted(set(devices)), "scaling": "weak",
+        "learning_rate": SWEEP_LEARNING_RATE, **config, "models": tables, "backends": list(backends), "devices": sorted(set(devices)), "scaling": "weak",
         "precision": precision, "seed": seed,
         "protocol": protocol,
         "data": {**config.get("data", {}), "samples": max(config.get("data", {}).get("samples", 0), biggest)},

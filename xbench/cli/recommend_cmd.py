@@ -13,7 +13,8 @@ from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Precision, names, value
 from xbench.errors import XbenchError
 from xbench.recommend import (
-    MEASURE, MULTI, Question, break_even, break_even_batches, matching, model_flops, predictions, verdict,
+    MEASURE, MULTI, Question, break_even, break_even_batches, device_counts, matching, model_flops, predictions,
+    verdict,
 )
 from xbench.scaling import FitError, bottleneck
 from xbench.environment import cpu_name, nvidia_gpus
@@ -24,12 +25,12 @@ DEFAULT_FITS = Path("results")
 
 
 def recommend(
-    model: Annotated[Optional[str], typer.Option(help="A preset (`xbench models`), e.g. gpt2-small.")] = None,
-    params: Annotated[Optional[float], typer.Option(help="Or the model's parameter count, e.g. 5e6 (with --family, default mlp).")] = None,
+    model: Annotated[Optional[list[str]], typer.Option(help="A preset (`xbench models`), e.g. gpt2-small.")] = None,
+    params: Annotated[Optional[list[float]], typer.Option(help="Or the model's parameter count, e.g. 5e6 (with --family, default mlp).")] = None,
     flops: Annotated[Optional[float], typer.Option(help="With --params: training FLOPs per sample (default: from the family's measured sizes).")] = None,
     family: Annotated[str, typer.Option(help="With --params: the model family.")] = "mlp",
     batch: Annotated[Optional[list[str]], typer.Option(help="Global batch sizes, e.g. 64 or 64,256.")] = None,
-    devices: Annotated[Optional[int], typer.Option(help="Devices available (default: the most the fit measured).")] = None,
+    devices: Annotated[Optional[list[int]], typer.Option(help="Devices available (default: the most the fit measured).")] = None,
     precision: Annotated[Optional[Precision], typer.Option(help="Only fits at this precision.")] = None,
     backends: Annotated[Optional[list[str]], typer.Option(help="Only these backends.")] = None,
     fits: Annotated[Optional[list[Path]], typer.Option(help="fit.json files or directories holding them (default: results/).")] = None,
@@ -39,7 +40,8 @@ def recommend(
     """Which backend and how many devices, for a model and batch, from fitted step models."""
     if validate_runs:
         return _validate(validate_runs)
-    question = _question(model, params, flops, family, batch, devices)
+    question = _question(_one(model, "--model"), _one(params, "--params"), flops, family, batch,
+                         _one(devices, "--devices"))
     sets = _fit_sets(runs, fits)
     answered, problems = 0, []
     for stored in sets:
@@ -49,10 +51,17 @@ def recommend(
             answered += done
             problems += why
     if not answered:
-        raise XbenchError(problems[0] if problems else _no_fit_message(question, sets))
+        raise XbenchError(problems[0] if problems else _no_fit_message(question, runs or fits or [DEFAULT_FITS]))
     for problem in problems:
         status_console().print(f"[yellow]not answered[/]: {problem}")
     return 0
+
+
+def _one(values: list | None, flag: str):
+    """A single-valued option given once (the command line takes `--devices 1 2` as two)."""
+    if values and len(values) > 1:
+        raise XbenchError(f"{flag} takes one value, got {len(values)}; run recommend once per model or device count")
+    return values[0] if values else None
 
 
 def _question(model, params, flops, family, batch, devices) -> Question:
@@ -94,6 +103,9 @@ def _fit_sets(runs: list[Path] | None, places: list[Path] | None) -> list[Stored
         for reason in skipped:
             status_console().print(f"[yellow]not fitted[/]: {reason}")
         return [StoredFits(Path(", ".join(map(str, runs))), measured.machine, "now", tuple(fitted))]
+    missing = [str(p) for p in places or () if not Path(p).exists()]
+    if missing:
+        raise XbenchError(f"--fits {missing[0]}: no such file or directory")
     found, problems = find_fits(places or [DEFAULT_FITS])
     for problem in problems:
         status_console().print(f"[yellow]left out[/]: {problem}")
@@ -104,11 +116,11 @@ def _fit_sets(runs: list[Path] | None, places: list[Path] | None) -> list[Stored
     return mine or found
 
 
-def _no_fit_message(question: Question, sets: list[StoredFits]) -> str:
-    where = ", ".join(str(s.path) for s in sets) or "results/"
+def _no_fit_message(question: Question, places: list[Path]) -> str:
+    where = ", ".join(map(str, places))
     sweep = ("xbench sweep --backends jax torch" if question.family == "mlp"
              else "xbench sweep --backends jax torch --model <presets of that family>")
-    return f"no stored fit for the {question.family} family ({'looked in ' + where}); measure one with `{sweep}`"
+    return f"no stored fit for the {question.family} family (looked in {where}); measure one with `{sweep}`"
 
 
 def this_machine() -> str:
@@ -131,7 +143,7 @@ def _answer(stored: StoredFits, chosen, question: Question) -> tuple[int, list[s
             q = question if question.devices else _with_devices(question, max(fit.layout.devices))
             try:
                 rows = predictions(fit, q, batch)
-                verdicts.append(verdict(fit, q, batch))
+                verdicts.append(verdict(fit, q, batch, rows))
             except FitError as problem:
                 problems.append(str(problem))
                 continue
@@ -147,8 +159,8 @@ def _answer(stored: StoredFits, chosen, question: Question) -> tuple[int, list[s
         answered += 1
         console.print(table)
         _print_verdicts(verdicts, question)
-        _print_extrapolation(chosen, question)
     if answered:
+        _print_extrapolation(chosen, question)
         _print_model(chosen[0], question)
         _print_break_even(chosen)
     return answered, problems
@@ -187,11 +199,13 @@ def _print_verdicts(verdicts, question: Question) -> None:
 
 
 def _print_extrapolation(chosen, question: Question) -> None:
+    """The footnote of the rows marked *: device counts the fit did not measure."""
     for fit in chosen:
-        if question.devices and question.devices > max(fit.layout.devices):
-            status_console().print(f"* {fit.key.label}: extrapolated beyond the measured {max(fit.layout.devices)} "
-                                   "devices: assumes devices as fast as the measured ones and a ring all-reduce over "
-                                   "the same links")
+        asked = device_counts(question.devices or max(fit.layout.devices))
+        if any(p not in fit.layout.devices for p in asked):
+            status_console().print(f"* device counts not measured (the fit measured {fit.layout.devices}): "
+                                   "extrapolated from the largest, assuming devices as fast as the measured ones and "
+                                   "a ring all-reduce over the same links")
             return
 
 
@@ -208,11 +222,12 @@ def _print_break_even(chosen) -> None:
     per global batch, with the interval (where the speedup's upper and lower ends pass 1)."""
     console = data_console()
     for fit in chosen:
-        if 2 not in fit.layout.devices:
+        if not fit.layout.multi:
             continue
+        devices = min(fit.layout.multi)
         found, never = [], []
-        for batch in break_even_batches(fit):
-            b = break_even(fit, batch)
+        for batch in break_even_batches(fit, devices):
+            b = break_even(fit, batch, devices)
             if b.params is None:
                 never.append(batch)
             elif b.surely == fit.params_range[0]:
@@ -223,7 +238,8 @@ def _print_break_even(chosen) -> None:
         if never:
             found.append(f"batch {'/'.join(map(str, never))}: not within the fitted sizes "
                          f"(up to {fit.params_range[1]:,.3g} params)")
-        console.print(f"2 devices beat 1 ({fit.key.label}, {fit.key.precision}): " + "; ".join(found))
+        if found:
+            console.print(f"{devices} devices beat 1 ({fit.key.label}, {fit.key.precision}): " + "; ".join(found))
 
 
 def _validate(run_dirs: list[Path]) -> int:

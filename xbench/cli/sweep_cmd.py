@@ -47,7 +47,7 @@ def sweep(
         backends=names(backends) or [],
         params=sizes or ([] if presets or raw else list(DEFAULT_PARAMS[platform])),
         models=presets, batch_sizes=integers(batch_sizes, "--batch-sizes") or list(DEFAULT_BATCHES[platform]),
-        devices=integers(devices, "--devices") or [1, max(2, len(nvidia_gpus()))],
+        devices=integers(devices, "--devices") or _default_devices(),
         precision=value(precision) or "fp32", replicates=replicates, window_budget_s=window_budget, config=raw)
     err = status_console()
     with err.status("finding devices for each backend…"):
@@ -71,6 +71,12 @@ def _resume(run_dir: Path, no_verify: bool, given: dict) -> int:
         code = 0
     _fit_and_save(run_dir)
     return code
+
+
+def _default_devices() -> list[int]:
+    """1 and every GPU; one GPU alone: just 1; no GPU: 1 and 2 simulated CPU devices."""
+    gpus = len(nvidia_gpus())
+    return [1] if gpus == 1 else [1, gpus or 2]
 
 
 def _parameter_count(text: str) -> float:
