@@ -3,6 +3,7 @@ models, a verdict with its interval, and held-out validation of the fits (--vali
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -173,8 +174,6 @@ def _rate(p, question: Question) -> str:
 
 
 def _with_devices(question: Question, devices: int) -> Question:
-    from dataclasses import replace
-
     return replace(question, devices=devices)
 
 
