@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from xbench.contract import backend_label, implementation
 from xbench.errors import XbenchError
 
 GRADIENT_BYTES_PER_PARAM = 4  # float32 gradients, whatever the matmul precision
@@ -71,8 +72,8 @@ class FitKey:
 
     @property
     def label(self) -> str:
-        name = self.backend if self.variant == "as-written" else f"{self.backend}:{self.variant}"
-        return name if self.launcher == "subprocess" else f"{name} ({self.launcher})"
+        """As tables name it: "jax", "torch+compile (spmd)"."""
+        return backend_label(implementation(self.backend, self.variant), self.launcher)
 
 
 @dataclass(frozen=True)

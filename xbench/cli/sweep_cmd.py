@@ -9,7 +9,7 @@ import typer
 
 from xbench import compare as comparison
 from xbench.allreduce import sizes_for
-from xbench.cli.compare_cmd import _run, run_dir_option
+from xbench.cli.compare_cmd import _check_resume_alone, _run, run_dir_option
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Precision, integers, names, value
 from xbench.environment import nvidia_gpus
@@ -59,10 +59,7 @@ def sweep(
 
 
 def _resume(run_dir: Path, no_verify: bool, given: dict) -> int:
-    changed = [name for name, v in given.items()
-               if name not in ("resume", "no_verify") and v is not None and v is not False]
-    if changed:
-        raise SpecError(f"--resume finishes the sweep's own spec; drop {', '.join('--' + n.replace('_', '-') for n in changed)}")
+    _check_resume_alone(given)
     plan = comparison.resume(run_dir)
     if comparison.trial_count(plan, finished_trials(run_dir)):
         code = _run(plan, no_verify, resumed=True)  # releases the run directory
