@@ -114,7 +114,7 @@ def test_a_variant_protocol_keeps_whole_calls_and_its_own_warmup():
 
 def test_verification_checks_every_program_and_variant_fused_ones_in_fused_calls():
     lineups = {"a": Lineup((AS_WRITTEN_VARIANT, FUSED), (PLAIN,))}
-    trials = verification_trials(spec(), ["a"], [2], lineups=lineups)
+    trials = [t for t in verification_trials(spec(), ["a"], [2], lineups=lineups) if t.precision != "fp64"]
     names = {(t.implementation, t.devices) for t in trials}
     # data-parallel on 1 device always: it is what N devices are checked against
     assert names == {("a", 1), ("a plain", 1), ("a", 2), ("a+fused", 1), ("a plain+fused", 1), ("a+fused", 2)}

@@ -56,7 +56,91 @@ def test_n_times_gradients_and_drifting_replicas_fail():
     assert "replicas hold the same weights" in [c.check for c in checks if not c.passed]
 
 
+def diverged(ref, relative, seed=1):
+    """`ref` after ten steps that ended `relative` (normwise, over losses and weights) away."""
+    from xbench.verify import trajectory
+
+    rng = np.random.default_rng(seed)
+    steps = [rng.normal(size=w.shape) for w in ref.replicas[0]]
+    scale = relative * np.linalg.norm(np.concatenate([np.ravel(a) for a in trajectory(ref)]))
+    scale /= np.linalg.norm(np.concatenate([s.ravel() for s in steps]))
+    return Reference(ref.loss, ref.gradients, ref.losses, [[w + scale * s for w, s in zip(ref.replicas[0], steps)]])
+
+
+def ten_steps(checks, backend):
+    return next(c for c in checks if c.check == "10 steps: losses and final weights" and c.backends[0] == backend)
+
+
+def test_rounding_floors_widen_only_the_ten_step_tolerance():
+    """A trajectory 5e-3 away fails the fixed 1e-4, passes where the two backends' fp32 runs are
+    that far from their float64 ones (rounding amplified, as a wide ReLU MLP does), and an
+    8e-4 difference (another Adam epsilon placement) still fails where the floors are 1e-7."""
+    from xbench.verify import FLOOR_FACTOR
+
+    good = reference()
+    refs = {("a", 1, "m"): good, ("b", 1, "m"): diverged(good, 5e-3)}
+    assert ten_steps(run_checks(refs, "a"), "b").norm_rel == pytest.approx(5e-3, rel=0.05)
+    assert not ten_steps(run_checks(refs, "a"), "b").passed
+    widened = ten_steps(run_checks(refs, "a", floors={("a", "m"): 3e-3, ("b", "m"): 1e-6}), "b")
+    assert widened.passed and widened.floor == pytest.approx(3.001e-3)
+    assert widened.tolerance == pytest.approx(FLOOR_FACTOR * 3.001e-3)
+    gradients = [c for c in run_checks(refs, "a", floors={("a", "m"): 3e-3}) if c.check.startswith("initial")]
+    assert [c.tolerance for c in gradients] == [1e-4]
+    formula = {("a", 1, "m"): good, ("b", 1, "m"): diverged(good, 8e-4)}
+    tight = ten_steps(run_checks(formula, "a", floors={("a", "m"): 1e-7, ("b", "m"): 1e-7}), "b")
+    assert not tight.passed and tight.tolerance == 1e-4
+
+
+def test_each_backend_has_a_float64_referee_on_one_device_for_fp32_models():
+    from xbench.spec import build_spec
+    from xbench.verify import REFEREE_PRECISION, is_referee, verification_trials
+
+    spec = build_spec({"models": [{"preset": "medium"}, {"preset": "resnet18"}], "devices": [1, 2]})
+    trials = verification_trials(spec, ["jax", "torch"], [2])
+    referees = [t for t in trials if t.precision == REFEREE_PRECISION and t.model.name == "medium"]
+    assert {(t.backend, t.devices, t.implementation) for t in referees} == {("jax", 1, "jax"), ("torch", 1, "torch")}
+    assert all(is_referee({"precision": t.precision, "replicate": t.replicate}) for t in referees)
+    assert len({t.id for t in trials}) == len(trials)  # a referee never overwrites the fp32 run's arrays
+    # resnet18 is verified in float64 already: no referee, and its trials are not referees
+    assert not any(is_referee({"precision": t.precision, "replicate": t.replicate})
+                   for t in trials if t.model.name == "resnet18")
+
+
+def test_rounding_floor_is_the_fp32_trajectory_against_float64():
+    from xbench.verify import rounding_floors
+
+    good = reference()
+    floors = rounding_floors({("a", 1, "m"): good, ("a", 2, "m"): good}, {("a", "m"): diverged(good, 2e-3)})
+    assert floors == {("a", "m"): pytest.approx(2e-3, rel=0.05)}
+
+
 # -- real backends ---------------------------------------------------------------------------
+
+WIDE_MLP = """
+devices = [1]
+learning_rate = 0.001
+seed = 1
+[data]
+samples = 1024
+[[models]]
+name = "w640"
+widths = [640, 640, 640]
+batch_sizes = [32]
+"""
+
+
+@pytest.mark.slow
+def test_a_wide_relu_mlp_whose_rounding_is_amplified_passes_with_its_floor(run_cli, tmp_path):
+    """3 x 640 at seed 1: ten fp32 steps of correct backends differ by about 7e-4 (a fixed 1e-4
+    failed torch against jax); each backend's float64 run measures that floor and widens it."""
+    (tmp_path / "wide.toml").write_text(WIDE_MLP)
+    code, out, err = run_cli("verify", "--config", str(tmp_path / "wide.toml"), "--backends", "jax", "torch",
+                             "--devices", "1", "--single-device", "data-parallel")
+    assert code == 0, out + err
+    flat = " ".join(err.split())
+    assert "rounding floors ||fp32 - float64|| of ten steps (w640: jax" in flat
+    floors = [float(x) for x in flat.split("(w640: ")[1].split(")")[0].replace("jax", "").replace("torch", "").split(",")]
+    assert max(floors) > 5e-5  # the fixed tolerance alone would not have held
 
 @pytest.mark.slow
 def test_tf_and_jax_pass_on_two_devices(run_cli):

@@ -406,6 +406,8 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any]) -> Veri
         "checks": checks_as_dicts(result.checks),
         "problems": result.problems,
         "failed_backends": sorted(result.failed),
+        "rounding_floors": [{"backend": b, "model": m, "floor": f} for (b, m), f in sorted(result.floors.items())],
+        "no_floor": result.no_floor,
     })
     return result
 

@@ -222,8 +222,28 @@ def checks_table(checks: Sequence[Any]) -> Table:
         table.add_column(header, justify=justify)
     for c in checks:
         table.add_row(c.check, c.subject, f"{c.max_abs:.2e}", f"{c.max_rel:.2e}", f"{c.norm_rel:.2e}",
-                      f"{c.tolerance:.0e}", "[green]pass[/]" if c.passed else "[red]FAIL[/]")
+                      format_tolerance(c), "[green]pass[/]" if c.passed else "[red]FAIL[/]")
     return table
+
+
+def format_tolerance(check: Any) -> str:
+    """A power of ten as written (1e-04), one widened by rounding floors with two digits."""
+    short = f"{check.tolerance:.0e}"
+    return short if float(short) == check.tolerance else f"{check.tolerance:.1e}"
+
+
+def floors_caption(floors: Mapping[tuple[str, str], float], no_floor: Mapping[str, str]) -> str | None:
+    """Each backend's rounding floor per model (its fp32 ten steps against its float64 ones),
+    which sets a ten-step tolerance where it is larger than the fixed one; None without any."""
+    from xbench.verify import FLOOR_FACTOR
+
+    per_model = {model: ", ".join(f"{backend} {floor:.1e}" for (backend, m), floor in sorted(floors.items()) if m == model)
+                 for model in sorted({model for _, model in floors})}
+    measured = "; ".join(f"{model}: {backends}" for model, backends in per_model.items())
+    parts = [f"rounding floors ||fp32 - float64|| of ten steps ({measured}); a ten-step tolerance is at least "
+             f"{FLOOR_FACTOR:g} x the two programs' floors together"] if floors else []
+    parts += [f"{backend} has no floor ({why})" for backend, why in sorted(no_floor.items())]
+    return "; ".join(parts) + "." if parts else None
 
 
 def verify_caption(spec: Any, reference: str) -> str:

@@ -14,7 +14,8 @@ from xbench.plan import Lineup, group_trials
 from xbench.registry import BackendEntry
 from xbench.spec import Spec
 from xbench.verify import (
-    Check, failed_backends, load_reference, run_checks, verification_precision, verification_trials,
+    Check, failed_backends, is_referee, load_reference, rounding_floors, run_checks, verification_precision,
+    verification_trials,
 )
 
 
@@ -27,6 +28,8 @@ class Verification:
     problem_backends: frozenset[str]  # a verification trial failed, crashed or timed out
     unverifiable: dict[str, str]  # backend -> which capability it lacks
     owners: dict[str, str] = field(default_factory=dict)  # trial id of a problem -> its backend
+    floors: dict[tuple[str, str], float] = field(default_factory=dict)  # (backend, model) -> rounding floor
+    no_floor: dict[str, str] = field(default_factory=dict)  # backend -> why its float64 referee did not run
 
     @property
     def failed(self) -> set[str]:
@@ -41,7 +44,7 @@ class Verification:
         return {
             "status": "failed" if backend in self.failed else "passed",
             "checks": len(mine),
-            "failed": [f"{c.check} ({c.subject}): rel {c.norm_rel:.2e} > {c.tolerance:.0e}"
+            "failed": [f"{c.check} ({c.subject}): rel {c.norm_rel:.2e} > {c.tolerance:.2g}"
                        for c in mine if not c.passed]
                       + [f"{tid}: {why}" for tid, why in self.problems.items() if self.owners.get(tid) == backend],
         }
@@ -68,9 +71,17 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
         ctx.listener = listener
     launcher.run_groups(group_trials(trials, {e.name: e.target for e in entries}), ctx, parallel)
     refs, problems, owners, unverifiable = {}, {}, {}, {}
+    referees, no_floor, backend_of = {}, {}, {}
     for record in records:
         name = implementation_of(record["trial"])
+        backend_of[name] = record["trial"]["backend"]
         key = (name, record["trial"]["devices"], record["trial"]["model"]["name"])
+        if is_referee(record["trial"]):
+            if record["status"] == "ok":
+                referees[(name, key[2])] = load_reference(Path(record["arrays"]))
+            elif record["status"] != "skipped":
+                no_floor[name] = f"{record['status']}: {record['reason']}"
+            continue
         if record["status"] == "ok":
             refs[key] = load_reference(Path(record["arrays"]))
         elif record["status"] == "unsupported":
@@ -83,10 +94,15 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     reference = next((n for n in names if n not in unverifiable), names[0])
     per_device = {m.name for m in spec.models if m.kind.batch_statistics}
     float64 = {m.name for m in spec.models if verification_precision(m) == "fp64"}
+    floors = rounding_floors(refs, referees)
+    no_floor = {name: why for name, why in no_floor.items() if name not in unverifiable}
+    # Every program of a backend (variants, plain) shares the floor of its data-parallel program.
+    program_floors = {(name, model): floors[(backend, model)] for name, backend in backend_of.items()
+                      for model in {m.name for m in spec.models} if (backend, model) in floors}
     return Verification(tuple(run_checks(refs, reference_backend=reference, per_device_statistics=per_device,
-                                         float64=float64)),
+                                         float64=float64, floors=program_floors)),
                         problems,
-                        frozenset(owners.values()), unverifiable, owners)
+                        frozenset(owners.values()), unverifiable, owners, floors, no_floor)
 
 
 def checks_as_dicts(checks: Sequence[Check]) -> list[dict[str, Any]]:
