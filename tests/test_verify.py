@@ -106,12 +106,43 @@ def test_each_backend_has_a_float64_referee_on_one_device_for_fp32_models():
                    for t in trials if t.model.name == "resnet18")
 
 
-def test_rounding_floor_is_the_fp32_trajectory_against_float64():
+def test_rounding_floor_is_the_fp32_trajectory_against_float64_on_one_device():
     from xbench.verify import rounding_floors
 
     good = reference()
-    floors = rounding_floors({("a", 1, "m"): good, ("a", 2, "m"): good}, {("a", "m"): diverged(good, 2e-3)})
-    assert floors == {("a", "m"): pytest.approx(2e-3, rel=0.05)}
+    refs = {("a", 1, "m"): good, ("a", 2, "m"): diverged(good, 0.3)}
+    floors, rejected = rounding_floors(refs, {("a", "m"): diverged(good, 2e-3)})
+    assert floors == {("a", "m"): pytest.approx(2e-3, rel=0.05)} and rejected == {}
+
+
+def test_a_referee_of_another_model_or_a_blown_up_run_gives_no_floor():
+    from xbench.verify import rounding_floors
+
+    good = reference()
+    other = Reference(good.loss, [g * 1.01 for g in good.gradients], good.losses, good.replicas)
+    blown = Reference(good.loss, good.gradients, good.losses, [[np.full_like(w, np.nan) for w in good.replicas[0]]])
+    floors, rejected = rounding_floors({("a", 1, "m"): good, ("b", 1, "m"): blown},
+                                       {("a", "m"): other, ("b", "m"): good})
+    assert floors == {} and set(rejected) == {("a", "m"), ("b", "m")}
+    assert "gradients" in rejected[("a", "m")] and "non-finite" in rejected[("b", "m")]
+
+
+def test_a_non_finite_trajectory_fails_whatever_the_tolerance():
+    good = reference()
+    blown = Reference(good.loss, good.gradients, good.losses, [[np.full_like(w, np.nan) for w in good.replicas[0]]])
+    check = ten_steps(run_checks({("a", 1, "m"): good, ("b", 1, "m"): blown}, "a",
+                                 floors={("a", "m"): float("inf")}), "b")
+    assert check.tolerance == float("inf") and not check.passed
+
+
+def test_every_program_of_a_backend_shares_its_floor():
+    from xbench.verify import program_floors
+
+    floors = {("jax", "m"): 1e-3, ("jax", "n"): 2e-7, ("torch", "m"): 5e-6}
+    backend_of = {"jax": "jax", "jax plain": "jax", "jax+fused": "jax", "torch+compile": "torch", "tf": "tf"}
+    assert program_floors(floors, backend_of) == {
+        ("jax", "m"): 1e-3, ("jax", "n"): 2e-7, ("jax plain", "m"): 1e-3, ("jax plain", "n"): 2e-7,
+        ("jax+fused", "m"): 1e-3, ("jax+fused", "n"): 2e-7, ("torch+compile", "m"): 5e-6}
 
 
 # -- real backends ---------------------------------------------------------------------------
@@ -131,124 +162,14 @@ batch_sizes = [32]
 
 @pytest.mark.slow
 def test_a_wide_relu_mlp_whose_rounding_is_amplified_passes_with_its_floor(run_cli, tmp_path):
-    """3 x 640 at seed 1: ten fp32 steps of correct backends differ by about 7e-4 (a fixed 1e-4
-    failed torch against jax); each backend's float64 run measures that floor and widens it."""
+    """3 x 640 at seed 1: ten fp32 steps of correct backends end about 7e-4 apart (a fixed 1e-4
+    failed torch against jax); their float64 runs measure the floor that widens the tolerance.
+    The amplification is fp32's own (a numpy fp32 loop shows it too), not one BLAS's."""
     (tmp_path / "wide.toml").write_text(WIDE_MLP)
     code, out, err = run_cli("verify", "--config", str(tmp_path / "wide.toml"), "--backends", "jax", "torch",
                              "--devices", "1", "--single-device", "data-parallel")
     assert code == 0, out + err
-    flat = " ".join(err.split())
-    assert "rounding floors ||fp32 - float64|| of ten steps (w640: jax" in flat
-    floors = [float(x) for x in flat.split("(w640: ")[1].split(")")[0].replace("jax", "").replace("torch", "").split(",")]
-    assert max(floors) > 5e-5  # the fixed tolerance alone would not have held
-
-@pytest.mark.slow
-def test_tf_and_jax_pass_on_two_devices(run_cli):
-    code, out, err = run_cli("verify", "--backends", "tf", "jax", "--devices", "2")
-    assert code == 0, out + err
-    flat = " ".join(out.split())
-    for subject in ("medium: tf d2 vs tf d1", "large: jax d2 vs jax d1", "large: jax d1 vs tf d1"):
-        assert subject in flat
-    assert "FAIL" not in out and "checks passed" in err
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("broken, failing", [
-    # No all-reduce: the applied gradient is one shard's, replicas drift, training diverges.
-    ("jax-noreduce", {"gradients: N devices = 1 device", "replicas hold the same weights",
-                      "10 steps: losses and final weights"}),
-    # A sum instead of a mean: 2x gradients. Adam's steps are nearly scale-free, so only the
-    # gradient check sees it, which is why verify compares gradients and not just losses.
-    ("jax-sum", {"gradients: N devices = 1 device"}),
-])
-def test_broken_all_reduce_fails_verification(fake_backends, run_cli, broken, failing):
-    code, out, err = run_cli("verify", "--backends", broken, "--devices", "2", "--model", "medium")
-    assert code == 1
-    failed = {line.split("│")[1].strip() for line in out.splitlines() if "FAIL" in line}
-    assert failed == failing, out
-
-
-@pytest.mark.slow
-def test_compare_skips_timing_of_a_backend_that_fails_verification(fake_backends, run_cli, tmp_path):
-    code, _, err = run_cli("compare", "--backends", "jax", "jax-sum", "--model", "medium", "--batch-sizes", "32",
-                           "--devices", "1,2", "--repeats", "2", "--steps", "2", "--out", str(tmp_path / "run"))
-    assert code == 1 and "verify jax-sum: FAILED" in " ".join(err.split())
-    records = {r["trial_id"]: r for r in read_records(tmp_path / "run")}
-    assert records["jax/medium/d2/b32/r0"]["status"] == "ok"
-    assert records["jax/medium/d2/b32/r0"]["verification"]["status"] == "passed"
-    assert records["jax-sum/medium/d2/b32/r0"]["status"] == "skipped"
-    assert "verification failed" in records["jax-sum/medium/d2/b32/r0"]["reason"]
-    assert json.loads((tmp_path / "run" / "verify.json").read_text())["failed_backends"] == ["jax-sum"]
-
-
-def test_a_backend_without_the_capability_is_timed_but_marked(fake_backends, run_cli, tmp_path):
-    code, _, err = run_cli("compare", "--backends", "numpy", "--model", "medium", "--batch-sizes", "16",
-                           "--devices", "1", "--repeats", "2", "--steps", "2", "--out", str(tmp_path / "run"))
-    assert code == 0 and "not verifiable" in err
-    records = read_records(tmp_path / "run")
-    assert len(records) == 2  # replicates
-    assert all(r["status"] == "ok" and r["verification"]["status"] == "unverifiable" for r in records)
-
-
-def test_no_verify_is_recorded(fake_backends, run_cli, tmp_path):
-    code, _, _ = run_cli("compare", "--backends", "numpy", "--model", "medium", "--batch-sizes", "16",
-                         "--devices", "1", "--repeats", "2", "--steps", "2", "--no-verify",
-                         "--out", str(tmp_path / "run"))
-    records = read_records(tmp_path / "run")
-    assert code == 0 and all(r["verification"] == {"status": "skipped", "reason": "--no-verify"} for r in records)
-
-
-def test_a_third_backend_clears_the_reference():
-    """jax agrees with jax-shardmap, so a disagreement with a broken third backend is the
-    third backend's fault alone; with only two backends both stay suspect."""
-    good, off = reference(), reference(scale=1.5)
-    refs = {("jax", 1, "m"): good, ("shardmap", 1, "m"): good, ("broken", 1, "m"): off}
-    from xbench.verify import failed_backends
-
-    assert failed_backends(run_checks(refs, reference_backend="jax")) == {"broken"}
-    two = {("jax", 1, "m"): good, ("broken", 1, "m"): off}
-    assert failed_backends(run_checks(two, reference_backend="jax")) == {"jax", "broken"}
-
-
-def test_a_backend_failing_its_own_check_takes_the_blame():
-    good, doubled = reference(), reference(scale=2.0, replicas=2)
-    refs = {("jax", 1, "m"): good, ("jax", 2, "m"): reference(replicas=2),
-            ("broken", 1, "m"): good, ("broken", 2, "m"): doubled}
-    from xbench.verify import failed_backends
-
-    assert failed_backends(run_checks(refs, reference_backend="jax")) == {"broken"}
-
-
-def test_the_reference_failing_elsewhere_does_not_clear_a_disagreeing_backend():
-    """jax's own 2-device all-reduce is broken, and `mine` disagrees with jax on 1 device:
-    jax's d2 failure does not explain the d1 disagreement, so both are blamed (reviewer's case)."""
-    from xbench.verify import failed_backends
-
-    good = reference()
-    refs = {("jax", 1, "m"): good, ("jax", 2, "m"): reference(scale=2.0, replicas=2),
-            ("mine", 1, "m"): reference(scale=1.5)}
-    assert failed_backends(run_checks(refs, reference_backend="jax")) == {"jax", "mine"}
-
-
-def test_replicas_are_compared_in_the_worker_and_only_replica_0_is_stored(tmp_path):
-    from xbench.verify import load_reference, reference_run, save_reference
-
-    class TwoReplicas:
-        name = "two"
-
-        def gradients(self, prepared):
-            return 1.0, [np.ones(3, np.float32)]
-
-        def train(self, prepared, steps):
-            return [1.0] * steps
-
-        def replica_weights(self, prepared):
-            return [[np.ones(3, np.float32)], [np.array([1, 1, 2], np.float32)]]
-
-    ref = reference_run(TwoReplicas(), None, 2)
-    save_reference(tmp_path / "r.npz", ref)
-    loaded = load_reference(tmp_path / "r.npz")
-    assert len(loaded.replicas) == 1 and loaded.replica_count == 2
-    assert loaded.worst_replica_error()[0] == 1.0
-    [check] = [c for c in run_checks({("two", 2, "m"): loaded}, "two") if c.check == "replicas hold the same weights"]
-    assert not check.passed
+    [row] = [line for line in out.splitlines() if "10 steps" in line and "w640: torch d1 vs jax d1" in line]
+    norm_rel, tolerance = (float(cell) for cell in row.split("│")[5:7])
+    assert 1e-4 < norm_rel <= tolerance  # beyond the fixed tolerance, within the widened one
+    assert "rounding floors ||fp32 - float64|| of ten steps (w640: jax" in " ".join(err.split())

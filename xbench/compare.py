@@ -407,7 +407,7 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any]) -> Veri
         "problems": result.problems,
         "failed_backends": sorted(result.failed),
         "rounding_floors": [{"backend": b, "model": m, "floor": f} for (b, m), f in sorted(result.floors.items())],
-        "no_floor": result.no_floor,
+        "no_floor": [{"backend": b, "model": m, "why": why} for (b, m), why in sorted(result.no_floor.items())],
     })
     return result
 

@@ -232,7 +232,7 @@ def format_tolerance(check: Any) -> str:
     return short if float(short) == check.tolerance else f"{check.tolerance:.1e}"
 
 
-def floors_caption(floors: Mapping[tuple[str, str], float], no_floor: Mapping[str, str]) -> str | None:
+def floors_caption(floors: Mapping[tuple[str, str], float], no_floor: Mapping[tuple[str, str], str]) -> str | None:
     """Each backend's rounding floor per model (its fp32 ten steps against its float64 ones),
     which sets a ten-step tolerance where it is larger than the fixed one; None without any."""
     from xbench.verify import FLOOR_FACTOR
@@ -242,7 +242,7 @@ def floors_caption(floors: Mapping[tuple[str, str], float], no_floor: Mapping[st
     measured = "; ".join(f"{model}: {backends}" for model, backends in per_model.items())
     parts = [f"rounding floors ||fp32 - float64|| of ten steps ({measured}); a ten-step tolerance is at least "
              f"{FLOOR_FACTOR:g} x the two programs' floors together"] if floors else []
-    parts += [f"{backend} has no floor ({why})" for backend, why in sorted(no_floor.items())]
+    parts += [f"{backend} has no floor for {model} ({why})" for (backend, model), why in sorted(no_floor.items())]
     return "; ".join(parts) + "." if parts else None
 
 

@@ -14,8 +14,8 @@ from xbench.plan import Lineup, group_trials
 from xbench.registry import BackendEntry
 from xbench.spec import Spec
 from xbench.verify import (
-    Check, failed_backends, is_referee, load_reference, rounding_floors, run_checks, verification_precision,
-    verification_trials,
+    Check, failed_backends, is_referee, load_reference, program_floors, rounding_floors, run_checks,
+    verification_precision, verification_trials,
 )
 
 
@@ -29,7 +29,7 @@ class Verification:
     unverifiable: dict[str, str]  # backend -> which capability it lacks
     owners: dict[str, str] = field(default_factory=dict)  # trial id of a problem -> its backend
     floors: dict[tuple[str, str], float] = field(default_factory=dict)  # (backend, model) -> rounding floor
-    no_floor: dict[str, str] = field(default_factory=dict)  # backend -> why its float64 referee did not run
+    no_floor: dict[tuple[str, str], str] = field(default_factory=dict)  # (backend, model) -> why it has none
 
     @property
     def failed(self) -> set[str]:
@@ -44,7 +44,7 @@ class Verification:
         return {
             "status": "failed" if backend in self.failed else "passed",
             "checks": len(mine),
-            "failed": [f"{c.check} ({c.subject}): rel {c.norm_rel:.2e} > {c.tolerance:.2g}"
+            "failed": [f"{c.check} ({c.subject}): rel {c.norm_rel:.2e} > {c.tolerance:.1e}"
                        for c in mine if not c.passed]
                       + [f"{tid}: {why}" for tid, why in self.problems.items() if self.owners.get(tid) == backend],
         }
@@ -80,7 +80,7 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
             if record["status"] == "ok":
                 referees[(name, key[2])] = load_reference(Path(record["arrays"]))
             elif record["status"] != "skipped":
-                no_floor[name] = f"{record['status']}: {record['reason']}"
+                no_floor[(name, key[2])] = f"{record['status']}: {record['reason']}"
             continue
         if record["status"] == "ok":
             refs[key] = load_reference(Path(record["arrays"]))
@@ -94,13 +94,10 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     reference = next((n for n in names if n not in unverifiable), names[0])
     per_device = {m.name for m in spec.models if m.kind.batch_statistics}
     float64 = {m.name for m in spec.models if verification_precision(m) == "fp64"}
-    floors = rounding_floors(refs, referees)
-    no_floor = {name: why for name, why in no_floor.items() if name not in unverifiable}
-    # Every program of a backend (variants, plain) shares the floor of its data-parallel program.
-    program_floors = {(name, model): floors[(backend, model)] for name, backend in backend_of.items()
-                      for model in {m.name for m in spec.models} if (backend, model) in floors}
+    floors, rejected = rounding_floors(refs, referees)
+    no_floor = {key: why for key, why in {**no_floor, **rejected}.items() if key[0] not in unverifiable}
     return Verification(tuple(run_checks(refs, reference_backend=reference, per_device_statistics=per_device,
-                                         float64=float64, floors=program_floors)),
+                                         float64=float64, floors=program_floors(floors, backend_of))),
                         problems,
                         frozenset(owners.values()), unverifiable, owners, floors, no_floor)
 

@@ -115,7 +115,7 @@ class Check:
 
     @property
     def passed(self) -> bool:
-        return bool(self.norm_rel <= self.tolerance)
+        return bool(math.isfinite(self.norm_rel) and self.norm_rel <= self.tolerance)
 
 
 def reference_run(backend: Backend, prepared: Any, steps: int) -> Reference:
@@ -206,10 +206,32 @@ def trajectory(ref: Reference) -> list[np.ndarray]:
 
 
 def rounding_floors(refs: Mapping[Key, Reference], referees: Mapping[tuple[str, str], Reference]
-                    ) -> dict[tuple[str, str], float]:
-    """(backend, model) -> normwise distance of its fp32 ten steps from its float64 ones."""
-    return {(backend, model): errors(trajectory(refs[(backend, 1, model)]), trajectory(referee))[2]
-            for (backend, model), referee in referees.items() if (backend, 1, model) in refs}
+                    ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], str]]:
+    """(backend, model) -> normwise distance of its fp32 ten steps from its float64 ones, and
+    (backend, model) -> why a referee gives no floor. A referee counts only if its initial
+    loss and gradients match the fp32 run's (it computed the same model) and both runs stay
+    finite (a run that blows up must fail its checks, not widen them)."""
+    floors, rejected = {}, {}
+    for (backend, model), referee in referees.items():
+        fp32 = refs.get((backend, 1, model))
+        if fp32 is None:
+            continue
+        start = errors([fp32.loss, *fp32.gradients], [referee.loss, *referee.gradients])[2]
+        floor = errors(trajectory(fp32), trajectory(referee))[2]
+        if not start <= TOLERANCES["gradients"]:
+            rejected[(backend, model)] = f"its float64 gradients are {start:.1e} from its fp32 ones"
+        elif not math.isfinite(floor):
+            rejected[(backend, model)] = "a non-finite ten-step trajectory"
+        else:
+            floors[(backend, model)] = floor
+    return floors, rejected
+
+
+def program_floors(floors: Mapping[tuple[str, str], float], backend_of: Mapping[str, str]
+                   ) -> dict[tuple[str, str], float]:
+    """Each program (implementation: variants, plain) -> its backend's floor, per model."""
+    return {(name, model): floor for name, backend in backend_of.items()
+            for (owner, model), floor in floors.items() if owner == backend}
 
 
 def verification_model(model: ModelSpec, devices: Sequence[int]) -> ModelSpec:
