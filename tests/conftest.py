@@ -21,6 +21,7 @@ FAKES = [
     entry_point("missing", "tests.fakes:MissingFrameworkBackend"),
     entry_point("jax-noreduce", "tests.broken_backends:NoAllReduceJax"),
     entry_point("jax-sum", "tests.broken_backends:SummedJax"),
+    entry_point("jax-eps", "tests.broken_backends:KerasEpsilonJax"),
 ]
 
 

@@ -135,6 +135,20 @@ def test_a_non_finite_trajectory_fails_whatever_the_tolerance():
     assert check.tolerance == float("inf") and not check.passed
 
 
+def test_float64_runs_are_compared_across_backends_at_float64_tolerances():
+    """Large fp32 floors let an 8e-4 formula difference through the fp32 ten-step check; the
+    backends' float64 runs still differ by it, against 1e-8."""
+    good = reference()
+    refs = {("a", 1, "m"): good, ("b", 1, "m"): diverged(good, 8e-4)}
+    referees = {("a", "m"): good, ("b", "m"): diverged(good, 8e-4)}
+    checks = run_checks(refs, "a", floors={("a", "m"): 3e-3, ("b", "m"): 1e-6}, referees=referees)
+    assert ten_steps(checks, "b").passed
+    failed = [c for c in checks if not c.passed]
+    assert [(c.check, c.subject, c.tolerance) for c in failed] == [
+        ("float64: 10 steps: losses and final weights", "m: b d1 vs a d1, float64", 1e-8)]
+    assert len(run_checks(refs, "a", referees={("a", "m"): good})) == len(run_checks(refs, "a"))  # b has none
+
+
 def test_every_program_of_a_backend_shares_its_floor():
     from xbench.verify import program_floors
 
@@ -146,6 +160,12 @@ def test_every_program_of_a_backend_shares_its_floor():
 
 
 # -- real backends ---------------------------------------------------------------------------
+
+def table_rows(out, check, subject):
+    """The verify table's rows of `check` comparing `subject`, as stripped cells."""
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    return [row for row in rows if row[:2] == [check, subject]]
+
 
 WIDE_MLP = """
 devices = [1]
@@ -161,6 +181,18 @@ batch_sizes = [32]
 
 
 @pytest.mark.slow
+def test_another_adam_epsilon_fails_the_float64_check(fake_backends, run_cli):
+    """Keras's default epsilon (1e-7) moves ten fp32 steps of the medium MLP by about 7e-5,
+    within the fp32 tolerance; the float64 runs differ by the same 7e-5 against 1e-8."""
+    code, out, err = run_cli("verify", "--backends", "jax", "jax-eps", "--model", "medium", "--devices", "1",
+                             "--single-device", "data-parallel")
+    assert code == 1
+    [row] = table_rows(out, "float64: 10 steps: losses and final weights", "medium: jax-eps d1 vs jax d1, float64")
+    assert row[6] == "FAIL" and float(row[4]) > 1e-6
+    assert "jax-eps" in err.split("verification failed for:")[1]
+
+
+@pytest.mark.slow
 def test_a_wide_relu_mlp_whose_rounding_is_amplified_passes_with_its_floor(run_cli, tmp_path):
     """3 x 640 at seed 1: ten fp32 steps of correct backends end about 7e-4 apart (a fixed 1e-4
     failed torch against jax); their float64 runs measure the floor that widens the tolerance.
@@ -169,7 +201,7 @@ def test_a_wide_relu_mlp_whose_rounding_is_amplified_passes_with_its_floor(run_c
     code, out, err = run_cli("verify", "--config", str(tmp_path / "wide.toml"), "--backends", "jax", "torch",
                              "--devices", "1", "--single-device", "data-parallel")
     assert code == 0, out + err
-    [row] = [line for line in out.splitlines() if "10 steps" in line and "w640: torch d1 vs jax d1" in line]
-    norm_rel, tolerance = (float(cell) for cell in row.split("│")[5:7])
+    [row] = table_rows(out, "10 steps: losses and final weights", "w640: torch d1 vs jax d1")
+    norm_rel, tolerance = (float(cell) for cell in row[4:6])
     assert 1e-4 < norm_rel <= tolerance  # beyond the fixed tolerance, within the widened one
     assert "rounding floors ||fp32 - float64|| of ten steps (w640: jax" in " ".join(err.split())

@@ -97,7 +97,8 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     floors, rejected = rounding_floors(refs, referees)
     no_floor = {key: why for key, why in {**no_floor, **rejected}.items() if key[0] not in unverifiable}
     return Verification(tuple(run_checks(refs, reference_backend=reference, per_device_statistics=per_device,
-                                         float64=float64, floors=program_floors(floors, backend_of))),
+                                         float64=float64, floors=program_floors(floors, backend_of),
+                                         referees={key: ref for key, ref in referees.items() if key in floors})),
                         problems,
                         frozenset(owners.values()), unverifiable, owners, floors, no_floor)
 
