@@ -41,6 +41,9 @@ class KerasEpsilonJax(JaxPmapBackend):
 
         from xbench_backends.jax import pmap
 
-        # This worker process runs this backend alone (workers are per backend).
+        contract = pmap.optimizer
         pmap.optimizer = lambda learning_rate: optax.adam(learning_rate, b1=ADAM.b1, b2=ADAM.b2, eps=1e-7)
-        return super().prepare(trial, work)
+        try:
+            return super().prepare(trial, work)
+        finally:
+            pmap.optimizer = contract

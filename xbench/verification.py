@@ -14,8 +14,8 @@ from xbench.plan import Lineup, group_trials
 from xbench.registry import BackendEntry
 from xbench.spec import Spec
 from xbench.verify import (
-    Check, failed_backends, is_referee, load_reference, program_floors, rounding_floors, run_checks,
-    verification_precision, verification_trials,
+    Check, compared_in_float64, failed_backends, is_referee, load_reference, referee_checks, rounding_floors,
+    run_checks, verification_precision, verification_trials,
 )
 
 
@@ -70,37 +70,63 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     if listener is not None:
         ctx.listener = listener
     launcher.run_groups(group_trials(trials, {e.name: e.target for e in entries}), ctx, parallel)
-    refs, problems, owners, unverifiable = {}, {}, {}, {}
-    referees, no_floor, backend_of = {}, {}, {}
-    for record in records:
-        name = implementation_of(record["trial"])
-        backend_of[name] = record["trial"]["backend"]
-        key = (name, record["trial"]["devices"], record["trial"]["model"]["name"])
-        if is_referee(record["trial"]):
-            if record["status"] == "ok":
-                referees[(name, key[2])] = load_reference(Path(record["arrays"]))
-            elif record["status"] != "skipped":
-                no_floor[(name, key[2])] = f"{record['status']}: {record['reason']}"
-            continue
-        if record["status"] == "ok":
-            refs[key] = load_reference(Path(record["arrays"]))
-        elif record["status"] == "unsupported":
-            unverifiable[name] = record["reason"]
-        elif record["status"] == "skipped":
-            continue  # devices this machine lacks: those timing trials are skipped as well
-        else:
-            problems[record["trial_id"]] = f"{record['status']}: {record['reason']}"
-            owners[record["trial_id"]] = name
-    reference = next((n for n in names if n not in unverifiable), names[0])
+    runs = _sorted_records(records)
+    reference = next((n for n in names if n not in runs.unverifiable), names[0])
     per_device = {m.name for m in spec.models if m.kind.batch_statistics}
     float64 = {m.name for m in spec.models if verification_precision(m) == "fp64"}
-    floors, rejected = rounding_floors(refs, referees)
-    no_floor = {key: why for key, why in {**no_floor, **rejected}.items() if key[0] not in unverifiable}
-    return Verification(tuple(run_checks(refs, reference_backend=reference, per_device_statistics=per_device,
-                                         float64=float64, floors=program_floors(floors, backend_of),
-                                         referees={key: ref for key, ref in referees.items() if key in floors})),
-                        problems,
-                        frozenset(owners.values()), unverifiable, owners, floors, no_floor)
+    floors, no_floor = _floors(runs, reference)
+    checks = run_checks(runs.refs, reference_backend=reference, per_device_statistics=per_device,
+                        float64=float64, floors=floors)
+    checks += referee_checks({key: runs.referees[key] for key in floors}, runs.backend_of, reference)
+    return Verification(tuple(checks), runs.problems, frozenset(runs.owners.values()), runs.unverifiable,
+                        runs.owners, floors, no_floor)
+
+
+@dataclass
+class _Runs:
+    """The verification records sorted: fp32 (or the family's precision) references, float64
+    referees, and what failed or could not run."""
+
+    refs: dict = field(default_factory=dict)  # (implementation, devices, model) -> Reference
+    referees: dict = field(default_factory=dict)  # (implementation, model) -> its float64 Reference
+    no_referee: dict = field(default_factory=dict)  # (implementation, model) -> why its float64 run failed
+    problems: dict = field(default_factory=dict)  # trial id -> why it produced no reference
+    owners: dict = field(default_factory=dict)  # trial id of a problem -> its implementation
+    unverifiable: dict = field(default_factory=dict)  # implementation -> the capability it lacks
+    backend_of: dict = field(default_factory=dict)  # implementation -> backend
+
+
+def _sorted_records(records: Sequence[dict[str, Any]]) -> _Runs:
+    runs = _Runs()
+    for record in records:
+        name, status = implementation_of(record["trial"]), record["status"]
+        runs.backend_of[name] = record["trial"]["backend"]
+        model = record["trial"]["model"]["name"]
+        if is_referee(record["trial"]):
+            if status == "ok":
+                runs.referees[(name, model)] = load_reference(Path(record["arrays"]))
+            elif status != "skipped":
+                runs.no_referee[(name, model)] = f"{status}: {record['reason']}"
+        elif status == "ok":
+            runs.refs[(name, record["trial"]["devices"], model)] = load_reference(Path(record["arrays"]))
+        elif status == "unsupported":
+            runs.unverifiable[name] = record["reason"]
+        elif status != "skipped":  # skipped: devices this machine lacks (their timing is skipped too)
+            runs.problems[record["trial_id"]] = f"{status}: {record['reason']}"
+            runs.owners[record["trial_id"]] = name
+    return runs
+
+
+def _floors(runs: _Runs, reference: str) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], str]]:
+    """The rounding floors that may widen a tolerance (of float64 runs that were trusted and
+    compared with another program's), and why the other programs have none."""
+    floors, rejected = rounding_floors(runs.refs, runs.referees)
+    compared = compared_in_float64(referee_checks({key: runs.referees[key] for key in floors}, runs.backend_of,
+                                                  reference))
+    alone = {key: "no other program's float64 run to compare it with" for key in floors if key not in compared}
+    no_floor = {key: why for key, why in {**runs.no_referee, **rejected, **alone}.items()
+                if key[0] not in runs.unverifiable}
+    return {key: floor for key, floor in floors.items() if key in compared}, no_floor
 
 
 def checks_as_dicts(checks: Sequence[Check]) -> list[dict[str, Any]]:
