@@ -81,13 +81,14 @@ def test_rounding_floors_widen_only_the_ten_step_tolerance():
     refs = {("a", 1, "m"): good, ("b", 1, "m"): diverged(good, 5e-3)}
     assert ten_steps(run_checks(refs, "a"), "b").norm_rel == pytest.approx(5e-3, rel=0.05)
     assert not ten_steps(run_checks(refs, "a"), "b").passed
-    widened = ten_steps(run_checks(refs, "a", floors={("a", "m"): 3e-3, ("b", "m"): 1e-6}), "b")
+    both = {("a", "m"), ("b", "m")}
+    widened = ten_steps(run_checks(refs, "a", floors={("a", "m"): 3e-3, ("b", "m"): 1e-6}, compared=both), "b")
     assert widened.passed and widened.floor == pytest.approx(3.001e-3)
     assert widened.tolerance == pytest.approx(FLOOR_FACTOR * 3.001e-3)
     gradients = [c for c in run_checks(refs, "a", floors={("a", "m"): 3e-3}) if c.check.startswith("initial")]
     assert [c.tolerance for c in gradients] == [1e-4]
     formula = {("a", 1, "m"): good, ("b", 1, "m"): diverged(good, 8e-4)}
-    tight = ten_steps(run_checks(formula, "a", floors={("a", "m"): 1e-7, ("b", "m"): 1e-7}), "b")
+    tight = ten_steps(run_checks(formula, "a", floors={("a", "m"): 1e-7, ("b", "m"): 1e-7}, compared=both), "b")
     assert not tight.passed and tight.tolerance == 1e-4
 
 
@@ -96,9 +97,13 @@ def test_each_backend_has_a_float64_referee_on_one_device_for_fp32_models():
     from xbench.verify import REFEREE_PRECISION, is_referee, verification_trials
 
     spec = build_spec({"models": [{"preset": "medium"}, {"preset": "resnet18"}], "devices": [1, 2]})
-    trials = verification_trials(spec, ["jax", "torch"], [2])
+    from xbench.contract import PLAIN
+    from xbench.plan import Lineup
+
+    trials = verification_trials(spec, ["jax", "torch"], [2], lineups={"torch": Lineup(single_device=(PLAIN,))})
     referees = [t for t in trials if t.precision == REFEREE_PRECISION and t.model.name == "medium"]
-    assert {(t.backend, t.devices, t.implementation) for t in referees} == {("jax", 1, "jax"), ("torch", 1, "torch")}
+    assert {(t.backend, t.devices, t.implementation) for t in referees} == {
+        ("jax", 1, "jax"), ("torch", 1, "torch"), ("torch", 1, "torch plain")}
     assert all(is_referee({"precision": t.precision, "replicate": t.replicate}) for t in referees)
     assert len({t.id for t in trials}) == len(trials)  # a referee never overwrites the fp32 run's arrays
     # resnet18 is verified in float64 already: no referee, and its trials are not referees
@@ -133,14 +138,25 @@ def test_a_non_finite_trajectory_fails_whatever_the_tolerance():
     good = reference()
     blown = Reference(good.loss, good.gradients, good.losses, [[np.full_like(w, np.nan) for w in good.replicas[0]]])
     check = ten_steps(run_checks({("a", 1, "m"): good, ("b", 1, "m"): blown}, "a",
-                                 floors={("a", "m"): float("inf"), ("b", "m"): 1.0}), "b")
+                                 floors={("a", "m"): float("inf"), ("b", "m"): 1.0},
+                                 compared={("a", "m"), ("b", "m")}), "b")
     assert check.tolerance == float("inf") and not check.passed
 
 
-def test_only_a_pair_with_two_floors_is_widened():
+def test_only_a_pair_with_two_floors_compared_in_float64_is_widened():
     good = reference()
     refs = {("a", 1, "m"): good, ("b", 1, "m"): diverged(good, 8e-4)}
-    assert ten_steps(run_checks(refs, "a", floors={("a", "m"): 3e-3}), "b").tolerance == 1e-4
+    floors = {("a", "m"): 3e-3, ("b", "m"): 1e-6}
+    assert ten_steps(run_checks(refs, "a", floors={("a", "m"): 3e-3}, compared={("a", "m")}), "b").tolerance == 1e-4
+    assert ten_steps(run_checks(refs, "a", floors=floors, compared={("a", "m")}), "b").tolerance == 1e-4
+    assert ten_steps(run_checks(refs, "a", floors=floors, compared=set(floors)), "b").tolerance > 6e-3
+
+
+def test_the_same_program_on_n_devices_uses_its_floor_without_a_float64_comparison():
+    good = reference()
+    refs = {("a", 1, "m"): good, ("a", 2, "m"): diverged(good, 5e-3)}
+    [check] = [c for c in run_checks(refs, "a", floors={("a", "m"): 3e-3}) if c.check.startswith("10 steps")]
+    assert check.passed and check.tolerance == pytest.approx(2 * 2 * 3e-3)
 
 
 def test_float64_runs_are_compared_pairwise_and_a_third_backend_isolates_the_odd_one():
@@ -151,7 +167,8 @@ def test_float64_runs_are_compared_pairwise_and_a_third_backend_isolates_the_odd
 
     good, off = reference(), diverged(reference(), 8e-4)
     refs = {("a", 1, "m"): good, ("b", 1, "m"): off}
-    assert ten_steps(run_checks(refs, "a", floors={("a", "m"): 3e-3, ("b", "m"): 1e-6}), "b").passed
+    floors = {("a", "m"): 3e-3, ("b", "m"): 1e-6}
+    assert ten_steps(run_checks(refs, "a", floors=floors, compared=set(floors)), "b").passed
     owners = {"a": "a", "b": "b", "c": "c", "c plain": "c"}
     checks = referee_checks({("a", "m"): good, ("b", "m"): off, ("c", "m"): good, ("c plain", "m"): good},
                             owners, "a")
@@ -162,6 +179,35 @@ def test_float64_runs_are_compared_pairwise_and_a_third_backend_isolates_the_odd
     assert failed_backends(checks) == {"b"}
     bad_reference = referee_checks({("a", "m"): off, ("b", "m"): good, ("c", "m"): good}, owners, "a")
     assert failed_backends(bad_reference) == {"a"}
+
+
+def test_a_program_of_the_same_backend_clears_nobody_and_another_model_clears_nobody():
+    """The same wrong code in a backend and its plain program: only another backend clears;
+    and passing on model n says nothing about model m."""
+    from xbench.verify import failed_backends, referee_checks
+
+    good, off = reference(), diverged(reference(), 8e-4)
+    owners = {"jax": "jax", "eps": "eps", "eps plain": "eps", "other": "other"}
+    two = referee_checks({("jax", "m"): good, ("eps", "m"): off, ("eps plain", "m"): off}, owners, "jax")
+    assert failed_backends(two) == {"jax", "eps"}  # two backends: both, as ever; the plain program clears nobody
+    three = referee_checks({("jax", "m"): good, ("eps", "m"): off, ("eps plain", "m"): off, ("other", "m"): good},
+                           owners, "jax")
+    assert failed_backends(three) == {"eps"}
+    runs = {(b, m): (off if (b, m) == ("eps", "m") else good) for b in ("jax", "eps", "other") for m in ("m", "n")}
+    assert failed_backends(referee_checks(runs, owners, "jax")) == {"eps"}
+    runs[("jax", "n")], runs[("eps", "m")] = off, good  # now the reference is off, on model n only
+    assert failed_backends(referee_checks(runs, owners, "jax")) == {"jax"}
+
+
+def test_a_program_whose_backend_has_no_float64_run_is_compared_with_every_backend():
+    from xbench.verify import failed_backends, referee_checks
+
+    good, off = reference(), diverged(reference(), 8e-4)
+    owners = {"jax": "jax", "tf": "tf", "torch plain": "torch"}
+    checks = referee_checks({("jax", "m"): off, ("tf", "m"): good, ("torch plain", "m"): good}, owners, "jax")
+    assert {c.subject for c in checks} == {"m: tf d1 vs jax d1, float64", "m: torch plain d1 vs jax d1, float64",
+                                           "m: torch plain d1 vs tf d1, float64"}
+    assert failed_backends(checks) == {"jax"}
 
 
 # -- real backends ---------------------------------------------------------------------------

@@ -60,7 +60,7 @@ from xbench.work import Work, hash_arrays, hash_weights
 __all__ = [
     "ADAM", "AS_WRITTEN", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL", "LAUNCHERS", "PLAIN", "Adam", "Availability",
     "Backend", "DeviceInfo", "DeviceUnavailable", "Prepared", "PreparedInfo", "Process", "Trial", "Unsupported",
-    "Variant", "Work", "families_of", "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of",
+    "Variant", "Work", "backend_of_implementation", "families_of", "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of",
     "probe_distributions", "programs_of", "replicate_id", "variants_of",
 ]
 
@@ -332,6 +332,11 @@ def implementation(backend: str, variant: str = AS_WRITTEN, program: str = DATA_
     "jax", "jax plain", "torch+compile", "torch plain+compile"."""
     name = backend if program == DATA_PARALLEL else f"{backend} {program}"
     return name if variant == AS_WRITTEN else f"{name}+{variant}"
+
+
+def backend_of_implementation(name: str) -> str:
+    """The backend of an `implementation` name: "torch plain+compile" -> "torch"."""
+    return name.split(" ")[0].split("+")[0]
 
 
 def replicate_id(config_id: str, replicate: int) -> str:

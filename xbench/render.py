@@ -240,8 +240,9 @@ def floors_caption(floors: Mapping[tuple[str, str], float], no_floor: Mapping[tu
     per_model = {model: ", ".join(f"{backend} {floor:.1e}" for (backend, m), floor in sorted(floors.items()) if m == model)
                  for model in sorted({model for _, model in floors})}
     measured = "; ".join(f"{model}: {backends}" for model, backends in per_model.items())
-    parts = [f"rounding floors ||fp32 - float64|| of ten steps ({measured}); a ten-step tolerance is at least "
-             f"{FLOOR_FACTOR:g} x the two programs' floors together"] if floors else []
+    parts = [f"rounding floors ||fp32 - float64|| of ten steps ({measured}); where both programs of an fp32 "
+             f"ten-step check have one (and float64 checks compared both), its tolerance is at least "
+             f"{FLOOR_FACTOR:g} x their sum"] if floors else []
     parts += [f"{backend} has no floor for {model} ({why})" for (backend, model), why in sorted(no_floor.items())]
     return "; ".join(parts) + "." if parts else None
 

@@ -74,12 +74,13 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     reference = next((n for n in names if n not in runs.unverifiable), names[0])
     per_device = {m.name for m in spec.models if m.kind.batch_statistics}
     float64 = {m.name for m in spec.models if verification_precision(m) == "fp64"}
-    floors, no_floor = _floors(runs, reference)
+    floors, rejected = rounding_floors(runs.refs, runs.referees)
+    float64_checks = referee_checks({key: runs.referees[key] for key in floors}, runs.backend_of, reference)
     checks = run_checks(runs.refs, reference_backend=reference, per_device_statistics=per_device,
-                        float64=float64, floors=floors)
-    checks += referee_checks({key: runs.referees[key] for key in floors}, runs.backend_of, reference)
-    return Verification(tuple(checks), runs.problems, frozenset(runs.owners.values()), runs.unverifiable,
-                        runs.owners, floors, no_floor)
+                        float64=float64, floors=floors, compared=compared_in_float64(float64_checks))
+    no_floor = {key: why for key, why in {**runs.no_referee, **rejected}.items() if key[0] not in runs.unverifiable}
+    return Verification(tuple(checks + float64_checks), runs.problems, frozenset(runs.owners.values()),
+                        runs.unverifiable, runs.owners, floors, no_floor)
 
 
 @dataclass
@@ -115,18 +116,6 @@ def _sorted_records(records: Sequence[dict[str, Any]]) -> _Runs:
             runs.problems[record["trial_id"]] = f"{status}: {record['reason']}"
             runs.owners[record["trial_id"]] = name
     return runs
-
-
-def _floors(runs: _Runs, reference: str) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], str]]:
-    """The rounding floors that may widen a tolerance (of float64 runs that were trusted and
-    compared with another program's), and why the other programs have none."""
-    floors, rejected = rounding_floors(runs.refs, runs.referees)
-    compared = compared_in_float64(referee_checks({key: runs.referees[key] for key in floors}, runs.backend_of,
-                                                  reference))
-    alone = {key: "no other program's float64 run to compare it with" for key in floors if key not in compared}
-    no_floor = {key: why for key, why in {**runs.no_referee, **rejected, **alone}.items()
-                if key[0] not in runs.unverifiable}
-    return {key: floor for key, floor in floors.items() if key in compared}, no_floor
 
 
 def checks_as_dicts(checks: Sequence[Check]) -> list[dict[str, Any]]:

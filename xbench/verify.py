@@ -14,8 +14,8 @@ The checks then compare, within tolerances derived from fp32 rounding:
 2. each backend's initial loss and gradients against the reference backend's;
 3. each backend's loss curve and final weights, on every device count, against the
    reference backend on 1 device, within a tolerance widened where fp32 rounding alone moves
-   the ten-step trajectory (each backend's float64 "referee" run, `floors`), and each
-   backend's float64 run against the reference backend's at float64 tolerances;
+   the ten-step trajectory (each program's float64 "referee" run, `floors`), and the float64
+   runs against each other at float64 tolerances (`referee_checks`);
 4. the replicas' weights against each other after training (they drift apart when
    gradients are not all-reduced).
 """
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from xbench.contract import Backend, Trial, Unsupported
+from xbench.contract import Backend, Trial, Unsupported, backend_of_implementation
 from xbench.plan import Lineup
 from xbench.spec import ModelSpec, Protocol, Spec
 
@@ -298,11 +298,13 @@ Key = tuple[str, int, str]  # (implementation: backend, variant, program; device
 
 def run_checks(refs: Mapping[Key, Reference], reference_backend: str,
                per_device_statistics: Collection[str] = (), float64: Collection[str] = (),
-               floors: Mapping[tuple[str, str], float] | None = None) -> list[Check]:
+               floors: Mapping[tuple[str, str], float] | None = None,
+               compared: Collection[tuple[str, str]] = ()) -> list[Check]:
     """All four kinds of check over whatever references exist. `floors` maps (implementation,
-    model) to its rounding floor (`rounding_floors`, of programs whose float64 run a float64
-    check compared), which widens the fp32 ten-step tolerance of a pair that both have one
-    (see FLOOR_FACTOR); otherwise the fixed tolerance holds. Models named in
+    model) to its rounding floor (`rounding_floors`), which widens the fp32 ten-step tolerance
+    of a pair that both have one (see FLOOR_FACTOR): the same program on N and 1 devices, or
+    two programs whose float64 runs float64 checks compared (`compared`, see
+    `compared_in_float64`); otherwise the fixed tolerance holds. Models named in
     `per_device_statistics` normalise over each device's share of the batch (BatchNorm), so
     their N-device arithmetic differs from 1 device's by design: they are compared with the
     reference backend at the same device count, and skip "N devices = 1 device" (the
@@ -328,7 +330,8 @@ def run_checks(refs: Mapping[Key, Reference], reference_backend: str,
                                  [ref.loss, *ref.gradients], [base.loss, *base.gradients], tolerances["gradients"],
                                  (me, base_key)))
         if me != base_key and base is not None:
-            floor = _floor(floors or {}, model, backend, reference_backend)
+            usable = {key: f for key, f in (floors or {}).items() if backend == reference_backend or key in compared}
+            floor = _floor(usable, model, backend, reference_backend)
             tolerance = tolerances["training"] if floor is None else max(tolerances["training"], FLOOR_FACTOR * floor)
             checks.append(replace(_check(f"{VERIFY_STEPS} steps: losses and final weights", against,
                                          tuple(dict.fromkeys((backend, reference_backend))),
@@ -347,13 +350,14 @@ def referee_checks(referees: Mapping[tuple[str, str], Reference], backend_of: Ma
     float64 tolerances: the formula check that a widened fp32 ten-step tolerance can no longer
     be (see FLOOR_FACTOR). Every pair of backends' own programs (data-parallel, as written),
     so that a third clears a correct one (`failed_backends`); each other program or variant
-    against its backend's own, or the first backend's where that has none."""
+    against its backend's own, or against every backend's where that has none."""
     checks = []
     for model in dict.fromkeys(model for _, model in referees):
         names = sorted((name for name, m in referees if m == model), key=lambda n: (n != reference_backend, n))
         own = [n for n in names if backend_of.get(n) == n]
         pairs = [(a, b) for i, b in enumerate(own) for a in own[i + 1:]]
-        pairs += [(n, backend_of.get(n) if backend_of.get(n) in own else own[0]) for n in names if n not in own and own]
+        for name in (n for n in names if n not in own):  # with its backend's run, else with every backend's
+            pairs += [(name, backend_of[name])] if backend_of.get(name) in own else [(name, o) for o in own]
         for name, base in pairs:
             checks += _float64_pair(model, name, referees[(name, model)], base, referees[(base, model)])
     return checks
@@ -385,10 +389,11 @@ def _check(name: str, subject: str, backends: tuple[str, ...], actual, expected,
 
 
 def failed_backends(checks: Sequence[Check]) -> set[str]:
-    """The backends the failed checks implicate. A check within one backend blames it. A
-    disagreement between two backends blames both, unless one of the two results compared
-    fails a check of its own (that backend is then the culprit), or one of them passes the
-    same check against a third backend (it is then cleared)."""
+    """The backends (implementations) the failed checks implicate. A check within one
+    backend blames it. A disagreement between two blames both, unless one of the two results
+    compared fails a check of its own (that one is then the culprit), or one of them passes
+    the same check, on the same result, against a third backend (it is then cleared; a
+    program or variant of either backend shares its code, so it clears nobody)."""
     own_failures = {c.keys[0] for c in checks if len(c.backends) == 1 and not c.passed and c.keys}
     blamed = {c.backends[0] for c in checks if len(c.backends) == 1 and not c.passed}
     for check in checks:
@@ -396,7 +401,15 @@ def failed_backends(checks: Sequence[Check]) -> set[str]:
             continue
         pair = set(check.backends)
         culprits = {key[0] for key in check.keys if key in own_failures}
-        cleared = {b for c in checks if c.passed and c.check == check.check and len(set(c.backends) - pair) == 1
-                   for b in c.backends if b in pair}
-        blamed.update(culprits or (pair - cleared) or pair)
+        blamed.update(culprits or (pair - _cleared(check, checks)) or pair)
     return blamed
+
+
+def _cleared(failed: Check, checks: Sequence[Check]) -> set[str]:
+    """Who of a failed two-backend check passes the same check on the same result against
+    a backend that is neither of the two."""
+    pair = {backend_of_implementation(b) for b in failed.backends}
+    return {name for name, key in zip(failed.backends, failed.keys)
+            for c in checks if c.passed and c.check == failed.check and key in c.keys
+            and all(backend_of_implementation(b) not in pair for b in c.backends if b != name)
+            and len(c.backends) == 2}
