@@ -60,8 +60,8 @@ from xbench.work import Work, hash_arrays, hash_weights
 __all__ = [
     "ADAM", "AS_WRITTEN", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL", "LAUNCHERS", "PLAIN", "Adam", "Availability",
     "Backend", "DeviceInfo", "DeviceUnavailable", "Prepared", "PreparedInfo", "Process", "Trial", "Unsupported",
-    "Variant", "Work", "backend_of_implementation", "families_of", "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of",
-    "probe_distributions", "programs_of", "replicate_id", "variants_of",
+    "Variant", "Work", "backend_of_implementation", "families_of", "hash_arrays", "hash_weights", "implementation",
+    "implementation_of", "launchers_of", "probe_distributions", "programs_of", "replicate_id", "variants_of",
 ]
 
 LAUNCHERS = ("subprocess", "spmd")

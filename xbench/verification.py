@@ -28,8 +28,8 @@ class Verification:
     problem_backends: frozenset[str]  # a verification trial failed, crashed or timed out
     unverifiable: dict[str, str]  # backend -> which capability it lacks
     owners: dict[str, str] = field(default_factory=dict)  # trial id of a problem -> its backend
-    floors: dict[tuple[str, str], float] = field(default_factory=dict)  # (backend, model) -> rounding floor
-    no_floor: dict[tuple[str, str], str] = field(default_factory=dict)  # (backend, model) -> why it has none
+    floors: dict[tuple[str, str], float] = field(default_factory=dict)  # (implementation, model) -> rounding floor
+    no_floor: dict[tuple[str, str], str] = field(default_factory=dict)  # (implementation, model) -> why none
 
     @property
     def failed(self) -> set[str]:
