@@ -96,10 +96,10 @@ def test_each_backend_has_a_float64_referee_on_one_device_for_fp32_models():
     from xbench.spec import build_spec
     from xbench.verify import REFEREE_PRECISION, is_referee, verification_trials
 
-    spec = build_spec({"models": [{"preset": "medium"}, {"preset": "resnet18"}], "devices": [1, 2]})
     from xbench.contract import PLAIN
     from xbench.plan import Lineup
 
+    spec = build_spec({"models": [{"preset": "medium"}, {"preset": "resnet18"}], "devices": [1, 2]})
     trials = verification_trials(spec, ["jax", "torch"], [2], lineups={"torch": Lineup(single_device=(PLAIN,))})
     referees = [t for t in trials if t.precision == REFEREE_PRECISION and t.model.name == "medium"]
     assert {(t.backend, t.devices, t.implementation) for t in referees} == {
@@ -169,15 +169,13 @@ def test_float64_runs_are_compared_pairwise_and_a_third_backend_isolates_the_odd
     refs = {("a", 1, "m"): good, ("b", 1, "m"): off}
     floors = {("a", "m"): 3e-3, ("b", "m"): 1e-6}
     assert ten_steps(run_checks(refs, "a", floors=floors, compared=set(floors)), "b").passed
-    owners = {"a": "a", "b": "b", "c": "c", "c plain": "c"}
-    checks = referee_checks({("a", "m"): good, ("b", "m"): off, ("c", "m"): good, ("c plain", "m"): good},
-                            owners, "a")
+    checks = referee_checks({("a", "m"): good, ("b", "m"): off, ("c", "m"): good, ("c plain", "m"): good}, "a")
     assert {c.subject for c in checks} == {"m: b d1 vs a d1, float64", "m: c d1 vs a d1, float64",
                                            "m: c d1 vs b d1, float64", "m: c plain d1 vs c d1, float64"}
     assert {c.tolerance for c in checks} == {1e-8}
     assert [c.subject for c in checks if not c.passed] == ["m: b d1 vs a d1, float64", "m: c d1 vs b d1, float64"]
     assert failed_backends(checks) == {"b"}
-    bad_reference = referee_checks({("a", "m"): off, ("b", "m"): good, ("c", "m"): good}, owners, "a")
+    bad_reference = referee_checks({("a", "m"): off, ("b", "m"): good, ("c", "m"): good}, "a")
     assert failed_backends(bad_reference) == {"a"}
 
 
@@ -187,24 +185,22 @@ def test_a_program_of_the_same_backend_clears_nobody_and_another_model_clears_no
     from xbench.verify import failed_backends, referee_checks
 
     good, off = reference(), diverged(reference(), 8e-4)
-    owners = {"jax": "jax", "eps": "eps", "eps plain": "eps", "other": "other"}
-    two = referee_checks({("jax", "m"): good, ("eps", "m"): off, ("eps plain", "m"): off}, owners, "jax")
+    two = referee_checks({("jax", "m"): good, ("eps", "m"): off, ("eps plain", "m"): off}, "jax")
     assert failed_backends(two) == {"jax", "eps"}  # two backends: both, as ever; the plain program clears nobody
     three = referee_checks({("jax", "m"): good, ("eps", "m"): off, ("eps plain", "m"): off, ("other", "m"): good},
-                           owners, "jax")
+                           "jax")
     assert failed_backends(three) == {"eps"}
     runs = {(b, m): (off if (b, m) == ("eps", "m") else good) for b in ("jax", "eps", "other") for m in ("m", "n")}
-    assert failed_backends(referee_checks(runs, owners, "jax")) == {"eps"}
+    assert failed_backends(referee_checks(runs, "jax")) == {"eps"}
     runs[("jax", "n")], runs[("eps", "m")] = off, good  # now the reference is off, on model n only
-    assert failed_backends(referee_checks(runs, owners, "jax")) == {"jax"}
+    assert failed_backends(referee_checks(runs, "jax")) == {"jax"}
 
 
 def test_a_program_whose_backend_has_no_float64_run_is_compared_with_every_backend():
     from xbench.verify import failed_backends, referee_checks
 
     good, off = reference(), diverged(reference(), 8e-4)
-    owners = {"jax": "jax", "tf": "tf", "torch plain": "torch"}
-    checks = referee_checks({("jax", "m"): off, ("tf", "m"): good, ("torch plain", "m"): good}, owners, "jax")
+    checks = referee_checks({("jax", "m"): off, ("tf", "m"): good, ("torch plain", "m"): good}, "jax")
     assert {c.subject for c in checks} == {"m: tf d1 vs jax d1, float64", "m: torch plain d1 vs jax d1, float64",
                                            "m: torch plain d1 vs tf d1, float64"}
     assert failed_backends(checks) == {"jax"}

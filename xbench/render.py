@@ -237,7 +237,7 @@ def floors_caption(floors: Mapping[tuple[str, str], float], no_floor: Mapping[tu
     which sets a ten-step tolerance where it is larger than the fixed one; None without any."""
     from xbench.verify import FLOOR_FACTOR
 
-    per_model = {model: ", ".join(f"{backend} {floor:.1e}" for (backend, m), floor in sorted(floors.items()) if m == model)
+    per_model = {model: ", ".join(f"{name} {floor:.1e}" for (name, m), floor in sorted(floors.items()) if m == model)
                  for model in sorted({model for _, model in floors})}
     measured = "; ".join(f"{model}: {backends}" for model, backends in per_model.items())
     parts = [f"rounding floors ||fp32 - float64|| of ten steps ({measured}); where both programs of an fp32 "

@@ -75,7 +75,7 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     per_device = {m.name for m in spec.models if m.kind.batch_statistics}
     float64 = {m.name for m in spec.models if verification_precision(m) == "fp64"}
     floors, rejected = rounding_floors(runs.refs, runs.referees)
-    float64_checks = referee_checks({key: runs.referees[key] for key in floors}, runs.backend_of, reference)
+    float64_checks = referee_checks({key: runs.referees[key] for key in floors}, reference)
     checks = run_checks(runs.refs, reference_backend=reference, per_device_statistics=per_device,
                         float64=float64, floors=floors, compared=compared_in_float64(float64_checks))
     no_floor = {key: why for key, why in {**runs.no_referee, **rejected}.items() if key[0] not in runs.unverifiable}
@@ -94,14 +94,12 @@ class _Runs:
     problems: dict = field(default_factory=dict)  # trial id -> why it produced no reference
     owners: dict = field(default_factory=dict)  # trial id of a problem -> its implementation
     unverifiable: dict = field(default_factory=dict)  # implementation -> the capability it lacks
-    backend_of: dict = field(default_factory=dict)  # implementation -> backend
 
 
 def _sorted_records(records: Sequence[dict[str, Any]]) -> _Runs:
     runs = _Runs()
     for record in records:
         name, status = implementation_of(record["trial"]), record["status"]
-        runs.backend_of[name] = record["trial"]["backend"]
         model = record["trial"]["model"]["name"]
         if is_referee(record["trial"]):
             if status == "ok":

@@ -331,8 +331,7 @@ def run_checks(refs: Mapping[Key, Reference], reference_backend: str,
                                  [ref.loss, *ref.gradients], [base.loss, *base.gradients], tolerances["gradients"],
                                  (me, base_key)))
         if me != base_key and base is not None:
-            usable = {key: f for key, f in (floors or {}).items() if backend == reference_backend or key in compared}
-            floor = _floor(usable, model, backend, reference_backend)
+            floor = _floor(floors or {}, compared, model, backend, reference_backend)
             tolerance = tolerances["training"] if floor is None else max(tolerances["training"], FLOOR_FACTOR * floor)
             checks.append(replace(_check(f"{VERIFY_STEPS} steps: losses and final weights", against,
                                          tuple(dict.fromkeys((backend, reference_backend))),
@@ -345,8 +344,7 @@ def run_checks(refs: Mapping[Key, Reference], reference_backend: str,
     return checks
 
 
-def referee_checks(referees: Mapping[tuple[str, str], Reference], backend_of: Mapping[str, str],
-                   reference_backend: str) -> list[Check]:
+def referee_checks(referees: Mapping[tuple[str, str], Reference], reference_backend: str) -> list[Check]:
     """The accepted float64 runs ((implementation, model) -> run) against each other at
     float64 tolerances: the formula check that a widened fp32 ten-step tolerance can no longer
     be (see FLOOR_FACTOR). Every pair of backends' own programs (data-parallel, as written),
@@ -355,10 +353,11 @@ def referee_checks(referees: Mapping[tuple[str, str], Reference], backend_of: Ma
     checks = []
     for model in dict.fromkeys(model for _, model in referees):
         names = sorted((name for name, m in referees if m == model), key=lambda n: (n != reference_backend, n))
-        own = [n for n in names if backend_of.get(n) == n]
+        own = [n for n in names if backend_of_implementation(n) == n]
         pairs = [(a, b) for i, b in enumerate(own) for a in own[i + 1:]]
         for name in (n for n in names if n not in own):  # with its backend's run, else with every backend's
-            pairs += [(name, backend_of[name])] if backend_of.get(name) in own else [(name, o) for o in own]
+            backend = backend_of_implementation(name)
+            pairs += [(name, backend)] if backend in own else [(name, o) for o in own]
         for name, base in pairs:
             checks += _float64_pair(model, name, referees[(name, model)], base, referees[(base, model)])
     return checks
@@ -378,10 +377,14 @@ def compared_in_float64(checks: Sequence[Check]) -> set[tuple[str, str]]:
     return {(key[0], key[2]) for c in checks if c.check.startswith("float64:") for key in c.keys}
 
 
-def _floor(floors: Mapping[tuple[str, str], float], model: str, *backends: str) -> float | None:
-    """The sum of the floors of the two programs compared, or None unless both have one."""
-    known = [floors[(b, model)] for b in backends if (b, model) in floors]
-    return sum(known) if len(known) == len(backends) else None
+def _floor(floors: Mapping[tuple[str, str], float], compared: Collection[tuple[str, str]], model: str,
+           tested: str, reference: str) -> float | None:
+    """The sum of the two programs' floors, or None unless both have one and, for two
+    different programs, float64 checks compared both."""
+    keys = [(tested, model), (reference, model)]
+    if not all(key in floors for key in keys) or (tested != reference and not all(key in compared for key in keys)):
+        return None
+    return sum(floors[key] for key in keys)
 
 
 def _check(name: str, subject: str, backends: tuple[str, ...], actual, expected, tolerance: float,
