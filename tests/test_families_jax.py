@@ -1,5 +1,6 @@
 """The jax backends' model families (transformer, cnn, lstm; issue 15), in-process on
-simulated CPU devices: parameter counts from the framework's own variables, readback of the
+simulated CPU devices, as Flax NNX modules (as written) and in plain jax.numpy (the `jnp`
+variant; issue 24): parameter counts from the framework's own variables, readback of the
 core's weights bit for bit, verification against deliberately wrong builds (which the real
 check code must reject), per-device BatchNorm statistics, the fused variant, and bf16."""
 
@@ -22,7 +23,7 @@ pytest.importorskip("jax")
 pytest.importorskip("flax")
 pytest.importorskip("optax")
 
-from xbench_backends.jax import cnn, lstm, transformer  # noqa: E402
+from xbench_backends.jax import cnn, lstm, nnx_cnn, nnx_lstm, nnx_transformer, transformer  # noqa: E402
 from xbench_backends.jax.pmap import JaxPmapBackend  # noqa: E402
 from xbench_backends.jax.shardmap import JaxAutoBackend, JaxShardMapBackend  # noqa: E402
 
@@ -50,14 +51,35 @@ TINY = {
 # and only verify's ten training steps take the difference past it (1.4e-4 against 1e-4).
 GRADIENTS, TRAINING = "initial loss and gradients across backends", "10 steps: losses and final weights"
 SLOW = pytest.mark.slow  # over ~10 s on a shared 2-core CPU
+JNP = "jnp"
+
+
+LSTM_PATHS = nnx_lstm.paths
+
+
+def swapped_lstm_paths(dims):
+    """Layer 1's kernel and recurrent kernel exchanged (both [hidden, 4 hidden] there)."""
+    found = LSTM_PATHS(dims)
+    found[3], found[4] = found[4], found[3]
+    return found
+
+
+# (model, variant, module, constant, wrong value, the check that must catch it)
 WRONG_BUILDS = [
-    pytest.param("transformer-tiny", transformer, "GELU_APPROXIMATE", False, TRAINING, id="transformer-gelu-erf",
+    pytest.param("transformer-tiny", AS_WRITTEN, nnx_transformer, "GELU_APPROXIMATE", False, TRAINING,
+                 id="nnx-transformer-gelu-erf", marks=SLOW),
+    pytest.param("transformer", AS_WRITTEN, nnx_transformer, "LAYER_NORM_EPSILON", 1e-3, GRADIENTS,
+                 id="nnx-transformer-layernorm-eps-keras"),
+    pytest.param("cnn", AS_WRITTEN, nnx_cnn, "EXPLICIT_PADDING", False, GRADIENTS, id="nnx-cnn-same-padding",
                  marks=SLOW),
-    pytest.param("transformer", transformer, "LAYER_NORM_EPSILON", 1e-3, GRADIENTS,
-                 id="transformer-layernorm-eps-keras"),
-    pytest.param("cnn", cnn, "EXPLICIT_PADDING", False, GRADIENTS, id="cnn-same-padding", marks=SLOW),
-    pytest.param("cnn", cnn, "BATCH_NORM_EPSILON", 1e-3, GRADIENTS, id="cnn-batchnorm-eps-keras", marks=SLOW),
-    pytest.param("lstm", lstm, "GATE_ORDER", ("f", "i", "g", "o"), GRADIENTS, id="lstm-gates-i-f-swapped"),
+    pytest.param("cnn", AS_WRITTEN, nnx_cnn, "BATCH_NORM_EPSILON", 1e-3, GRADIENTS, id="nnx-cnn-batchnorm-eps-keras",
+                 marks=SLOW),
+    pytest.param("lstm", AS_WRITTEN, nnx_lstm, "paths", swapped_lstm_paths, GRADIENTS,
+                 id="nnx-lstm-kernel-recurrent-swapped"),
+    pytest.param("transformer", JNP, transformer, "LAYER_NORM_EPSILON", 1e-3, GRADIENTS,
+                 id="jnp-transformer-layernorm-eps-keras"),
+    pytest.param("cnn", JNP, cnn, "EXPLICIT_PADDING", False, GRADIENTS, id="jnp-cnn-same-padding", marks=SLOW),
+    pytest.param("lstm", JNP, lstm, "GATE_ORDER", ("f", "i", "g", "o"), GRADIENTS, id="jnp-lstm-gates-i-f-swapped"),
 ]
 
 
@@ -82,11 +104,12 @@ def backends():
 
 
 def trial(model: ModelSpec, backend: str = "jax", devices: int = 1, program: str = DATA_PARALLEL,
-          precision: str = "fp32", steps_per_call: int = 1, batch: int = BATCH, steps: int = STEPS) -> Trial:
+          precision: str = "fp32", steps_per_call: int = 1, batch: int = BATCH, steps: int = STEPS,
+          variant: str = AS_WRITTEN) -> Trial:
     protocol = Protocol(warmup_steps=0, steps=steps, repeats=1, steps_per_call=steps_per_call, trial_timeout_s=600)
     return Trial(backend=backend, model=replace(model, batch_sizes=(batch,)), devices=devices, global_batch=batch,
                  scaling="strong", precision=precision, platform="cpu", learning_rate=1e-3, seed=0,
-                 samples=batch * steps, protocol=protocol, options={}, launcher="subprocess", variant=AS_WRITTEN,
+                 samples=batch * steps, protocol=protocol, options={}, launcher="subprocess", variant=variant,
                  program=program)
 
 
@@ -114,11 +137,12 @@ def reference(on_devices, model: ModelSpec, backend: str = "jax", devices: int =
 # -- parameters: counted by jax, read back bit for bit ------------------------------------
 
 
+@pytest.mark.parametrize("variant", [AS_WRITTEN, JNP])
 @pytest.mark.parametrize("preset", ["transformer-tiny", "resnet18", "lstm-small", "lstm-seed"])
-def test_params_counted_by_jax_equal_the_core_formula(on_devices, preset):
+def test_params_counted_by_jax_equal_the_core_formula(on_devices, preset, variant):
     model = preset_model(preset, batch_sizes=(BATCH,))
     backend = on_devices("jax", 1)
-    t = trial(model, program=PLAIN)
+    t = trial(model, program=PLAIN, variant=variant)
     work = build_work(model, t.samples, t.seed)
     info = backend.prepare(t, work).info
     assert info.params == model.params == work.params
@@ -135,12 +159,13 @@ def test_params_of_the_large_presets(on_devices, preset):
     assert info.weights_hash == work.weights_hash
 
 
+@pytest.mark.parametrize("variant", [AS_WRITTEN, JNP])
 @pytest.mark.parametrize("backend", ["jax", "jax-shardmap", "jax-auto"])
 @pytest.mark.parametrize("family", list(TINY))
-def test_readback_on_every_device_is_the_core_weights(on_devices, backend, family):
+def test_readback_on_every_device_is_the_core_weights(on_devices, backend, family, variant):
     """Including the -0.0 the core's resnet18 init holds (pmap readback once lost its sign)."""
     model = TINY[family]
-    t = trial(model, backend, DEVICES)
+    t = trial(model, backend, DEVICES, variant=variant)
     work = build_work(model, t.samples, t.seed)
     chosen = on_devices(backend, DEVICES)
     prepared = chosen.prepare(t, work)
@@ -158,13 +183,13 @@ def test_backends_declare_the_families():
 # -- verification: correct builds agree, wrong ones are caught ----------------------------
 
 
-@pytest.mark.parametrize("model, module, constant, wrong, caught_by", WRONG_BUILDS)
-def test_wrong_build_fails_verification(on_devices, monkeypatch, model, module, constant, wrong, caught_by):
+@pytest.mark.parametrize("model, variant, module, constant, wrong, caught_by", WRONG_BUILDS)
+def test_wrong_build_fails_verification(on_devices, monkeypatch, model, variant, module, constant, wrong, caught_by):
     """Two correct builds (the data-parallel and the plain program) agree; the wrong one
     fails the real checks. A preset name runs as `xbench verify` does (its batch, ten steps)."""
     full = model in presets()
     spec = preset_model(model, batch_sizes=(VERIFY_BATCH,)) if full else TINY[model]
-    sizes = dict(batch=VERIFY_BATCH, steps=VERIFY_STEPS) if full else {}
+    sizes = dict(batch=VERIFY_BATCH, steps=VERIFY_STEPS, variant=variant) if full else dict(variant=variant)
     refs = {("jax", 1, spec.name): reference(on_devices, spec, **sizes),
             ("jax-plain", 1, spec.name): reference(on_devices, spec, program=PLAIN, **sizes)}
     monkeypatch.setattr(module, constant, wrong)
@@ -233,25 +258,88 @@ def test_bf16_trains_with_float32_master_weights(on_devices, family):
     assert {str(w.dtype) for w in backend.replica_weights(prepared)[0]} == {"float32"}
 
 
-def test_notes_name_the_kernels(on_devices):
+@pytest.mark.parametrize("variant", [AS_WRITTEN, JNP])
+def test_notes_name_the_kernels(on_devices, variant):
     backend = on_devices("jax", 1)
-    notes = {family: backend.prepare(trial(model), build_work(model, BATCH * STEPS, 0)).info.notes
+    notes = {family: backend.prepare(trial(model, variant=variant), build_work(model, BATCH * STEPS, 0)).info.notes
              for family, model in TINY.items()}
     assert any("dot_product_attention" in n and "XLA" in n for n in notes["transformer"])
-    assert any("running averages not kept" in n for n in notes["cnn"])
     assert any("no cuDNN LSTM" in n for n in notes["lstm"])
+    if variant == JNP:
+        assert any("running averages not kept" in n for n in notes["cnn"])
+    else:
+        assert any("nnx.BatchNorm" in n for n in notes["cnn"])
+        assert any("Flax NNX model merged inside the step" in n for n in notes["transformer"])
 
 
-def test_a_step_of_each_family_compiles_once(on_devices):
+@pytest.mark.parametrize("variant", [AS_WRITTEN, JNP, "functional"])
+def test_a_step_of_each_family_compiles_once(on_devices, variant):
     """Nothing pathological: the timed step compiles on its first call and never again (a
-    shape or dtype that changed between calls would recompile every step)."""
+    shape or dtype that changed between calls would recompile every step; for NNX's nnx.jit,
+    a graph that changed between calls would too)."""
     backend = on_devices("jax", 1)
     for model in TINY.values():
-        t = trial(model, program=PLAIN)
+        t = trial(model, program=PLAIN, variant=variant)
         prepared = backend.prepare(t, build_work(model, t.samples, t.seed))
         backend.run(prepared, 1)  # compiles
         backend.run(prepared, STEPS)
-        assert prepared.step._cache_size() == 1, model.family
+        step = prepared.step.jitted_fn if variant == AS_WRITTEN else prepared.step
+        assert step._cache_size() == 1, model.family
+
+
+def test_nnx_jit_program_keeps_batchnorm_running_averages(on_devices):
+    """As NNX users write it, the nnx.jit step updates BatchNorm's running statistics in the
+    module (the functional programs drop them: nothing reads them)."""
+    from flax import nnx
+
+    model = TINY["cnn"]
+    backend = on_devices("jax", 1)
+    t = trial(model, program=PLAIN)
+    prepared = backend.prepare(t, build_work(model, t.samples, t.seed))
+    before = [np.asarray(a).copy() for a in jax_leaves(nnx.state(prepared.model, nnx.BatchStat))]
+    backend.run(prepared, 1)
+    after = [np.asarray(a) for a in jax_leaves(nnx.state(prepared.model, nnx.BatchStat))]
+    assert before and not all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def jax_leaves(tree):
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
+@pytest.mark.parametrize("family", list(TINY))
+def test_nnx_and_jnp_models_agree(on_devices, family):
+    """The Flax NNX model and the plain jax.numpy one are the same model: their initial
+    gradients and ten steps agree within verify's tolerances (the ResNet's in float64, as
+    verify runs it: in fp32 its ReLU kinks amplify rounding past 1e-4 in a few steps)."""
+    model = TINY[family]
+    float64 = family == "cnn"
+    sizes = dict(precision="fp64") if float64 else {}
+    refs = {("jax", 1, model.name): reference(on_devices, model, **sizes),
+            ("jax+jnp", 1, model.name): reference(on_devices, model, variant=JNP, **sizes),
+            ("jax plain", 1, model.name): reference(on_devices, model, program=PLAIN, **sizes)}
+    checks = run_checks(refs, "jax", float64={model.name} if float64 else ())
+    assert len(checks) == 4 and all(c.passed for c in checks), [c for c in checks if not c.passed]
+
+
+def test_cudnn_variant_is_unsupported_where_cudnn_cannot_run(on_devices):
+    from xbench.contract import Unsupported
+
+    backend = on_devices("jax", 1)
+    for family, needle in (("transformer", "needs an NVIDIA GPU"), ("cnn", "has no attention")):
+        t = trial(TINY[family], program=PLAIN, precision="bf16", variant="cudnn")
+        with pytest.raises(Unsupported, match=needle):
+            backend.prepare(t, build_work(t.model, t.samples, t.seed))
+
+
+def test_functional_variant_is_the_plain_programs(on_devices):
+    from xbench.contract import Unsupported
+
+    t = trial(TINY["lstm"], devices=DEVICES, variant="functional")
+    with pytest.raises(Unsupported, match="functional as written"):
+        on_devices("jax", DEVICES).prepare(t, build_work(t.model, t.samples, t.seed))
+    assert "functional" not in {v.name for v in JaxShardMapBackend.variants}
 
 
 # -- float64 ("fp64", verify's precision for the ResNet) ----------------------------------
@@ -284,7 +372,7 @@ def test_fp64_resnet_builds_agree_and_a_wrong_one_fails(on_devices, monkeypatch)
     refs = {("jax", 1, model.name): reference_run(backend, prepared, t.protocol.steps),
             ("jax-plain", 1, model.name): reference(on_devices, model, program=PLAIN, **FP64_SIZES)}
     assert all(float64_all(r) for r in refs.values())
-    monkeypatch.setattr(cnn, "BATCH_NORM_EPSILON", 1e-3)
+    monkeypatch.setattr(nnx_cnn, "BATCH_NORM_EPSILON", 1e-3)
     refs[("jax-wrong", 1, model.name)] = reference(on_devices, model, program=PLAIN, **FP64_SIZES)
     checks = run_checks(refs, "jax", float64={model.name})
     correct = [c for c in checks if c.backends[0] == "jax-plain"]
@@ -333,3 +421,31 @@ def test_fp64_leaves_fp32_trials_unchanged(on_devices):
     assert after.losses == before.losses
     assert all(np.array_equal(a, b) for a, b in zip(after.gradients, before.gradients))
     assert all(np.array_equal(a, b) for a, b in zip(after.replicas[0], before.replicas[0]))
+
+
+# -- a bf16-only attention program, verified against float64 (issue 24, item 4) -------------
+
+@pytest.mark.parametrize("slip", [None, ("CAUSAL", False), ("SCALE", 1.0)], ids=["correct", "no-causal-mask", "scale-1"])
+def test_a_bf16_attention_program_is_verified_against_float64_and_a_slip_fails(on_devices, monkeypatch, slip):
+    """The `cudnn` variant's checks, on a CPU: the same program with XLA's attention in its
+    place (cuDNN runs only on NVIDIA GPUs), checked in bf16 against jax's float64 run within 4 x
+    jax's own bf16 floor, as verify does (`precision_checks`). A missing causal mask or an
+    unscaled softmax fails."""
+    from xbench.verify import precision_checks, precision_floors
+
+    model = preset_model("transformer-tiny", batch_sizes=(VERIFY_BATCH,))
+    sizes = dict(batch=VERIFY_BATCH, steps=VERIFY_STEPS)
+    exact = {("jax", 1, model.name): reference(on_devices, model, precision="fp64", **sizes)}
+    bf16 = {("jax", model.name, "bf16"): reference(on_devices, model, precision="bf16", **sizes)}
+    monkeypatch.setattr(nnx_transformer, "cudnn_refusal", lambda *args: None)
+    monkeypatch.setattr(nnx_transformer, "attention_implementation", lambda variant: "xla")
+    if slip:
+        monkeypatch.setattr(nnx_transformer, *slip)
+    program = reference(on_devices, model, precision="bf16", variant="cudnn", **sizes)
+    floors, rejected = precision_floors(bf16, exact)
+    checks, unchecked = precision_checks({("jax+cudnn", 1, model.name, "bf16"): program}, exact, floors, rejected, {})
+    assert not unchecked and len(checks) == 2
+    if slip is None:
+        assert all(c.passed for c in checks), checks
+    else:
+        assert not next(c for c in checks if "initial loss" in c.check).passed, checks

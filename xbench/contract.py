@@ -32,7 +32,10 @@ same work (xbench verify checks it like any other program); one that cannot run 
 platform raises `Unsupported` in `prepare`, with the reason. A variant that fuses steps into
 one call says how many in `Variant.steps_per_call`, and one that needs more warm-up (CUDA
 graphs are recorded on the first calls) says how much in `Variant.warmup_steps`; the core
-then sets the trial's `protocol` accordingly.
+then sets the trial's `protocol` accordingly. A variant that runs only in some precisions (a
+fused attention kernel that takes bf16 alone) lists them in `Variant.precisions`: `prepare`
+raises `Unsupported` for the others, and xbench verify checks it in the first of them,
+against its backend's float64 run with a tolerance from its backend's own rounding there.
 
 Launchers. With the `subprocess` launcher (the default for a backend that does not say
 otherwise) one process drives all `devices` devices, as above. With the `spmd` launcher there
@@ -96,6 +99,7 @@ class Variant:
     description: str  # one line: what is turned on
     steps_per_call: int | None = None  # steps fused into one call, when the variant fuses them
     warmup_steps: int | None = None  # at least this many untimed steps first (e.g. CUDA-graph capture)
+    precisions: tuple[str, ...] | None = None  # the only precisions it runs in (None: every one)
 
 
 @dataclass(frozen=True)

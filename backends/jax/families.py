@@ -1,54 +1,104 @@
-"""Which model a jax backend builds, by `work.model.family`, and the readback that every
-family shares.
+"""Which model a jax backend builds, by `work.model.family` and the trial's variant, and the
+readback that every family shares.
 
-Each family module (`mlp`, `transformer`, `cnn`, `lstm`) gives `initial_params(work)` (the
-params pytree, built from the core's numpy arrays), `loss_function(trial, work)` (the loss
-`loss_fn(params, x, y, rng)` the step programs differentiate) and, except the MLP, `notes`.
-Every params pytree flattens (`jax.tree.leaves`) to the core's canonical order and layout,
-so readback needs no family knowledge: the MLP keeps its tuned [(kernel, bias), ...], the
-others a flat list.
+As written, every family is a Flax NNX module (`nnx_mlp`, `nnx_transformer`, `nnx_cnn`,
+`nnx_lstm`): what JAX users write today. The `jnp` variant keeps the earlier programs (`mlp`
+through flax.linen's functional apply, `transformer`, `cnn` and `lstm` in plain jax.numpy),
+so that a report shows what Flax NNX costs or saves. Either way `build` gives the step
+programs (`steps`) the same things: the parameters as a pytree of numpy arrays, the loss
+`loss_fn(params, x, y, rng)` they differentiate, and how to read any tree shaped like the
+parameters (weights, gradients, device-stacked copies) in the core's canonical order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-from xbench.contract import Trial, Work
-from xbench_backends.jax import cnn, lstm, mlp, transformer
+from xbench.contract import AS_WRITTEN, Trial, Work
+from xbench_backends.jax import cnn, lstm, mlp, nnx_cnn, nnx_lstm, nnx_mlp, nnx_transformer, transformer
+from xbench_backends.jax.layers import FLOAT64, in_precision
 
-MODELS: dict[str, ModuleType] = {"mlp": mlp, "transformer": transformer, "cnn": cnn, "lstm": lstm}
-FAMILIES: tuple[str, ...] = tuple(MODELS)
-
-
-def model(work: Work) -> ModuleType:
-    return MODELS[work.model.family]
-
-
-def initial_params(work: Work):
-    return model(work).initial_params(work)
+JNP_MODELS: dict[str, ModuleType] = {"mlp": mlp, "transformer": transformer, "cnn": cnn, "lstm": lstm}
+NNX_MODELS: dict[str, ModuleType] = {"mlp": nnx_mlp, "transformer": nnx_transformer, "cnn": nnx_cnn,
+                                     "lstm": nnx_lstm}
+FAMILIES: tuple[str, ...] = tuple(NNX_MODELS)
+JNP = "jnp"  # the variant that runs the plain jax.numpy models
 
 
-def loss_function(trial: Trial, work: Work, batch_groups: int = 1):
-    """The family's loss. `batch_groups`: how many devices' batches one call of the loss
+@dataclass(frozen=True)
+class JaxModel:
+    """A trial's model as the step programs use it."""
+
+    params: Any  # pytree of numpy arrays in the trial's precision (NNX: an nnx.State)
+    loss_fn: Callable  # loss_fn(params, x, y, rng): this device's mean loss
+    in_order: Callable[[Any], list]  # a tree shaped like `params` -> its leaves in canonical order
+    notes: tuple[str, ...]
+    nnx: Any = None  # nnx_common.NnxParts (NNX models only), for the nnx.jit program
+    objective: Callable | None = None  # objective(output, targets) (NNX models only)
+
+
+def build(trial: Trial, work: Work, device, batch_groups: int = 1) -> JaxModel:
+    """The model of `trial`. `batch_groups`: how many devices' batches one call of the loss
     sees (`jax-auto` holds the global batch), so that batch statistics stay per device."""
-    if work.model.kind.batch_statistics:
-        return model(work).loss_function(trial, work, batch_groups=batch_groups)
-    return model(work).loss_function(trial, work)
+    groups = batch_groups if work.model.kind.batch_statistics else 1
+    if trial.variant == JNP:
+        return _jnp_model(trial, work, device, groups)
+    return _nnx_model(trial, work, device, groups)
 
 
-def notes(trial: Trial, work: Work, device) -> tuple[str, ...]:
-    found = getattr(model(work), "notes", None)
-    return tuple(found(trial, work, device)) if found else ()
-
-
-def canonical_arrays(params, replica: int) -> list[np.ndarray]:
-    """The parameters (or gradients) of one replica, from device-stacked leaves (a leading
-    device axis), in canonical order and layout."""
+def _jnp_model(trial: Trial, work: Work, device, groups: int) -> JaxModel:
     import jax
 
-    return [replica_array(leaf, replica) for leaf in jax.tree.leaves(params)]
+    module = JNP_MODELS[work.model.family]
+    loss_fn = (module.loss_function(trial, work, batch_groups=groups) if work.model.kind.batch_statistics
+               else module.loss_function(trial, work))
+    found = getattr(module, "notes", None)
+    notes = tuple(found(trial, work, device)) if found else ()
+    return JaxModel(in_precision(module.initial_params(work), trial), loss_fn, jax.tree.leaves,
+                    ("jnp: the model in plain jax.numpy over the core's arrays" +
+                     (" (the MLP through flax.linen's apply)" if work.model.family == "mlp" else ""), *notes))
+
+
+def _nnx_model(trial: Trial, work: Work, device, groups: int) -> JaxModel:
+    from xbench_backends.jax.nnx_common import functional_loss, in_order, materialize
+
+    module = NNX_MODELS[work.model.family]
+    parts = materialize(module.constructor(trial, work, trial.variant), module.paths(work.model.shape),
+                        in_precision(list(work.arrays), trial), float64=trial.precision == FLOAT64)
+    dropout = work.model.family == "mlp" and work.model.dropout > 0
+    loss_fn = functional_loss(parts, module.objective, groups, dropout)
+    return JaxModel(parts.params, loss_fn, lambda tree: in_order(tree, parts.paths),
+                    tuple(module.notes(trial, work, device, trial.variant)), parts, module.objective)
+
+
+def refusal(trial: Trial, work: Work, device) -> str | None:
+    """Why a variant of the model cannot run this trial here, or None."""
+    if trial.variant == nnx_transformer.CUDNN:
+        if work.model.family != "transformer":
+            return (f"the {nnx_transformer.CUDNN} variant runs attention through cuDNN; the "
+                    f"{work.model.family} family has no attention")
+        return nnx_transformer.cudnn_refusal(trial, work, device)
+    return None
+
+
+def flavour(trial: Trial) -> str:
+    """How the model is written: "jnp" or "nnx"."""
+    return JNP if trial.variant == JNP else "nnx"
+
+
+def is_as_written(trial: Trial) -> bool:
+    return trial.variant == AS_WRITTEN
+
+
+def canonical_arrays(leaves: list, replica: int) -> list[np.ndarray]:
+    """The parameters (or gradients) of one replica, from device-stacked leaves (a leading
+    device axis) in canonical order."""
+    return [replica_array(leaf, replica) for leaf in leaves]
 
 
 def replica_array(leaf, replica: int) -> np.ndarray:

@@ -35,6 +35,13 @@ def compute_dtype_name(trial: Trial) -> str:
     return {"bf16": "bfloat16", FLOAT64: "float64"}.get(trial.precision, "float32")
 
 
+def parameter_dtype(trial: Trial) -> Any:
+    """The parameters' dtype: float32 (mixed precision keeps them so), float64 in "fp64"."""
+    import jax.numpy as jnp
+
+    return jnp.float64 if trial.precision == FLOAT64 else jnp.float32
+
+
 def statistics_dtype(dtype) -> Any:
     """Where statistics, softmax and losses run: float32, or float64 for float64 compute
     (float32 for bfloat16 compute)."""

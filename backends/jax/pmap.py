@@ -1,21 +1,26 @@
-"""`jax`: the model of `work.model.family` (the Flax MLP, or the transformer, ResNet or LSTM
-in plain jax.numpy; see `families`) trained with optax Adam, data-parallel through `jax.pmap` with a
-`lax.pmean` all-reduce of the gradients over the device axis.
+"""`jax`: the model of `work.model.family` as a Flax NNX module (`families`), trained with optax
+Adam, data-parallel through `jax.pmap` with a `lax.pmean` all-reduce of the gradients over the
+device axis. pmap takes pytrees, so the data-parallel program uses Flax's functional pattern:
+the parameters split from the model once (`nnx.split`), the model merged from them inside
+the step (`nnx.merge`).
 
 Runs on jax 0.10 and 0.11+: inputs are placed with `jax.device_put` and a `NamedSharding`
 (the old `device_put_replicated`/`device_put_sharded` helpers are gone, pitfall 1).
 
 Besides the data-parallel program, the plain single-device program a user would write
-(`trial.program == "plain"`): `jax.jit` of the same step on one device, no pmap, no sharding,
-no collective. The `fused` variant runs `FUSED_STEPS` steps per compiled call (lax.scan).
+(`trial.program == "plain"`), no pmap, no sharding, no collective: as written, NNX's own
+`nnx.jit` train step over the module and an `nnx.Optimizer` (`nnx_program`). Variants (either
+program unless said): `jnp`, the earlier plain jax.numpy models; `functional` (plain program
+only), the functional pattern under `jax.jit`, as Flax's performance guide advises;
+`cudnn`, the functional program with cuDNN's fused attention (transformer, bf16, NVIDIA
+GPUs); `fused`, `FUSED_STEPS` functional steps per compiled call (lax.scan).
 
 Two ways to start it: one process driving every device (`setup`), or one process per device
 (`setup_process`, the spmd launcher) joined by `jax.distributed.initialize`; the pmapped
 program is the same, over the global devices. Every process holds the same numpy work and
 `device_put` places only its own shards; read-backs take the local shard or gather.
 
-The models are in `mlp`, `transformer`, `cnn` and `lstm`, chosen in `families`; the step
-programs this shares with `jax-shardmap` and `jax-auto` in `steps`.
+The step programs this shares with `jax-shardmap` and `jax-auto` are in `steps`.
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import (
-    DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial, Variant, Work,
-    hash_weights, probe_distributions,
+    AS_WRITTEN, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial,
+    Unsupported, Variant, Work, hash_weights, probe_distributions,
 )
-from xbench_backends.jax.families import FAMILIES, canonical_arrays, initial_params, loss_function, notes
+from xbench_backends.jax import nnx_program
+from xbench_backends.jax.families import FAMILIES, JNP, JaxModel, build, canonical_arrays, refusal
 from xbench_backends.jax.layers import FLOAT64, compute_dtype_name, float64_scope, in_precision
+from xbench_backends.jax.nnx_program import NnxPrepared
+from xbench_backends.jax.nnx_transformer import CUDNN
 from xbench_backends.jax.steps import (
     AXIS, MATMUL_PRECISION, JaxAllReduce, check_variant, initial_state, kernel_settings, optimizer, programs,
     step_losses, use_compile_cache,
@@ -43,8 +51,15 @@ SIMULATED_DEVICE_LIMIT = 8
 # Steps per compiled call of the `fused` variant: enough that the per-call dispatch (tens of
 # µs) is spread thin; measured on an H200, 50 fused steps ran within 2-7 % across processes.
 FUSED_STEPS = 50
-VARIANTS = (Variant("fused", f"{FUSED_STEPS} steps fused into one compiled call (lax.scan)",
-                    steps_per_call=FUSED_STEPS),)
+FUNCTIONAL = "functional"
+VARIANTS = (
+    Variant(JNP, "the model in plain jax.numpy (the MLP through flax.linen's apply), no NNX"),
+    Variant(FUNCTIONAL, "plain program: nnx.split once, jax.jit of a step that merges the model inside"),
+    Variant(CUDNN, "cuDNN fused attention (implementation='cudnn') in the functional step; transformer, "
+                   "bf16, NVIDIA GPUs", precisions=("bf16",)),
+    Variant("fused", f"{FUSED_STEPS} functional steps fused into one compiled call (lax.scan)",
+            steps_per_call=FUSED_STEPS),
+)
 
 
 @dataclass
@@ -56,6 +71,7 @@ class JaxPrepared:
     xs: Any
     ys: Any
     steps_per_call: int
+    in_order: Any = None  # a tree shaped like the params -> its leaves in canonical order
     stacked: bool = True  # state and outputs carry a leading device axis (pmap); False: plain
     float64: bool = False  # an "fp64" trial: every call runs in x64 mode (`layers.float64_scope`)
 
@@ -153,17 +169,33 @@ class JaxPmapBackend:
         gathered = multihost_utils.process_allgather(np.asarray(values, np.float32))
         return [[float(v) for v in row] for row in np.asarray(gathered)]
 
-    def prepare(self, trial: Trial, work: Work) -> JaxPrepared:
+    def prepare(self, trial: Trial, work: Work) -> JaxPrepared | NnxPrepared:
         import jax
 
         check_variant(trial, self.variants)
         jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[trial.precision])
         with float64_scope(trial.precision == FLOAT64):
-            prepared = self._prepare_plain(trial, work) if trial.program == PLAIN else self._prepare(trial, work)
+            why = self.program_refusal(trial) or refusal(trial, work, self.devices[0])
+            if why:
+                raise Unsupported(why)  # before anything expensive: the core records the reason
+            model = build(trial, work, self.devices[0])
+            if trial.program != PLAIN:
+                prepared = self._prepare(trial, work, model)
+            elif trial.variant == AS_WRITTEN:
+                prepared = self._prepare_nnx(trial, work, model)
+            else:
+                prepared = self._prepare_plain(trial, work, model)
         prepared.float64 = trial.precision == FLOAT64
         return prepared
 
-    def _prepare(self, trial: Trial, work: Work) -> JaxPrepared:
+    def program_refusal(self, trial: Trial) -> str | None:
+        """Why the variant does not apply to the trial's program, or None."""
+        if trial.variant == FUNCTIONAL and trial.program != PLAIN:
+            return ("the data-parallel program is functional as written (pmap takes the split state); "
+                    f"{FUNCTIONAL} is a variant of the plain program")
+        return None
+
+    def _prepare(self, trial: Trial, work: Work, model: JaxModel) -> JaxPrepared:
         """`jax.pmap` of the step over every device, a `lax.pmean` of the gradients inside."""
         import jax
         from jax import lax
@@ -173,55 +205,72 @@ class JaxPmapBackend:
         n = len(self.devices)
 
         tx = optimizer(trial.learning_rate)
-        state = initial_state(in_precision(initial_params(work), trial), tx, trial.seed)
+        state = initial_state(model.params, tx, trial.seed)
         replicated = jax.tree.map(lambda a: jax.device_put(np.broadcast_to(a, (n, *np.shape(a))), sharded),
                                   state)
         xs, ys = (jax.device_put(a, sharded) for a in in_precision(work.shards(trial.global_batch, n), trial))
 
         reduce = self.reduce_gradients if trial.all_reduce else (lambda grads: grads)
-        step_fn, grads_fn = programs(trial, loss_function(trial, work), tx, xs.shape[1], reduce, n,
-                                      lambda: lax.axis_index(AXIS))
+        step_fn, grads_fn = programs(trial, model.loss_fn, tx, xs.shape[1], reduce, n, lambda: lax.axis_index(AXIS))
         step = jax.pmap(step_fn, axis_name=AXIS, devices=self.devices, donate_argnums=(0,))
         grads = jax.pmap(grads_fn, axis_name=AXIS, devices=self.devices)
-        readback = canonical_arrays(_local(replicated[0]), replica=0)
+        readback = canonical_arrays(model.in_order(_local(replicated[0])), replica=0)
         info = PreparedInfo(
             params=sum(int(np.prod(a.shape[1:])) for a in jax.tree.leaves(replicated[0])),
             weights_hash=hash_weights(readback),
             precision=precision_info(trial),
             # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
             sync_every_call=self.devices[0].platform == "cpu",
-            notes=notes(trial, work, jax.local_devices()[0]),  # under spmd, devices[0] is rank 0's
+            notes=(*program_notes(trial, "jax.pmap, a lax.pmean of the gradients"), *model.notes),
             settings=kernel_settings(),
         )
-        return JaxPrepared(info, step, grads, replicated, xs, ys, trial.protocol.steps_per_call)
+        return JaxPrepared(info, step, grads, replicated, xs, ys, trial.protocol.steps_per_call, model.in_order)
 
-    def _prepare_plain(self, trial: Trial, work: Work) -> JaxPrepared:
-        """`jax.jit` of the step on the first device: what a user writes for one GPU. The same
-        model, loss, Adam, data and dropout stream as the data-parallel program on one device
-        (device index 0 folded into the key), without pmap, sharding or a collective."""
+    def _prepare_plain(self, trial: Trial, work: Work, model: JaxModel) -> JaxPrepared:
+        """`jax.jit` of the functional step on the first device: the same model, loss, Adam,
+        data and dropout stream as the data-parallel program on one device (device index 0
+        folded into the key), without pmap, sharding or a collective."""
         import jax
 
         device = self.devices[0]
         tx = optimizer(trial.learning_rate)
-        state = jax.device_put(initial_state(in_precision(initial_params(work), trial), tx, trial.seed), device)
+        state = jax.device_put(initial_state(model.params, tx, trial.seed), device)
         xs, ys = (jax.device_put(a[0], device) for a in in_precision(work.shards(trial.global_batch, 1), trial))
-        step_fn, grads_fn = programs(trial, loss_function(trial, work), tx, xs.shape[0], lambda grads: grads, 1,
-                                      lambda: 0)
+        step_fn, grads_fn = programs(trial, model.loss_fn, tx, xs.shape[0], lambda grads: grads, 1, lambda: 0)
         step, grads = jax.jit(step_fn, donate_argnums=(0,)), jax.jit(grads_fn)
         info = PreparedInfo(
             params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
-            weights_hash=hash_weights(canonical_arrays(_stacked(state[0]), replica=0)),
+            weights_hash=hash_weights(canonical_arrays(model.in_order(_stacked(state[0])), replica=0)),
             precision=precision_info(trial),
             sync_every_call=False,  # no collective, so no rendezvous to deadlock (pitfall 3)
-            notes=("plain: jax.jit of the step on one device; no pmap, no sharding, no collective",
-                   *notes(trial, work, device)),
+            notes=(*program_notes(trial, "jit"), *model.notes),
             settings=kernel_settings(),
         )
-        return JaxPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, stacked=False)
+        return JaxPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, model.in_order,
+                           stacked=False)
 
-    def run(self, prepared: JaxPrepared, steps: int) -> None:
+    def _prepare_nnx(self, trial: Trial, work: Work, model: JaxModel) -> NnxPrepared:
+        """The plain program as NNX users write it (`nnx_program`)."""
+        from flax import nnx
+
+        device = self.devices[0]
+        net, opt, step, loss_and_grads, xs, ys = nnx_program.build(trial, work, device, model.nnx, model.objective)
+        readback = [np.asarray(w) for w in model.in_order(nnx.state(net, nnx.Param))]
+        info = PreparedInfo(
+            params=sum(int(a.size) for a in readback),
+            weights_hash=hash_weights(readback),
+            precision=precision_info(trial),
+            sync_every_call=False,
+            notes=(*program_notes(trial, "nnx.jit"), *model.notes),
+            settings={**kernel_settings(), "flax": metadata.version("flax")},
+        )
+        return NnxPrepared(info, net, opt, step, loss_and_grads, model.nnx.paths, xs, ys)
+
+    def run(self, prepared: JaxPrepared | NnxPrepared, steps: int) -> None:
         import jax
 
+        if isinstance(prepared, NnxPrepared):
+            return nnx_program.run(prepared, steps)
         # Locals, not attribute lookups, inside the loop: it is the user's loop being timed.
         step, state, xs, ys = prepared.step, prepared.state, prepared.xs, prepared.ys
         wait = prepared.info.sync_every_call
@@ -277,14 +326,18 @@ class JaxPmapBackend:
 
     # -- verification capability (xbench verify) -------------------------------------------
 
-    def gradients(self, prepared: JaxPrepared) -> tuple[float, list[np.ndarray]]:
+    def gradients(self, prepared: JaxPrepared | NnxPrepared) -> tuple[float, list[np.ndarray]]:
+        if isinstance(prepared, NnxPrepared):
+            return nnx_program.gradients(prepared)
         with float64_scope(prepared.float64):
             loss, grads = prepared.grads(prepared.state, prepared.xs, prepared.ys)
         if not prepared.stacked:
-            return float(loss), canonical_arrays(_stacked(grads), replica=0)
-        return float(np.mean(_gathered(loss))), canonical_arrays(_local(grads), replica=0)
+            return float(loss), canonical_arrays(prepared.in_order(_stacked(grads)), replica=0)
+        return float(np.mean(_gathered(loss))), canonical_arrays(prepared.in_order(_local(grads)), replica=0)
 
-    def train(self, prepared: JaxPrepared, steps: int) -> list[float]:
+    def train(self, prepared: JaxPrepared | NnxPrepared, steps: int) -> list[float]:
+        if isinstance(prepared, NnxPrepared):
+            return nnx_program.train(prepared, steps)
         losses: list[float] = []
         with float64_scope(prepared.float64):
             for _ in range(steps // prepared.steps_per_call):
@@ -292,12 +345,25 @@ class JaxPmapBackend:
                 losses += step_losses(_gathered(loss) if prepared.stacked else loss, prepared.steps_per_call)
         return losses
 
-    def replica_weights(self, prepared: JaxPrepared) -> list[list[np.ndarray]]:
+    def replica_weights(self, prepared: JaxPrepared | NnxPrepared) -> list[list[np.ndarray]]:
+        if isinstance(prepared, NnxPrepared):
+            return [nnx_program.weights(prepared)]
         if not prepared.stacked:
-            return [canonical_arrays(_stacked(prepared.state[0]), replica=0)]
+            return [canonical_arrays(prepared.in_order(_stacked(prepared.state[0])), replica=0)]
         with float64_scope(prepared.float64):  # a multi-process gather runs a program
-            params = _gathered(prepared.state[0])
+            params = prepared.in_order(_gathered(prepared.state[0]))
         return [canonical_arrays(params, replica=r) for r in range(len(self.devices))]
+
+
+def program_notes(trial: Trial, how: str) -> tuple[str, ...]:
+    """What runs the step, in the record's notes."""
+    if how == "nnx.jit":
+        return ("as written: Flax NNX, an nnx.jit train step over the nnx.Module and nnx.Optimizer "
+                "(wrt=nnx.Param), both donated; no pmap, no sharding, no collective",)
+    model = "plain jax.numpy model" if trial.variant == JNP else "Flax NNX model merged inside the step (nnx.merge)"
+    if how == "jit":
+        return (f"plain: jax.jit of a functional step ({model}) on one device; no pmap, no sharding, no collective",)
+    return (f"data-parallel: {how}; a functional step ({model})",)
 
 
 def precision_info(trial: Trial) -> dict[str, Any]:

@@ -20,9 +20,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import DATA_PARALLEL, PreparedInfo, Trial, Unsupported, Work, hash_weights
-from xbench_backends.jax.families import initial_params, loss_function, notes
+from xbench_backends.jax.families import JaxModel, build, refusal
 from xbench_backends.jax.layers import FLOAT64, float64_scope, in_precision
-from xbench_backends.jax.pmap import JaxPmapBackend, precision_info
+from xbench_backends.jax.pmap import FUNCTIONAL, VARIANTS, JaxPmapBackend, precision_info, program_notes
 from xbench_backends.jax.steps import (
     AXIS, MATMUL_PRECISION, JaxAllReduce, check_variant, dropout_rng, initial_state, kernel_settings, optimizer,
     step_losses, train_steps,
@@ -34,10 +34,11 @@ class MeshPrepared:
     info: PreparedInfo
     step: Any  # jitted: (state, xs, ys) -> (state, each step's loss: per device or global)
     grads: Any  # jitted: (state, xs, ys) -> (loss, all-reduced gradients, replicated)
-    state: Any  # (params in canonical order as leaves, opt_state, step, key), every leaf replicated over the mesh
+    state: Any  # (params, opt_state, step, key), every leaf replicated over the mesh
     xs: Any
     ys: Any
     steps_per_call: int
+    in_order: Any  # a tree shaped like the params -> its leaves in canonical order
     float64: bool = False  # an "fp64" trial: every call runs in x64 mode (`layers.float64_scope`)
 
 
@@ -48,6 +49,9 @@ class _MeshBackend(JaxPmapBackend):
     launchers: ClassVar[tuple[str, ...]] = ("subprocess",)
     # The plain single-device program is `jax`'s (jit on one device): timed there, not twice.
     programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL,)
+    # `functional` is a variant of the plain program; these programs are functional as written.
+    variants: ClassVar[tuple] = tuple(v for v in VARIANTS if v.name != FUNCTIONAL)
+    runner: ClassVar[str] = ""  # how the step runs, for the notes
 
     def prepare(self, trial: Trial, work: Work) -> MeshPrepared:
         import jax
@@ -59,22 +63,28 @@ class _MeshBackend(JaxPmapBackend):
         jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[trial.precision])
         float64 = trial.precision == FLOAT64
         with float64_scope(float64):  # x64 for an fp64 trial's calls only (`layers`)
+            why = refusal(trial, work, self.devices[0])
+            if why:
+                raise Unsupported(why)
             mesh = jax.sharding.Mesh(np.array(self.devices), (AXIS,))
             tx = optimizer(trial.learning_rate)
-            state = jax.device_put(initial_state(in_precision(initial_params(work), trial), tx, trial.seed),
-                                   _sharding(mesh))
+            model = self.model(trial, work)
+            state = jax.device_put(initial_state(model.params, tx, trial.seed), _sharding(mesh))
             xs, ys = self.place_data(mesh, *in_precision(work.shards(trial.global_batch, len(self.devices)), trial))
-            step, grads, program_notes = self.step_programs(trial, work, tx, mesh)
+            step, grads, program_notes_ = self.step_programs(trial, work, tx, mesh, model)
             info = PreparedInfo(
                 params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
-                weights_hash=hash_weights(self.canonical_arrays(state[0], replica=0)),
+                weights_hash=hash_weights(self.canonical_arrays(model.in_order(state[0]), replica=0)),
                 precision=precision_info(trial),
                 # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
                 sync_every_call=self.devices[0].platform == "cpu",
-                notes=(*program_notes, *notes(trial, work, jax.local_devices()[0])),
+                notes=(*program_notes(trial, self.runner), *program_notes_, *model.notes),
                 settings=kernel_settings(),
             )
-        return MeshPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, float64)
+        return MeshPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, model.in_order, float64)
+
+    def model(self, trial: Trial, work: Work) -> JaxModel:
+        return build(trial, work, self.devices[0])
 
     def place_data(self, mesh, xs: np.ndarray, ys: np.ndarray):
         """[devices, batches, per_device, ...sample shape], split on the device axis."""
@@ -82,21 +92,18 @@ class _MeshBackend(JaxPmapBackend):
 
         return jax.device_put(xs, _sharding(mesh, AXIS)), jax.device_put(ys, _sharding(mesh, AXIS))
 
-    def step_programs(self, trial: Trial, work: Work, tx, mesh) -> tuple[Any, Any, tuple[str, ...]]:
+    def step_programs(self, trial: Trial, work: Work, tx, mesh, model: JaxModel) -> tuple[Any, Any, tuple[str, ...]]:
         raise NotImplementedError
 
-    def canonical_arrays(self, params, replica: int) -> list[np.ndarray]:
-        """The parameters (or gradients) in canonical order and layout, as held (and read
-        back) by device `replica`."""
-        import jax
-
+    def canonical_arrays(self, leaves: list, replica: int) -> list[np.ndarray]:
+        """Leaves in canonical order (`JaxModel.in_order`), as held (and read back) by device
+        `replica`; no device axis here."""
         device = self.devices[replica]
 
         def held(array) -> np.ndarray:
             return next(np.asarray(s.data) for s in array.addressable_shards if s.device == device)
 
-        # Leaves in canonical order (`families.canonical_arrays`), without a device axis here.
-        return [held(leaf) for leaf in jax.tree.leaves(params)]
+        return [held(leaf) for leaf in leaves]
 
     # -- all-reduce microbenchmark capability (xbench allreduce, --breakdown) ---------------
 
@@ -120,7 +127,7 @@ class _MeshBackend(JaxPmapBackend):
     def gradients(self, prepared: MeshPrepared) -> tuple[float, list[np.ndarray]]:
         with float64_scope(prepared.float64):
             loss, grads = prepared.grads(prepared.state, prepared.xs, prepared.ys)
-        return float(np.mean(np.asarray(loss))), self.canonical_arrays(grads, replica=0)
+        return float(np.mean(np.asarray(loss))), self.canonical_arrays(prepared.in_order(grads), replica=0)
 
     def train(self, prepared: MeshPrepared, steps: int) -> list[float]:
         losses: list[float] = []
@@ -131,11 +138,13 @@ class _MeshBackend(JaxPmapBackend):
         return losses
 
     def replica_weights(self, prepared: MeshPrepared) -> list[list[np.ndarray]]:
-        return [self.canonical_arrays(prepared.state[0], replica=r) for r in range(len(self.devices))]
+        leaves = prepared.in_order(prepared.state[0])
+        return [self.canonical_arrays(leaves, replica=r) for r in range(len(self.devices))]
 
 
 class JaxShardMapBackend(_MeshBackend):
     name: ClassVar[str] = "jax-shardmap"
+    runner: ClassVar[str] = "jax.jit(jax.shard_map), a lax.pmean of the gradients"
 
     def to_varying(self, params):
         """Pitfall 2: under shard_map's type checking (check_vma), the gradient with respect
@@ -148,11 +157,11 @@ class JaxShardMapBackend(_MeshBackend):
             return lax.pcast(params, AXIS, to="varying")
         return lax.pvary(params, AXIS)
 
-    def step_programs(self, trial: Trial, work: Work, tx, mesh):
+    def step_programs(self, trial: Trial, work: Work, tx, mesh, model: JaxModel):
         import jax
         from jax import lax
 
-        loss_fn = loss_function(trial, work)
+        loss_fn = model.loss_fn
         batches = work.x.shape[0] // trial.global_batch  # as Work.shards lays them out
         reduce = self.reduce_gradients if trial.all_reduce else (lambda grads: grads)
         devices = len(self.devices)
@@ -183,6 +192,7 @@ class JaxShardMapBackend(_MeshBackend):
 
 class JaxAutoBackend(_MeshBackend):
     name: ClassVar[str] = "jax-auto"
+    runner: ClassVar[str] = "jax.jit with NamedShardings, the all-reduce the compiler's"
 
     def place_data(self, mesh, xs: np.ndarray, ys: np.ndarray):
         """[batches, global_batch, ...sample shape] with the batch split on "d": device r holds
@@ -195,15 +205,18 @@ class JaxAutoBackend(_MeshBackend):
 
         return (jax.device_put(regroup(a), _sharding(mesh, None, AXIS)) for a in (xs, ys))
 
-    def step_programs(self, trial: Trial, work: Work, tx, mesh):
+    def model(self, trial: Trial, work: Work) -> JaxModel:
+        # BatchNorm statistics per device's rows, as `jax` takes them (not over the global batch).
+        return build(trial, work, self.devices[0], batch_groups=len(self.devices))
+
+    def step_programs(self, trial: Trial, work: Work, tx, mesh, model: JaxModel):
         import jax
         from jax import lax
 
         if not trial.all_reduce:
             raise Unsupported("jax-auto has no compute-only step: the compiler (GSPMD/Shardy) inserts "
                               "the gradient all-reduce itself, so there is no program without it")
-        # BatchNorm statistics per device's rows, as `jax` takes them (not over the global batch).
-        loss_fn = loss_function(trial, work, batch_groups=len(self.devices))
+        loss_fn = model.loss_fn
         batches = work.x.shape[0] // trial.global_batch
 
         def loss_and_grads(state, xs, ys):

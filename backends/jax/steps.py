@@ -42,11 +42,12 @@ def step_losses(loss, steps_per_call: int) -> list[float]:
 
 
 def initial_state(params, tx, seed: int):
-    """(params, Adam state, step, dropout key data), with params the family's pytree
-    (`families.initial_params`; the MLP's [(kernel, bias), ...] in layer order, the flattest
-    tree, as a minimal loop holds it; a flat list for the others). Every call
-    flattens the state and builds it anew from the outputs, and nested dicts cost microseconds
-    more per step than lists of tuples: measurable in a 0.1 ms step."""
+    """(params, Adam state, step, dropout key data), with params the model's pytree
+    (`families.JaxModel.params`: the NNX model's nnx.State of parameters; in the `jnp` variant
+    the MLP's [(kernel, bias), ...] in layer order, the flattest tree, as a minimal loop holds
+    it, and a flat list for the others). Every call flattens the state and builds it anew from
+    the outputs, and nested dicts cost microseconds more per step than lists of tuples:
+    measurable in a 0.1 ms step, and part of what NNX's state costs."""
     import jax
 
     return params, tx.init(params), np.int32(0), jax.random.key_data(jax.random.key(seed))
@@ -62,7 +63,7 @@ def programs(trial: Trial, loss_fn, tx, batches: int, reduce_gradients, devices:
     """Per-device functions (for pmap, or for jit on one device): `steps_per_call` fused
     training steps, and the loss and all-reduced gradients at the current state, both through
     the same `loss_and_grads`. `loss_fn(params, x, y, rng)` is the model's loss
-    (`families.loss_function`). `device_index()` is this device's index among `devices`, which
+    (`families.JaxModel.loss_fn`). `device_index()` is this device's index among `devices`, which
     picks its dropout stream (`dropout_rng`)."""
     import jax
     from jax import lax
