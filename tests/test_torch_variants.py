@@ -1,5 +1,7 @@
 """The torch backend's programs (data-parallel, plain) and variants (compile, cuda-graphs) on
-one CPU device: the same fp32 work, the same gradients and trajectory, and the refusals.
+one CPU device: the same fp32 work, the same gradients and trajectory, and the refusals; the
+compiled region is the TrainingLoss (forward and loss), compiled once, not again at later steps.
+The channels-last variant (and channels-last in the compiled cnn) is in test_torch_tuned.
 
 The real trials run in one child process (this module as a script, `python
 tests/test_torch_variants.py JOB.json`), so that torch, its process group and inductor's
@@ -72,23 +74,31 @@ def _child() -> dict:
 
 def _run(backend, trial, work) -> dict:
     prepared = backend.prepare(trial, work)
-    graphs = _graphs()
+    compiled = prepared.forward if prepared.ddp is None else prepared.ddp.module
+    before = _compilations()
     start = time.perf_counter()
     loss, gradients = backend.gradients(prepared)  # the first call: compiles, for a compiled variant
     first_s = time.perf_counter() - start
+    after_first = _compilations()
+    losses = backend.train(prepared, STEPS)  # steps 1 to 10, each on another slice of the data
     return {"info": prepared.info, "forward": type(prepared.forward).__name__, "ddp": prepared.ddp is not None,
             "ddp_module": None if prepared.ddp is None else type(prepared.ddp.module).__name__,
-            "first_call_s": first_s, "graphs": _graphs() - graphs, "loss": loss, "gradients": gradients,
-            "losses": backend.train(prepared, STEPS), "weights": backend.replica_weights(prepared)[0]}
+            "compiled_module": type(getattr(compiled, "_orig_mod", compiled)).__name__,
+            "first_call_s": first_s, "graphs": after_first["graphs"] - before["graphs"],
+            "later": {k: after_first[k] - v for k, v in _compilations().items()},
+            "graph_breaks": after_first["graph_breaks"] - before["graph_breaks"],
+            "loss": loss, "gradients": gradients, "losses": losses, "weights": backend.replica_weights(prepared)[0]}
 
 
-def _graphs() -> int:
-    """Graphs dynamo has compiled in this process (0 until it is loaded)."""
+def _compilations() -> dict[str, int]:
+    """What dynamo has compiled in this process so far (all 0 until it is loaded): graphs,
+    frames (a recompilation is one more), graph breaks."""
     if "torch._dynamo" not in sys.modules:
-        return 0
+        return {"graphs": 0, "frames": 0, "graph_breaks": 0}
     from torch._dynamo.utils import counters
 
-    return counters["stats"]["unique_graphs"]
+    return {"graphs": counters["stats"]["unique_graphs"], "frames": counters["frames"]["total"],
+            "graph_breaks": sum(counters["graph_break"].values())}
 
 
 # -- the parent ----------------------------------------------------------------------------------
@@ -121,15 +131,16 @@ def test_programs_and_variants_are_declared():
     backend = TorchDdpBackend()
     assert programs_of(backend) == (DATA_PARALLEL, PLAIN)
     variants = variants_of(backend)
-    assert list(variants) == ["compile", "cuda-graphs"]
+    assert list(variants) == ["compile", "cuda-graphs", "channels-last"]
     assert variants["cuda-graphs"].warmup_steps == 3 and variants["compile"].warmup_steps is None
+    assert variants["channels-last"].warmup_steps is None
 
 
 def test_unknown_variant_and_program_are_refused_first():
     """Refused in `prepare` before anything else: here without setup, no torch needed."""
     from xbench_backends.torch.ddp import TorchDdpBackend
 
-    with pytest.raises(ValueError, match="known: as-written, compile, cuda-graphs"):
+    with pytest.raises(ValueError, match="known: as-written, compile, cuda-graphs, channels-last"):
         TorchDdpBackend().prepare(_trial(variant="xla"), None)
     with pytest.raises(ValueError, match="known: data-parallel, plain"):
         TorchDdpBackend().prepare(_trial(program="pipeline"), None)
@@ -143,15 +154,16 @@ def test_cuda_graphs_on_cpu_are_unsupported(child):
     for program in (DATA_PARALLEL, PLAIN):
         assert child["refusals"][program] == "CUDA graphs need a CUDA device; this trial runs on CPU"
     assert not child["dynamo_loaded_by_refusal"]  # refused before any compiler work
-    assert "known: as-written, compile, cuda-graphs" in child["unknown_variant"]
+    assert "known: as-written, compile, cuda-graphs, channels-last" in child["unknown_variant"]
 
 
 @pytest.mark.slow
 def test_plain_program_builds_no_ddp(child):
     runs = child["runs"]
-    assert runs[PLAIN, AS_WRITTEN]["forward"] == "Sequential" and not runs[PLAIN, AS_WRITTEN]["ddp"]
+    assert runs[PLAIN, AS_WRITTEN]["forward"] == "TrainingLoss" and not runs[PLAIN, AS_WRITTEN]["ddp"]
     assert runs[PLAIN, "compile"]["forward"] == "OptimizedModule" and not runs[PLAIN, "compile"]["ddp"]
     assert runs[DATA_PARALLEL, AS_WRITTEN]["forward"] == "DistributedDataParallel"
+    assert runs[DATA_PARALLEL, AS_WRITTEN]["ddp_module"] == "TrainingLoss"
     assert runs[DATA_PARALLEL, "compile"]["forward"] == "DistributedDataParallel"
     assert runs[DATA_PARALLEL, "compile"]["ddp_module"] == "OptimizedModule"  # DDP around the compiled module
     assert runs[PLAIN, AS_WRITTEN]["info"].notes[0] == "plain: no DDP, no process group in the step"
@@ -187,7 +199,22 @@ def test_compile_variant_compiles_and_says_so(child):
                    for note in run["info"].notes)
         assert eager["info"].settings["compile_mode"] is None and eager["info"].settings["compile_cache"] is None
         assert eager["graphs"] == 0
+        assert eager["info"].settings["compiled_region"] is None
     assert child["runs"][DATA_PARALLEL, "compile"]["info"].settings["dynamo_optimize_ddp"] is True
+
+
+@pytest.mark.slow
+def test_compiled_region_is_forward_and_loss_compiled_once(child):
+    """What torch.compile wraps is the TrainingLoss (the model's forward and its loss), traced
+    whole: one graph, no graph break (a break would leave the loss to run eagerly), and the
+    later steps, each on another slice of the data, compile nothing more."""
+    for program in (DATA_PARALLEL, PLAIN):
+        run = child["runs"][program, "compile"]
+        assert run["compiled_module"] == "TrainingLoss"
+        assert run["info"].settings["compiled_region"] == "forward and loss"
+        assert any("TrainingLoss (the nn.Sequential, then its loss)" in note for note in run["info"].notes)
+        assert run["graphs"] == 1 and run["graph_breaks"] == 0, run
+        assert run["later"] == {"graphs": 0, "frames": 0, "graph_breaks": 0}, run
 
 
 if __name__ == "__main__":

@@ -8,6 +8,12 @@ becomes nn.Linear's weight [out, in]; BatchNorm scale and bias are its weight an
 NHWC (the core's) are permuted to NCHW once, when the data is placed on the device, outside
 the timed step; activations stay in torch's default (contiguous NCHW) memory format.
 
+With `channels_last` (the tuned variants) the shapes stay NCHW/OIHW but the memory is laid out
+channels last, as `model.to(memory_format=torch.channels_last)` does: the convolution kernels
+are stored OHWI, and the images are placed as the core's NHWC array viewed as NCHW (no copy),
+so that each batch is channels-last contiguous and the convolutions and activations follow.
+Shapes, values and the canonical readback (a permuted view, copied out) are unchanged.
+
 Padding is explicit and symmetric, as the core fixes it: 3 on every side for the 7x7 stem,
 1 for 3x3 convolutions and the max pool, none for 1x1. BatchNorm2d in training mode with
 eps 1e-5 and momentum 0.1 (torch's convention, the core's); each rank normalises with its own
@@ -38,16 +44,21 @@ BATCH_NORM_MOMENTUM = core_cnn.BATCH_NORM_MOMENTUM
 MAX_POOL_PADDING = 1
 
 
-def build(work: Work, device, compute_dtype=None, param_dtype=None) -> Built:
+def build(work: Work, device, compute_dtype=None, param_dtype=None, channels_last: bool = False) -> Built:
     dims = work.model.shape
     convs = list(convolutions(dims))
     with torch.device("meta"):  # no initialisation of its own: the core's arrays are loaded next
         model = ResNet(convs, final_features(dims), dims["classes"])
     slots = slots_in_order(work, _slots(convs))
     load(model, work, slots, device, extra=_running_statistics(model), param_dtype=param_dtype)
+    if channels_last:
+        # Before DDP and Adam see the parameters: DDP lays its gradient buckets out with each
+        # parameter's strides, and Adam's state copies them (the parameters stay the same objects).
+        model.to(memory_format=torch.channels_last)
     return Built(model=model, canonical=canonical_reader(model, slots), loss=loss,
-                 place_inputs=_nchw, place_targets=lambda labels: labels.long(),
-                 notes=_notes(device, param_dtype or torch.float32))
+                 place_inputs=_nchw_channels_last if channels_last else _nchw,
+                 place_targets=lambda labels: labels.long(),
+                 notes=_notes(device, param_dtype or torch.float32, channels_last))
 
 
 def loss(logits, labels):
@@ -58,6 +69,13 @@ def loss(logits, labels):
 def _nchw(images):
     """[..., H, W, C] -> [..., C, H, W], contiguous (a copy, once, at placement)."""
     return images.movedim(-1, -3).contiguous()
+
+
+def _nchw_channels_last(images):
+    """[batches, N, H, W, C] -> [batches, N, C, H, W] as a view of the NHWC memory: each
+    batch [N, C, H, W] is then channels-last contiguous (torch.channels_last is defined for
+    4-d tensors only, so the stack of batches cannot be converted with it)."""
+    return images.contiguous().movedim(-1, -3)
 
 
 def hwio_to_oihw(kernel):
@@ -150,17 +168,22 @@ class ResNet(nn.Module):
         return self.head(x)
 
 
-def _notes(device, param_dtype) -> tuple[str, ...]:
+def _notes(device, param_dtype, channels_last: bool) -> tuple[str, ...]:
+    memory_format = ("channels-last memory format (NCHW shapes, NHWC strides)" if channels_last
+                     else "NCHW contiguous memory format")
     if device.type == "cuda":
         convolutions_note = (f"convolutions: cuDNN {torch.backends.cudnn.version()} (enabled="
-                             f"{torch.backends.cudnn.enabled}, benchmark={torch.backends.cudnn.benchmark}), NCHW "
-                             "contiguous memory format")
+                             f"{torch.backends.cudnn.enabled}, benchmark={torch.backends.cudnn.benchmark}), "
+                             + memory_format)
+        if channels_last and param_dtype == torch.float64:
+            # torch asks cuDNN for NHWC only below float64 (cudnn_conv_suggest_memory_format).
+            convolutions_note += "; float64 convolutions run NCHW all the same"
     else:
         # oneDNN has no float64 convolution: torch runs those with its own kernels.
         onednn = (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
                   and param_dtype != torch.float64)
         convolutions_note = ("convolutions: " + ("oneDNN (mkldnn)" if onednn else "aten's native CPU kernels")
-                             + ", NCHW contiguous memory format")
+                             + ", " + memory_format)
     return (convolutions_note,
             f"BatchNorm2d(eps={BATCH_NORM_EPSILON:g}, momentum={BATCH_NORM_MOMENTUM:g}) in training mode: each "
             "rank's own batch statistics (no SyncBatchNorm), running statistics kept per rank (not broadcast)")

@@ -3,9 +3,16 @@
 gloo on CPUs, the gradients averaged over ranks by DDP's bucketed all-reduce during backward.
 
 Besides the data-parallel program, the plain single-device program a user would write
-(`trial.program == "plain"`): the same model and fused Adam, no DDP. The variants compile the
-model (`torch.compile`, inside DDP for the data-parallel program) in inductor's default mode
-or in "reduce-overhead" mode (CUDA graphs); loss, backward and the optimizer step stay eager.
+(`trial.program == "plain"`): the same model and fused Adam, no DDP. Every program runs the
+family's model and its loss as one module (`training_loss.TrainingLoss`, DDP around it).
+
+The variants (`TUNINGS`) do what a performance engineer would. `compile` and `cuda-graphs`
+compile that module, forward and loss in one region (`torch.compile`, inside DDP for the
+data-parallel program), in inductor's default mode or in "reduce-overhead" mode (CUDA graphs);
+the region's backward, compiled with it, is run by an eager `loss.backward()`, and the fused
+Adam step stays eager. `channels-last` stays eager. Every variant turns on cuDNN's benchmark
+mode and lays out the cnn family (its weights, activations and images) channels-last; as
+written, neither. `channels-last` alone is refused for families without convolutions.
 
 Eager PyTorch has no fused multi-step call: `steps_per_call` steps run as a Python loop.
 The module imports no torch at import time (`probe` runs in the xbench process). Each family's
@@ -16,7 +23,6 @@ are in its module (`mlp`, `transformer`, `cnn`, `lstm`; the dispatch in `familie
 from __future__ import annotations
 
 import atexit
-import functools
 import gc
 import importlib.util
 import inspect
@@ -62,26 +68,46 @@ PRECISION = {
     "fp64": (False, False, "highest", None, "float64"),
 }
 VARIANTS = (
-    Variant("compile", "torch.compile, default mode"),
+    Variant("compile", "torch.compile of forward and loss, default mode; cudnn.benchmark, cnn channels-last"),
     # CUDA graphs are recorded on the first calls after compilation: more untimed warm-up.
-    Variant("cuda-graphs", "torch.compile(mode='reduce-overhead'): CUDA graphs", warmup_steps=3),
+    Variant("cuda-graphs", "the same in mode='reduce-overhead': CUDA graphs", warmup_steps=3),
+    Variant("channels-last", "eager, channels-last memory format and cudnn.benchmark (cnn only)"),
 )
-# torch.compile's mode for each variant; None: eager, as written.
-COMPILE_MODES = {AS_WRITTEN: None, "compile": "default", "cuda-graphs": "reduce-overhead"}
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What a variant turns on."""
+
+    compile_mode: str | None = None  # torch.compile's mode for forward and loss; None: eager
+    cudnn_benchmark: bool = False  # cuDNN picks each convolution's algorithm by timing the candidates
+    channels_last: bool = False  # convolutional families in the channels-last memory format
+    only_channels_last: bool = False  # nothing else: Unsupported for a family without convolutions
+
+
+TUNINGS = {
+    AS_WRITTEN: Tuning(),
+    "compile": Tuning("default", cudnn_benchmark=True, channels_last=True),
+    "cuda-graphs": Tuning("reduce-overhead", cudnn_benchmark=True, channels_last=True),
+    "channels-last": Tuning(cudnn_benchmark=True, channels_last=True, only_channels_last=True),
+}
+# What the compiled variants compile (settings["compiled_region"]): the TrainingLoss module.
+COMPILED_REGION = "forward and loss"
 
 
 @dataclass
 class TorchPrepared:
     info: PreparedInfo
-    forward: Any  # what runs a batch forward: the DDP module, the plain module, or either compiled
-    ddp: Any  # DistributedDataParallel around the model (for no_sync); None in the plain program
+    # forward(batch, targets) -> the mean loss over this rank's batch, float32 (float64 in
+    # fp64): the TrainingLoss, compiled or not, or DDP around it
+    forward: Any
+    ddp: Any  # DistributedDataParallel around it (for no_sync); None in the plain program
+    model: Any  # the family's nn.Module
     canonical: Any  # canonical(grad) -> the weights or gradients in the core's order and layout
-    loss: Any  # loss(output, targets): the mean over this rank's batch, float32 (float64 in fp64)
     optimizer: Any
     xs: Any  # this rank's shard: (batches, per_device_batch, ...) on the device, in the model's layout
     ys: Any
     all_reduce: bool
-    autocast: Any  # a context factory: autocast for bf16, nullcontext otherwise
     device: Any
     step: int = 0  # the step counter: step i uses batch i % batches
 
@@ -187,8 +213,15 @@ class TorchDdpBackend:
     # -- one trial ---------------------------------------------------------------------------
 
     def prepare(self, trial: Trial, work: Work) -> TorchPrepared:
-        mode = _compile_mode(trial)
+        tuning = _tuning(trial)
+        mode = tuning.compile_mode
+        if tuning.only_channels_last:
+            reason = model_families.channels_last_unsupported(trial.model.family)
+            if reason:
+                raise Unsupported(reason)  # before torch is even imported
         import torch
+
+        from xbench_backends.torch.training_loss import TrainingLoss
 
         process, device, gpu = self._process(), self.device, self.platform == "gpu"
         if trial.devices != process.world_size:
@@ -211,24 +244,30 @@ class TorchDdpBackend:
         torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
         torch.backends.cudnn.allow_tf32 = cudnn_tf32
         torch.set_float32_matmul_precision(matmul_precision)
-        autocast = (nullcontext if autocast_dtype is None
-                    else functools.partial(torch.autocast, device.type, dtype=getattr(torch, autocast_dtype)))
+        compute_dtype = None if autocast_dtype is None else getattr(torch, autocast_dtype)
+        # Set in every trial, as written too: trials share a worker process, so a tuned
+        # trial's setting would otherwise leak into the next one.
+        torch.backends.cudnn.benchmark = tuning.cudnn_benchmark
 
         # Dropout masks come from this stream; each rank draws its own, as jax folds in its index.
         torch.manual_seed(trial.seed + process.rank)
 
-        built = model_families.build(work, device, None if autocast_dtype is None else getattr(torch, autocast_dtype),
-                                     param_dtype)
+        channels_last = tuning.channels_last and trial.model.family in model_families.CONVOLUTIONAL
+        built = model_families.build(work, device, compute_dtype, param_dtype, channels_last=channels_last)
         model = built.model
-        # Only the module is compiled: the batch is sliced outside (a Python int index inside
-        # would recompile per batch), and loss, backward and the fused Adam step stay eager.
+        step_loss = TrainingLoss(model, built.loss, compute_dtype)
+        # Forward and loss are compiled as one region, as experts compile them: for the
+        # transformer the float32 cross-entropy over every position's logits is then fused
+        # into the compiled code instead of running eagerly on the materialised logits. The
+        # batch is sliced outside (a Python int index inside would recompile per batch).
         # The compiled graph draws dropout masks from inductor's RNG, not eager's stream, so the
         # masks differ from the eager program's (verify runs with dropout 0).
-        compiled = model if mode is None else torch.compile(model, mode=mode)
+        compiled = step_loss if mode is None else torch.compile(step_loss, mode=mode)
         # DDP around the compiled module, not torch.compile(ddp) as PyTorch's DDP notes show: in
-        # torch 2.13 dynamo graph-breaks in DDP.forward (its logger) and runs it eagerly, and the
-        # nn.Sequential's forward it then meets is torch's own code, which dynamo skips, so
-        # nothing would compile. Compiled inside DDP's forward, the module still gets
+        # torch 2.13 dynamo graph-breaks in DDP.forward (its logger) and runs it eagerly, so
+        # that would compile only what DDP's forward calls, frame by frame after the break (and
+        # nothing where that is torch's own code, which dynamo skips: a bare nn.Sequential).
+        # Compiled inside DDP's forward, the region is exactly the TrainingLoss, and it still gets
         # DDPOptimizer (graphs split at bucket boundaries, all-reduce overlapping backward).
         # cuda-graphs over several ranks is written the same way but untested here: the
         # all-reduce runs in DDP's hooks between the recorded backward graphs, and whether
@@ -239,11 +278,16 @@ class TorchDdpBackend:
         # torch's Adam is the paper's (eps added to sqrt(v_hat), after the bias correction),
         # as is optax's. The fused kernel: one launch per step for all parameters.
         # Only the trainable parameters (the LSTM's frozen second bias is not).
+        # The compiled variants leave it eager: the update is one pass over parameters,
+        # gradients and both moments, bound by memory bandwidth, which fused=True already makes
+        # in one launch; torch.compile of optimizer.step could at best generate the same pass,
+        # at the cost of compiling it (and guarding on its step counter), and the programs
+        # experts write (issue 24's measurement) leave the fused step eager too.
         optimizer = torch.optim.Adam(built.trainable, lr=trial.learning_rate, betas=(ADAM.b1, ADAM.b2),
                                      eps=ADAM.eps, fused=True)
 
-        # Placed once, in the model's layout and dtype (NCHW images, int64 tokens, float inputs
-        # and targets in the parameters' dtype): outside the step.
+        # Placed once, in the model's layout and dtype (NCHW images, channels-last where tuned,
+        # int64 tokens, float inputs and targets in the parameters' dtype): outside the step.
         xs, ys = work.shards(trial.global_batch, trial.devices)
         xs_d = built.place_inputs(_placed(xs[process.rank], device, param_dtype))
         ys_d = built.place_targets(_placed(ys[process.rank], device, param_dtype))
@@ -261,23 +305,25 @@ class TorchDdpBackend:
                 "loss_dtype": "float64" if param_dtype == torch.float64 else "float32",
             },
             sync_every_call=False,
-            # cuDNN's benchmark mode (off unless a user turns it on) picks kernels by timing them;
-            # compiled variants add inductor's compilation cache (eager has none).
+            # cuDNN's benchmark mode (off as written, on in the variants) picks kernels by timing
+            # them; compiled variants add what they compile and inductor's compilation cache.
             settings={"cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
                       "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+                      "memory_format": "channels_last" if channels_last else "contiguous",
                       "program": trial.program, "variant": trial.variant, "compile_mode": mode,
+                      "compiled_region": None if mode is None else COMPILED_REGION,
                       "compile_cache": compile_cache, **_fp32_precision_settings(), **_dynamo_settings(mode, ddp)},
             notes=(
                 _program_note(ddp),
-                *(() if mode is None else (_compile_note(mode, ddp, model),)),
+                *(() if mode is None else (_compile_note(mode, ddp, model, compute_dtype),)),
                 *built.notes,
                 "Adam: torch.optim.Adam(fused=True), eps after the bias correction (paper/optax form)",
                 "no fused multi-step call: steps_per_call steps run as a Python loop",
                 *(() if trial.all_reduce else (_compute_only_note(ddp),)),
             ),
         )
-        return TorchPrepared(info, forward, ddp, built.canonical, built.loss, optimizer, xs_d, ys_d, trial.all_reduce,
-                             autocast, device)
+        return TorchPrepared(info, forward, ddp, model, built.canonical, optimizer, xs_d, ys_d, trial.all_reduce,
+                             device)
 
     def run(self, prepared: TorchPrepared, steps: int) -> None:
         import torch
@@ -327,7 +373,9 @@ class TorchDdpBackend:
     def train(self, prepared: TorchPrepared, steps: int) -> list[float]:
         import torch
 
-        losses = torch.stack([_train_step(prepared) for _ in range(steps)])
+        # Each loss copied at once: under CUDA graphs it is an output of the recorded forward,
+        # whose memory the next step's replay overwrites.
+        losses = torch.stack([_train_step(prepared).clone() for _ in range(steps)])
         return [float(x) for x in _global_mean(losses)]
 
     def replica_weights(self, prepared: TorchPrepared) -> list[list[np.ndarray]]:
@@ -360,9 +408,7 @@ def _forward_backward(p: TorchPrepared):
     p.optimizer.zero_grad(set_to_none=True)
     # Compute-only: DDP skips its all-reduce; the plain program has none to skip.
     with p.ddp.no_sync() if p.ddp is not None and not p.all_reduce else nullcontext():
-        with p.autocast():
-            pred = p.forward(batch)
-        loss = p.loss(pred, target)  # float32 (float64 in fp64), the mean over this rank's batch
+        loss = p.forward(batch, target)  # float32 (float64 in fp64), the mean over this rank's batch
         loss.backward()
     return loss.detach()
 
@@ -389,13 +435,13 @@ def _ddp(model, device, gpu: bool):
     return DistributedDataParallel(model, **kwargs)
 
 
-def _compile_mode(trial: Trial) -> str | None:
-    """torch.compile's mode for the trial's variant (None: eager); refuses unknown names."""
+def _tuning(trial: Trial) -> Tuning:
+    """What the trial's variant turns on; refuses unknown programs and variants."""
     if trial.program not in (DATA_PARALLEL, PLAIN):
         raise ValueError(f"unknown program {trial.program!r} of torch; known: {DATA_PARALLEL}, {PLAIN}")
-    if trial.variant not in COMPILE_MODES:
-        raise ValueError(f"unknown variant {trial.variant!r} of torch; known: {', '.join(COMPILE_MODES)}")
-    return COMPILE_MODES[trial.variant]
+    if trial.variant not in TUNINGS:
+        raise ValueError(f"unknown variant {trial.variant!r} of torch; known: {', '.join(TUNINGS)}")
+    return TUNINGS[trial.variant]
 
 
 def _compile_unsupported(mode: str, device) -> str | None:
@@ -475,16 +521,18 @@ def _program_note(ddp) -> str:
             f"{_buckets(ddp)}, gradient_as_bucket_view=True, zero_grad(set_to_none=True)")
 
 
-def _compile_note(mode: str, ddp, model) -> str:
+def _compile_note(mode: str, ddp, model, compute_dtype) -> str:
     import torch.nn as nn
 
     what = "the nn.Sequential" if isinstance(model, nn.Sequential) else f"the {type(model).__name__} module"
+    autocast = "" if compute_dtype is None else f" under {str(compute_dtype).removeprefix('torch.')} autocast"
+    region = f"TrainingLoss ({what}{autocast}, then its loss)"
     if any(isinstance(m, nn.RNNBase) for m in model.modules()):
-        what += " (dynamo runs nn.LSTM eagerly unless torch._dynamo.config.allow_rnn)"
+        region += " (dynamo runs nn.LSTM eagerly unless torch._dynamo.config.allow_rnn)"
+    rest = "its backward compiled with it, run by an eager loss.backward(); fused Adam eager"
     if ddp is None:
-        return f"torch.compile(mode={mode}) of {what}; loss, backward and Adam eager"
-    return (f"DDP(torch.compile(mode={mode}) of {what}); DDPOptimizer splits graphs at buckets; "
-            "loss, backward and Adam eager")
+        return f"torch.compile(mode={mode}) of {region}; {rest}"
+    return f"DDP(torch.compile(mode={mode}) of {region}); DDPOptimizer splits graphs at buckets; {rest}"
 
 
 def _fp32_precision_settings() -> dict[str, Any]:

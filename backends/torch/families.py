@@ -3,8 +3,11 @@
 Each family module (`mlp`, `transformer`, `cnn`, `lstm`) has `build(work, device,
 compute_dtype, param_dtype) -> Built`: the nn.Module holding the core's initial arrays, converted
 into torch's layout (and from float32 to `param_dtype`, float64 for the "fp64" precision), and the
-means to read them (or their gradients) back in the core's canonical order and layout. The non-MLP families describe where each canonical array lives with a `Slot`; the MLP
-keeps its own tuned code path. No torch is imported at import time.
+means to read them (or their gradients) back in the core's canonical order and layout. The
+non-MLP families describe where each canonical array lives with a `Slot`; the MLP keeps its own
+tuned code path. The families with convolutions (`CONVOLUTIONAL`) also build in the
+channels-last memory format (`channels_last=True`), as the tuned variants ask. No torch is
+imported at import time.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import numpy as np
 
 FAMILIES = ("mlp", "transformer", "cnn", "lstm")
+CONVOLUTIONAL = ("cnn",)  # the families whose build takes channels_last (a memory format of convolutions)
 
 
 def _same(tensor):
@@ -57,15 +61,28 @@ def transposed(name: str) -> Slot:
     return Slot(name, lambda t: t.T, lambda t: t.T)
 
 
-def build(work, device, compute_dtype=None, param_dtype=None) -> Built:
+def build(work, device, compute_dtype=None, param_dtype=None, channels_last: bool = False) -> Built:
     """The model of the work's family; ValueError for a family torch does not build.
     `compute_dtype`: autocast's (None: none); `param_dtype`: the parameters', buffers' and
-    so the whole step's floating dtype (None: float32, the core's)."""
+    so the whole step's floating dtype (None: float32, the core's); `channels_last`: the
+    model and its inputs in the channels-last memory format (`CONVOLUTIONAL` families only)."""
     family = work.model.family
     if family not in FAMILIES:
         raise ValueError(f"the torch backend builds the families {', '.join(FAMILIES)}, not {family!r}")
     module = importlib.import_module(f"{__package__}.{family}")
-    return module.build(work, device, compute_dtype, param_dtype)
+    if not channels_last:
+        return module.build(work, device, compute_dtype, param_dtype)
+    reason = channels_last_unsupported(family)
+    if reason:
+        raise ValueError(reason)
+    return module.build(work, device, compute_dtype, param_dtype, channels_last=True)
+
+
+def channels_last_unsupported(family: str) -> str | None:
+    """Why the channels-last memory format does nothing for `family`, or None where it applies."""
+    if family in CONVOLUTIONAL:
+        return None
+    return f"channels-last changes only convolutions; the {family} family has none"
 
 
 def at_least_float32(tensor):

@@ -1,7 +1,8 @@
 """The MLP of the torch backend: an nn.Sequential built from the core's numpy weights (kernel
 [in, out] and bias per layer; nn.Linear holds the kernel transposed), its loss, and its
-weights (or gradients) read back in the core's layout. How a step runs (DDP, Adam, autocast,
-torch.compile) is in `ddp`; `build` is this family's entry in `families`.
+weights (or gradients) read back in the core's layout. How a step runs (DDP, Adam,
+torch.compile) is in `ddp`, autocast in `training_loss`; `build` is this family's entry in
+`families`.
 """
 
 from __future__ import annotations
