@@ -17,6 +17,7 @@ def entry_point(name: str, value: str) -> EntryPoint:
 FAKES = [
     entry_point("numpy", "tests.fakes:NumpyBackend"),
     entry_point("numpy-spmd", "tests.fakes:SpmdNumpyBackend"),
+    entry_point("numpy-mlp", "tests.fakes:NumpyMlpBackend"),
     entry_point("numpy-peers", "tests.fakes:PeersBackend"),
     entry_point("missing", "tests.fakes:MissingFrameworkBackend"),
     entry_point("jax-noreduce", "tests.broken_backends:NoAllReduceJax"),

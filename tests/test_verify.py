@@ -1,6 +1,7 @@
 """The verification checks: unit tests on synthetic references, then real backends."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -366,3 +367,342 @@ def test_replicas_are_compared_in_the_worker_and_only_replica_0_is_stored(tmp_pa
     assert loaded.worst_replica_error()[0] == 1.0
     [check] = [c for c in run_checks({("two", 2, "m"): loaded}, "two") if c.check == "replicas hold the same weights"]
     assert not check.passed
+
+
+# -- programs that run only in a low precision (bf16), unit tests -----------------------------
+
+def perturbed(ref, start=0.0, steps=0.0, seed=2):
+    """`ref` with its initial loss and gradients moved by `start` and its ten steps (loss curve
+    and weights) by `steps`, normwise relative: what rounding in a lower precision does."""
+    from xbench.verify import trajectory
+
+    rng = np.random.default_rng(seed)
+
+    def moved(arrays, relative):
+        noise = [rng.normal(size=np.shape(a)) for a in arrays]
+        scale = relative * np.linalg.norm(np.concatenate([np.ravel(a) for a in arrays]))
+        scale /= np.linalg.norm(np.concatenate([n.ravel() for n in noise]))
+        return [np.asarray(a) + scale * n for a, n in zip(arrays, noise)]
+
+    loss, *grads = moved([np.array(ref.loss), *ref.gradients], start)
+    losses, *weights = moved(trajectory(ref), steps)
+    return Reference(float(loss), grads, list(losses), [weights])
+
+
+def low_checks(programs, exact, precision_ref, no_float64=None):
+    """precision_checks for backend "a", model "m", with "a"'s float64 run `exact` and its bf16
+    run `precision_ref` (None: missing)."""
+    from xbench.verify import precision_checks, precision_floors
+
+    float64_runs = {} if exact is None else {("a", 1, "m"): exact}
+    refs = {} if precision_ref is None else {("a", "m", "bf16"): precision_ref}
+    floors, rejected = precision_floors(refs, float64_runs)
+    return precision_checks(programs, float64_runs, floors, rejected, no_float64 or {}), floors
+
+
+def test_a_bf16_program_within_bf16_noise_passes_and_one_an_o_0_1_gradient_off_fails_alone():
+    """The floors of "a" in bf16 are 5e-3 (gradients) and 2e-3 (ten steps): a bf16 program
+    1.5 x as far (another kernel, rounding elsewhere) passes; one whose gradients are 0.1 off
+    fails the gradient check, and only it is blamed."""
+    from xbench.verify import LOW_PRECISION_FACTOR, failed_backends
+
+    exact = reference()
+    bf16 = perturbed(exact, 5e-3, 2e-3)
+    good, bad = perturbed(exact, 7.5e-3, 3e-3, seed=3), perturbed(exact, 0.1, 3e-3, seed=4)
+    programs = {("a+fused", 1, "m", "bf16"): good, ("a+fused", 2, "m", "bf16"): good,
+                ("a+wrong", 1, "m", "bf16"): bad}
+    (checks, unchecked), floors = low_checks(programs, exact, bf16)
+    assert unchecked == {} and floors[("a", "m", "bf16")] == pytest.approx((5e-3, 2e-3), rel=0.05)
+    assert {c.check for c in checks} == {"bf16: initial loss and gradients vs float64", "bf16: 10 steps vs float64"}
+    assert len(checks) == 6 and all(c.backends in {("a+fused",), ("a+wrong",)} for c in checks)
+    start = [c for c in checks if c.check.startswith("bf16: initial")]
+    assert [c.tolerance for c in start] == [pytest.approx(LOW_PRECISION_FACTOR * 5e-3, rel=0.05)] * 3
+    assert [c.floor for c in start] == [pytest.approx(5e-3, rel=0.05)] * 3
+    assert {c.subject for c in start} == {"m: a+fused d1 vs a d1, float64", "m: a+fused d2 vs a d1, float64",
+                                          "m: a+wrong d1 vs a d1, float64"}
+    assert [c.subject for c in checks if not c.passed] == ["m: a+wrong d1 vs a d1, float64"]
+    assert failed_backends(checks) == {"a+wrong"}  # not "a", whose runs it was compared with
+
+
+def test_a_bf16_program_has_no_check_without_a_trustworthy_bf16_or_float64_run_of_its_backend():
+    from xbench.verify import LOW_PRECISION_MAX_TOLERANCE
+
+    exact = reference()
+    program = {("a+fused", 1, "m", "bf16"): perturbed(exact, 5e-3, 2e-3)}
+    for float64, bf16, why in [
+        (exact, None, "a has no bf16 run of m"),
+        (None, perturbed(exact, 5e-3), "a has no float64 run of m on d1"),
+        (exact, Reference(exact.loss, [g * np.nan for g in exact.gradients], exact.losses, exact.replicas),
+         "its bf16 run is not finite"),
+        (exact, perturbed(exact, 0.1), "more than bf16 rounding may move it"),  # a tolerance of 0.4 sees no 0.5
+    ]:
+        (checks, unchecked), _ = low_checks(program, float64, bf16)
+        assert checks == [] and why in unchecked[("a+fused", 1, "m", "bf16")], unchecked
+    assert LOW_PRECISION_MAX_TOLERANCE < 0.5  # a missing all-reduce on 2 devices is 0.5 off
+    (checks, unchecked), _ = low_checks(program, None, perturbed(exact, 5e-3), {("a", 1, "m"): "crashed: killed"})
+    assert unchecked[("a+fused", 1, "m", "bf16")] == "not verified in bf16: crashed: killed"
+
+
+def medium_spec(devices=(1,)):
+    from xbench.spec import build_spec
+
+    return build_spec({"models": [{"preset": "medium"}], "devices": list(devices)})
+
+
+
+def bf16_lineup(*variants, as_written=True, single_device=("data-parallel",)):
+    from xbench.contract import Variant
+    from xbench.plan import AS_WRITTEN_VARIANT, Lineup
+
+    chosen = tuple(Variant(name, "bf16 only", precisions=("bf16",)) for name in variants)
+    return Lineup(((AS_WRITTEN_VARIANT,) if as_written else ()) + chosen, single_device)
+
+
+def test_a_bf16_only_variant_is_planned_in_bf16_with_its_backends_references_under_ids_of_their_own():
+    from xbench.verify import PRECISION_REFERENCE_REPLICATES, is_precision_reference, is_referee, verification_trials
+
+    trials = verification_trials(medium_spec((1, 2)), ["a"], [2], lineups={"a": bf16_lineup("cudnn", "fused2")})
+    by_role = {}
+    for t in trials:
+        stored = {"precision": t.precision, "replicate": t.replicate}
+        role = "referee" if is_referee(stored) else "bf16 reference" if is_precision_reference(stored) else "program"
+        by_role.setdefault(role, set()).add((t.implementation, t.devices, t.precision))
+    assert by_role == {
+        "program": {("a", 1, "fp32"), ("a", 2, "fp32"), ("a+cudnn", 1, "bf16"), ("a+cudnn", 2, "bf16"),
+                    ("a+fused2", 1, "bf16"), ("a+fused2", 2, "bf16")},
+        "referee": {("a", 1, "fp64")},  # R_f64; the bf16 programs cannot run float64
+        "bf16 reference": {("a", 1, "bf16")},  # one for both variants
+    }
+    assert len({t.id for t in trials}) == len(trials)  # and so no arrays file overwrites another
+    [bf16] = [t for t in trials if t.precision == "bf16" and t.variant == "as-written"]
+    assert bf16.id.endswith(f"/r{PRECISION_REFERENCE_REPLICATES['bf16']}") and bf16.protocol.steps_per_call == 1
+
+
+def test_the_as_written_program_is_planned_for_a_bf16_variant_whose_lineup_lacks_it():
+    from xbench.verify import verification_trials
+
+    trials = verification_trials(medium_spec(), ["a"], [1], lineups={"a": bf16_lineup("cudnn", as_written=False)})
+    assert sorted((t.implementation, t.precision, t.replicate) for t in trials) == [
+        ("a", "bf16", 4), ("a", "fp32", 0), ("a", "fp64", 1), ("a+cudnn", "bf16", 0)]
+
+
+def test_a_cnn_is_verified_in_float64_so_a_bf16_variant_is_checked_against_that_run():
+    from xbench.spec import build_spec
+    from xbench.verify import verification_trials
+
+    spec = build_spec({"models": [{"preset": "resnet18"}], "devices": [1]})
+    trials = verification_trials(spec, ["a"], [1], lineups={"a": bf16_lineup("cudnn")})
+    assert sorted((t.implementation, t.precision, t.replicate) for t in trials) == [
+        ("a", "bf16", 4), ("a", "fp64", 0), ("a+cudnn", "bf16", 0)]  # no referee: the run is float64
+
+
+def saved_records(tmp_path, trials, runs, statuses=None):
+    """Records of `trials` as verify's workers leave them: `runs` maps a trial to its Reference;
+    `statuses` maps a trial id to (status, reason) instead (None: no record at all)."""
+    from xbench.verify import save_reference
+
+    records = []
+    for t in trials:
+        status, reason = (statuses or {}).get(t.id, ("ok", None)) or (None, None)
+        if status is None:
+            continue
+        record = {"trial_id": t.id, "status": status, "reason": reason, "trial": t.to_dict()}
+        if status == "ok":
+            record["arrays"] = str(tmp_path / f"{t.id.replace('/', '_')}.npz")
+            save_reference(Path(record["arrays"]), runs(t))
+        records.append(record)
+    return records
+
+
+def float32(ref):
+    return Reference(ref.loss, [g.astype(np.float32) for g in ref.gradients], ref.losses,
+                     [[w.astype(np.float32) for w in r] for r in ref.replicas])
+
+
+def bf16_runs(exact, programs):
+    """Every trial's run: float64 for fp64, a little rounding for fp32, bf16's for bf16 (the
+    programs' own from `programs` by implementation)."""
+    def run(t):
+        if t.precision == "fp64":
+            return exact
+        if t.precision == "fp32":
+            return float32(perturbed(exact, 1e-7, 1e-7, seed=5))
+        return programs.get(t.implementation) or perturbed(exact, 5e-3, 2e-3)
+    return run
+
+
+def test_a_bf16_result_of_the_as_written_program_is_kept_apart_from_its_fp32_result(tmp_path):
+    from xbench.verification import _sorted_records
+    from xbench.verify import verification_trials
+
+    trials = verification_trials(medium_spec(), ["a"], [1], lineups={"a": bf16_lineup("cudnn")})
+    runs = _sorted_records(saved_records(tmp_path, trials, bf16_runs(reference(), {})), trials)
+    fp32, bf16 = runs.refs[("a", 1, "medium")], runs.precision_refs[("a", "medium", "bf16")]
+    assert fp32.gradients[0].dtype == np.float32 and bf16.gradients[0].dtype == np.float64
+    assert errors(bf16.gradients, fp32.gradients)[2] > 1e-3  # not the same run
+    assert list(runs.refs) == [("a", 1, "medium")] and list(runs.programs) == [("a+cudnn", 1, "medium", "bf16")]
+
+
+def test_verify_checks_a_bf16_variant_against_float64_and_blames_only_a_wrong_one(tmp_path):
+    from xbench.verification import checks_as_dicts, verdict
+    from xbench.verify import verification_trials
+
+    exact = reference()
+    trials = verification_trials(medium_spec((1, 2)), ["a"], [2], lineups={"a": bf16_lineup("cudnn", "wrong")})
+    wrong = Reference(exact.loss, [1.1 * g for g in exact.gradients], exact.losses, exact.replicas)
+    programs = {"a+cudnn": perturbed(exact, 7e-3, 3e-3, seed=7), "a+wrong": perturbed(wrong, 5e-3, 2e-3, seed=8)}
+    result = verdict(medium_spec((1, 2)), ["a"], trials, saved_records(tmp_path, trials, bf16_runs(exact, programs)))
+    assert result.failed == {"a+wrong"} and result.problems == {}
+    assert result.outcome("a+cudnn")["status"] == "passed" and result.outcome("a+cudnn")["checks"] == 4
+    assert result.outcome("a")["status"] == "passed"
+    failed = result.outcome("a+wrong")["failed"]
+    assert len(failed) == 2 and all(line.startswith("bf16: initial loss and gradients vs float64") for line in failed)
+    assert all("(floor 5.0e-03)" in line for line in failed)
+    assert result.precision_floors == {("a", "medium", "bf16"): (pytest.approx(5e-3, rel=0.05),
+                                                                 pytest.approx(2e-3, rel=0.05))}
+    rows = [c for c in checks_as_dicts(result.checks) if c["check"].startswith("bf16:")]
+    assert len(rows) == 8 and all(c["floor"] and c["tolerance"] > 1e-4 for c in rows)
+
+
+@pytest.mark.parametrize("lost, status, why", [
+    ("bf16", ("crashed", "worker killed by signal 9; last output: (none)"),
+     "its bf16 run a/medium/d1/b32/r4 has no result (crashed: worker killed by signal 9"),
+    ("bf16", None, "its bf16 run a/medium/d1/b32/r4 has no result (missing: its worker ended without reporting it)"),
+    ("fp64", ("failed", "RuntimeError: no float64 here"), "a's float64 run a/medium/d1/b32/r1 has no result (failed"),
+])
+def test_a_bf16_variant_whose_backend_lost_a_reference_run_fails_with_the_reason(tmp_path, lost, status, why):
+    from xbench.verification import verdict
+    from xbench.verify import verification_trials
+
+    trials = verification_trials(medium_spec(), ["a"], [1], lineups={"a": bf16_lineup("cudnn")})
+    [gone] = [t for t in trials if t.precision == lost and t.variant == "as-written"]
+    records = saved_records(tmp_path, trials, bf16_runs(reference(), {}), {gone.id: status})
+    result = verdict(medium_spec(), ["a"], trials, records)
+    outcome = result.outcome("a+cudnn")
+    assert outcome["status"] == "failed" and "a+cudnn" in result.failed
+    assert not [c for c in result.checks if "a+cudnn" in c.backends]
+    [line] = outcome["failed"]
+    assert line.startswith("a/medium/d1/b32/cudnn/r0: not verified in bf16: ") and why in line, line
+
+
+# -- what ran decides: a missing result is never "passed" (issue 28, defect D) -----------------
+
+def fp32_runs(t):
+    return reference() if t.precision == "fp64" else float32(perturbed(reference(), 1e-7, 1e-7, seed=5))
+
+
+def plain_lineup():
+    from xbench.contract import DATA_PARALLEL, PLAIN
+    from xbench.plan import Lineup
+
+    return Lineup(single_device=(DATA_PARALLEL, PLAIN))
+
+
+def test_a_planned_trial_without_a_record_fails_and_what_only_it_was_compared_with_is_not_passed(tmp_path):
+    """The issue's case: the data-parallel program's worker died without a record; the plain
+    program, compared with nothing else, was "passed" with 0 checks."""
+    from xbench.verification import verdict
+    from xbench.verify import verification_trials
+
+    trials = verification_trials(medium_spec(), ["a"], [1], lineups={"a": plain_lineup()})
+    records = saved_records(tmp_path, trials, fp32_runs, {"a/medium/d1/b32/r0": None})
+    result = verdict(medium_spec(), ["a"], trials, records)
+    assert result.failed == {"a", "a plain"} and result.checks == ()
+    assert result.problems == {
+        "a/medium/d1/b32/r0": "missing: its worker ended without reporting it",
+        "a/medium/d1/b32/plain/r0": "not verified: a d1 has no result (a/medium/d1/b32/r0 missing: its worker ended "
+                                    "without reporting it), so 'initial loss and gradients across backends' and "
+                                    "'10 steps: losses and final weights' did not run"}
+    for name in ("a", "a plain"):
+        assert result.outcome(name)["status"] == "failed" and result.outcome(name)["failed"]
+
+
+def test_one_program_on_one_device_is_unverifiable_not_passed(tmp_path):
+    from xbench.verification import verdict
+    from xbench.verify import verification_trials
+
+    trials = verification_trials(medium_spec(), ["a"], [1])
+    result = verdict(medium_spec(), ["a"], trials, saved_records(tmp_path, trials, fp32_runs))
+    assert result.checks == () and result.failed == set()
+    why = "nothing to compare it with (one program on one device: no other result of its models)"
+    assert result.outcome("a") == {"status": "unverifiable", "checks": 0, "failed": [], "reason": why}
+    assert result.unverifiable == {"a": result.outcome("a")["reason"]}  # xbench verify exits 1: nothing was verified
+
+
+def test_a_crashed_float64_run_is_a_problem_not_a_missing_floor(tmp_path):
+    from xbench.verification import verdict
+    from xbench.verify import verification_trials
+
+    trials = verification_trials(medium_spec(), ["a", "b"], [1])
+    killed = ("crashed", "worker killed by signal 9; last output: (none)")
+    result = verdict(medium_spec(), ["a", "b"], trials,
+                     saved_records(tmp_path, trials, fp32_runs, {"b/medium/d1/b32/r1": killed}))
+    assert result.failed == {"b"} and result.problems == {"b/medium/d1/b32/r1": f"{killed[0]}: {killed[1]}"}
+    assert result.outcome("a")["status"] == "passed" and ("b", "medium") not in result.no_floor
+
+
+@pytest.mark.parametrize("names, devices, crashed, failed", [
+    # the reference's result is gone: what was to be compared with it is not verified
+    (["a", "b"], (1, 2), "a/medium/d1/b32/r0", {"a", "b"}),
+    # the other's, on 1 device only: the reference was compared with nothing else
+    (["a", "b"], (1,), "b/medium/d1/b32/r0", {"a", "b"}),
+    # ... with 2 devices it still was, with itself (as a backend verified alone is)
+    (["a", "b"], (1, 2), "b/medium/d1/b32/r0", {"b"}),
+    # a third backend's: the other two still compared each other
+    (["a", "b", "c"], (1,), "c/medium/d1/b32/r0", {"c"}),
+    # the N-device run's: its 1-device run and the other backend were still compared
+    (["a", "b"], (1, 2), "b/medium/d2/b32/r0", {"b"}),
+])
+def test_a_crashed_result_fails_its_program_and_those_left_unverified(tmp_path, names, devices, crashed, failed):
+    from xbench.verification import verdict
+    from xbench.verify import verification_trials
+
+    spec = medium_spec(devices)
+    trials = verification_trials(spec, names, devices)
+    killed = ("crashed", "worker killed by signal 9; last output: (none)")
+    result = verdict(spec, names, trials, saved_records(tmp_path, trials, fp32_runs, {crashed: killed}))
+    assert result.failed == failed
+    assert result.problems[crashed] == f"{killed[0]}: {killed[1]}"
+    assert all(f"has no result ({crashed} crashed: worker killed by signal 9" in why
+               for tid, why in result.problems.items() if tid != crashed)
+    for name in names:
+        assert result.outcome(name)["status"] == ("failed" if name in failed else "passed")
+
+
+def test_a_bf16_only_variant_runs_in_bf16_against_float64_and_a_wrong_one_fails_alone(fake_backends, run_cli):
+    """End to end through worker processes: numpy-mlp's "bf16" variant rounds like a
+    mixed-precision program and passes; "bf16-scaled" applies 1.5 x its gradient and fails,
+    blamed alone; the bf16 floors are shown with the checks they widen."""
+    pytest.importorskip("ml_dtypes")
+    code, out, err = run_cli("verify", "--backends", "numpy-mlp", "--variants", "all", "--devices", "2",
+                             "--model", "medium", "--single-device", "data-parallel")
+    assert code == 1, out + err
+    flat = " ".join(err.split())
+    assert err.split("verification failed for:")[1].split() == ["numpy-mlp+bf16-scaled"]
+    assert "low-precision floors ||low - float64|| of each backend's as-written program on 1 device (medium: " \
+           "numpy-mlp bf16 initial" in flat
+    rows = [" ".join(line.split()) for line in out.splitlines() if line.startswith("│")]  # subjects may wrap
+    failed = [row for row in rows if "FAIL" in row]
+    assert len(failed) == 2, out  # d1 and d2
+    assert all("bf16: initial loss and gradients vs float64" in row and "numpy-mlp+bf16-scaled d" in row
+               for row in failed), out
+    assert sum("bf16: 10 steps vs float64" in row for row in rows) == 4  # two variants on 1 and 2 devices
+
+
+def test_a_variant_unsupported_for_one_model_is_verified_on_the_others(tmp_path):
+    """channels-last refuses the transformer, cudnn the ResNet: such a variant passes on the
+    models it runs, and is unverifiable only where it runs for none."""
+    from xbench.contract import Variant
+    from xbench.plan import AS_WRITTEN_VARIANT, Lineup
+    from xbench.spec import build_spec
+    from xbench.verification import verdict
+    from xbench.verify import verification_trials
+
+    spec = build_spec({"models": [{"preset": "medium"}, {"preset": "large"}], "devices": [1]})
+    lineup = Lineup((AS_WRITTEN_VARIANT, Variant("tuned", "for medium only"), Variant("never", "runs nowhere")))
+    trials = verification_trials(spec, ["a", "b"], [1], lineups={"a": lineup})
+    refused = {t.id: ("unsupported", "not this model") for t in trials
+               if t.variant == "never" or (t.variant == "tuned" and t.model.name == "large")}
+    result = verdict(spec, ["a", "b"], trials, saved_records(tmp_path, trials, fp32_runs, refused))
+    assert result.outcome("a+tuned")["status"] == "passed" and result.outcome("a+tuned")["checks"]
+    assert result.outcome("a+never")["status"] == "unverifiable"

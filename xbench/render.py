@@ -247,6 +247,21 @@ def floors_caption(floors: Mapping[tuple[str, str], float], no_floor: Mapping[tu
     return "; ".join(parts) + "." if parts else None
 
 
+def precision_floors_caption(floors: Mapping[tuple[str, str, str], tuple[float, float]]) -> str | None:
+    """Each backend's low-precision floors per model (its as-written program in that precision
+    against its float64 run), which set the tolerances of the programs verified in that
+    precision; None without any."""
+    from xbench.verify import LOW_PRECISION_FACTOR
+
+    if not floors:
+        return None
+    measured = "; ".join(f"{model}: {backend} {precision} initial {start:.1e}, ten steps {steps:.1e}"
+                         for (backend, model, precision), (start, steps) in sorted(floors.items()))
+    return (f"low-precision floors ||low - float64|| of each backend's as-written program on 1 device ({measured}); "
+            f"a program that runs only in that precision is checked against its backend's float64 run within "
+            f"{LOW_PRECISION_FACTOR:g} x them.")
+
+
 def verify_caption(spec: Any, reference: str) -> str:
     from xbench.verify import VERIFY_STEPS, verification_model
 

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from xbench import launcher
 from xbench.cluster import Launch
-from xbench.contract import implementation_of
+from xbench.contract import Trial, backend_of_implementation
 from xbench.plan import Lineup, group_trials
 from xbench.registry import BackendEntry
 from xbench.spec import Spec
 from xbench.verify import (
-    Check, compared_in_float64, failed_backends, is_referee, load_reference, referee_checks, rounding_floors,
-    run_checks, verification_precision, verification_trials,
+    Check, Key, Reference, compared_in_float64, distrust_float64, failed_backends,
+    is_low_precision, is_precision_reference, is_referee, load_reference, lost_comparisons, precision_checks,
+    precision_floors, referee_checks, rounding_floors, run_checks, verification_precision, verification_trials,
 )
+
+MISSING = "missing"  # the status of a planned trial that left no record
 
 
 @dataclass(frozen=True)
@@ -24,12 +27,17 @@ class Verification:
     # Backends are named with their variant and program here ("torch+compile", "jax plain"):
     # each is verified, and blamed, on its own.
     checks: tuple[Check, ...]
-    problems: dict[str, str]  # trial id -> why it produced no reference
-    problem_backends: frozenset[str]  # a verification trial failed, crashed or timed out
-    unverifiable: dict[str, str]  # backend -> which capability it lacks
+    # trial id -> why it produced no verified result: it failed, crashed (a killed worker),
+    # timed out or left no record, or the results it was to be compared with did (see `verdict`)
+    problems: dict[str, str]
+    problem_backends: frozenset[str]  # the owners of `problems`
+    unverifiable: dict[str, str]  # backend -> which capability it lacks, or that nothing compared it
     owners: dict[str, str] = field(default_factory=dict)  # trial id of a problem -> its backend
     floors: dict[tuple[str, str], float] = field(default_factory=dict)  # (implementation, model) -> rounding floor
     no_floor: dict[tuple[str, str], str] = field(default_factory=dict)  # (implementation, model) -> why none
+    # (backend, model, precision) -> (initial, ten steps) floors of its as-written program in a
+    # low precision against float64 (see xbench.verify.LOW_PRECISION_FACTOR)
+    precision_floors: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
 
     @property
     def failed(self) -> set[str]:
@@ -37,14 +45,19 @@ class Verification:
         return failed_backends(self.checks) | set(self.problem_backends)
 
     def outcome(self, backend: str) -> dict[str, Any]:
-        """The verification summary stored in each of the backend's (implementation's) records."""
+        """The verification summary stored in each of the backend's (implementation's)
+        records: "passed" only where checks ran and none failed; "failed" where a check failed
+        or a result it needed is missing (`problems`); "unverifiable" where it could not run
+        or nothing compared its results."""
         mine = [c for c in self.checks if backend in c.backends]
-        if backend in self.unverifiable and backend not in self.failed:
-            return {"status": "unverifiable", "reason": self.unverifiable[backend], "checks": 0, "failed": []}
+        if backend not in self.failed and (backend in self.unverifiable or not mine):
+            why = self.unverifiable.get(backend, "no verification check compared its results")
+            return {"status": "unverifiable", "reason": why, "checks": len(mine), "failed": []}
         return {
             "status": "failed" if backend in self.failed else "passed",
             "checks": len(mine),
             "failed": [f"{c.check} ({c.subject}): rel {c.norm_rel:.2e} > {c.tolerance:.1e}"
+                       + (f" (floor {c.floor:.1e})" if c.floor is not None else "")
                        for c in mine if not c.passed]
                       + [f"{tid}: {why}" for tid, why in self.problems.items() if self.owners.get(tid) == backend],
         }
@@ -70,7 +83,17 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     if listener is not None:
         ctx.listener = listener
     launcher.run_groups(group_trials(trials, {e.name: e.target for e in entries}), ctx, parallel)
-    runs = _sorted_records(records)
+    return verdict(spec, names, trials, records)
+
+
+def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: Sequence[dict[str, Any]]
+            ) -> Verification:
+    """The checks over the records of the planned verification `trials`, and each program's
+    standing. The outcome is computed from what ran: a planned trial without an ok record
+    (failed, crashed, killed, timed out, or no record at all) is a problem of its program; so
+    is a result whose checks lost what they compare it with, and a program that nothing
+    compared is never "passed"."""
+    runs = _sorted_records(records, trials)
     reference = next((n for n in names if n not in runs.unverifiable), names[0])
     per_device = {m.name for m in spec.models if m.kind.batch_statistics}
     float64 = {m.name for m in spec.models if verification_precision(m) == "fp64"}
@@ -78,41 +101,148 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     float64_checks = referee_checks({key: runs.referees[key] for key in floors}, reference)
     checks = run_checks(runs.refs, reference_backend=reference, per_device_statistics=per_device,
                         float64=float64, floors=floors, compared=compared_in_float64(float64_checks))
+    exact, no_exact = _float64_runs(runs, floors, rejected, float64, per_device)
+    low_floors, low_rejected = precision_floors(runs.precision_refs, exact)
+    low_checks, unchecked = precision_checks(runs.programs, exact, low_floors,
+                                             {**runs.no_precision_ref, **low_rejected}, no_exact, float64, per_device)
+    checks += float64_checks + low_checks
+    problems, owners = dict(runs.problems), dict(runs.owners)
+    for key, why in unchecked.items():
+        problems[runs.trial_ids[key]], owners[runs.trial_ids[key]] = why, key[0]
+    untested, unpartnered = lost_comparisons(runs.expected, runs.refs, reference, per_device)
+    for key, lost in untested.items():
+        problems[runs.trial_ids[key]], owners[runs.trial_ids[key]] = runs.lost(lost), key[0]
+    unverifiable = dict(runs.unverifiable)
+    checked = {name for c in checks for name in c.backends}
+    for name in dict.fromkeys(key[0] for key in [*runs.refs, *runs.programs]):
+        if name in checked or name in owners.values() or name in unverifiable:
+            continue
+        mine = [key for key in runs.refs if key[0] == name and key in unpartnered]
+        if mine:  # only the results that would have been compared with it are missing
+            tid = runs.trial_ids[mine[0]]
+            problems[tid], owners[tid] = runs.lost([item for key in mine for item in unpartnered[key]]), name
+        else:
+            unverifiable[name] = "nothing to compare it with (one program on one device: no other result of its models)"
     no_floor = {key: why for key, why in {**runs.no_referee, **rejected}.items() if key[0] not in runs.unverifiable}
-    return Verification(tuple(checks + float64_checks), runs.problems, frozenset(runs.owners.values()),
-                        runs.unverifiable, runs.owners, floors, no_floor)
+    return Verification(tuple(checks), problems, frozenset(owners.values()), unverifiable, owners, floors, no_floor,
+                        low_floors)
+
+
+def _float64_runs(runs: _Runs, floors: Mapping[tuple[str, str], float], rejected: Mapping[tuple[str, str], str],
+                  float64: Collection[str], per_device: Collection[str]
+                  ) -> tuple[dict[tuple[str, int, str], Reference], dict[tuple[str, int, str], str]]:
+    """For each low-precision program's backend: its trusted float64 run of the as-written
+    data-parallel program, (backend, devices, model) -> run (on 1 device, or each device count
+    of a family verified in float64 that normalises per device), and -> why there is none."""
+    found, why_not = {}, {}
+    for name, devices, model, _ in runs.programs:
+        backend = backend_of_implementation(name)
+        key = (backend, devices if model in per_device else 1, model)
+        if key in found or key in why_not:
+            continue
+        if model in float64:  # verified in float64: the run itself
+            run = runs.refs.get(key)
+            untrusted = distrust_float64(run) if run is not None else None
+            why = (f"{backend}'s float64 run {runs.status(key)}" if run is None
+                   else f"{backend}'s float64 run is not trusted: {untrusted}" if untrusted else None)
+        elif key[1] != 1:
+            run, why = None, f"{backend} has no float64 run of {model} on d{key[1]} ({model} normalises per device)"
+        else:
+            run = runs.referees.get((backend, model))
+            if run is None:
+                why = f"{backend}'s float64 run {runs.status((backend, model))}"
+            elif (backend, model) in rejected:
+                why = f"{backend}'s float64 run is not trusted: {rejected[(backend, model)]}"
+            elif (backend, model) not in floors:
+                why = f"{backend}'s fp32 run, where its float64 run must start, {runs.status(key)}"
+            else:
+                why = None
+        if why:
+            why_not[key] = why
+        else:
+            found[key] = run
+    return found, why_not
 
 
 @dataclass
 class _Runs:
     """The verification records sorted: fp32 (or the family's precision) references, float64
-    referees, and what failed or could not run."""
+    referees, low-precision programs and their backends' reference runs, and what failed or
+    could not run."""
 
     refs: dict = field(default_factory=dict)  # (implementation, devices, model) -> Reference
     referees: dict = field(default_factory=dict)  # (implementation, model) -> its float64 Reference
     no_referee: dict = field(default_factory=dict)  # (implementation, model) -> why its float64 run failed
+    programs: dict = field(default_factory=dict)  # (implementation, devices, model, precision) -> Reference
+    precision_refs: dict = field(default_factory=dict)  # (backend, model, precision) -> its as-written run there
+    no_precision_ref: dict = field(default_factory=dict)  # (backend, model, precision) -> why it has none
     problems: dict = field(default_factory=dict)  # trial id -> why it produced no reference
     owners: dict = field(default_factory=dict)  # trial id of a problem -> its implementation
     unverifiable: dict = field(default_factory=dict)  # implementation -> the capability it lacks
+    expected: set = field(default_factory=set)  # keys of `refs` whose trials ran or should have
+    trial_ids: dict = field(default_factory=dict)  # a key of refs, referees or programs -> its trial id
+    statuses: dict = field(default_factory=dict)  # trial id -> "status: reason" of one without a result
+
+    def status(self, key: tuple) -> str:
+        """What became of the trial of `key`, for a message."""
+        tid = self.trial_ids.get(key)
+        return "was not planned" if tid is None else f"{tid} has no result ({self.statuses.get(tid, 'none')})"
+
+    def lost(self, items: Sequence[tuple[str, Key]]) -> str:
+        """Why a result is not verified: the results its checks needed are missing."""
+        by_key: dict[Key, list[str]] = {}
+        for check, key in items:
+            by_key.setdefault(key, []).append(check)
+        return "not verified: " + "; ".join(
+            f"{key[0]} d{key[1]} has no result ({self.trial_ids.get(key)} {self.statuses.get(self.trial_ids.get(key))})"
+            f", so {' and '.join(repr(c) for c in dict.fromkeys(checks))} did not run"
+            for key, checks in by_key.items())
 
 
-def _sorted_records(records: Sequence[dict[str, Any]]) -> _Runs:
-    runs = _Runs()
-    for record in records:
-        name, status = implementation_of(record["trial"]), record["status"]
-        model = record["trial"]["model"]["name"]
-        if is_referee(record["trial"]):
+def _sorted_records(records: Sequence[dict[str, Any]], planned: Sequence[Trial] = ()) -> _Runs:
+    """The records of the `planned` trials (default: those of `records`) by role; a planned
+    trial without a record counts as one that produced nothing ("missing")."""
+    runs, unsupported, ran = _Runs(), {}, set()
+    by_id = {record["trial_id"]: record for record in records}
+    for trial in planned or [Trial.from_dict(record["trial"]) for record in records]:
+        record = by_id.get(trial.id) or {"status": MISSING, "reason": "its worker ended without reporting it"}
+        name, status, model = trial.implementation, record["status"], trial.model.name
+        reason = f"{status}: {record['reason']}"
+        stored = {"precision": trial.precision, "replicate": trial.replicate}
+        if status != "ok":
+            runs.statuses[trial.id] = reason
+        if is_referee(stored):
+            runs.trial_ids[(name, model)] = trial.id
             if status == "ok":
                 runs.referees[(name, model)] = load_reference(Path(record["arrays"]))
+            elif status in ("crashed", MISSING):  # a killed worker is a failure, not a missing floor
+                runs.problems[trial.id], runs.owners[trial.id] = reason, name
             elif status != "skipped":
-                runs.no_referee[(name, model)] = f"{status}: {record['reason']}"
-        elif status == "ok":
-            runs.refs[(name, record["trial"]["devices"], model)] = load_reference(Path(record["arrays"]))
-        elif status == "unsupported":
-            runs.unverifiable[name] = record["reason"]
-        elif status != "skipped":  # skipped: devices this machine lacks (their timing is skipped too)
-            runs.problems[record["trial_id"]] = f"{status}: {record['reason']}"
-            runs.owners[record["trial_id"]] = name
+                runs.no_referee[(name, model)] = reason
+        elif is_precision_reference(stored):
+            key = (trial.backend, model, trial.precision)
+            runs.trial_ids[key] = trial.id
+            if status == "ok":
+                runs.precision_refs[key] = load_reference(Path(record["arrays"]))
+            else:  # the programs it serves are not verified (`precision_checks`), whoever owns them
+                runs.no_precision_ref[key] = f"its {trial.precision} run {trial.id} has no result ({reason})"
+        else:
+            low = is_low_precision(trial)
+            key = (name, trial.devices, model, trial.precision) if low else (name, trial.devices, model)
+            runs.trial_ids[key] = trial.id
+            if status not in ("skipped", "unsupported") and not low:
+                runs.expected.add(key)
+            if status == "ok":
+                (runs.programs if low else runs.refs)[key] = load_reference(Path(record["arrays"]))
+            elif status == "unsupported":
+                unsupported.setdefault(name, record["reason"])
+            elif status != "skipped":  # skipped: devices this machine lacks (their timing is skipped too)
+                runs.problems[trial.id], runs.owners[trial.id] = reason, name
+            if status != "unsupported":
+                ran.add(name)
+    # A variant that runs for some models only (cuDNN attention, channels-last) is verified on
+    # those; it is unverifiable only where it runs for none.
+    runs.unverifiable.update({name: why for name, why in unsupported.items() if name not in ran})
     return runs
 
 

@@ -18,6 +18,11 @@ The checks then compare, within tolerances derived from fp32 rounding:
    runs against each other at float64 tolerances (`referee_checks`);
 4. the replicas' weights against each other after training (they drift apart when
    gradients are not all-reduced).
+
+A program that runs only in a lower precision (`Variant.precisions`, e.g. a fused attention
+kernel that takes bf16 alone) runs in that precision instead, and is checked against its
+backend's float64 run within a tolerance from bf16 rounding measured on the backend's own
+program (`precision_checks`, see LOW_PRECISION_FACTOR).
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from xbench.contract import Backend, Trial, Unsupported, backend_of_implementation
+from xbench.contract import (
+    AS_WRITTEN, DATA_PARALLEL, Backend, Trial, Unsupported, Variant, backend_of_implementation,
+)
 from xbench.plan import Lineup
-from xbench.spec import ModelSpec, Protocol, Spec
+from xbench.spec import PRECISIONS, ModelSpec, Protocol, Spec
 
 VERIFY_STEPS = 10
 VERIFY_BATCHES = VERIFY_STEPS  # distinct batches, so every step sees new data
@@ -84,6 +91,46 @@ VERIFY_PRECISIONS = ("fp32", "fp64")
 FLOOR_FACTOR = 2.0
 REFEREE_PRECISION = "fp64"
 REFEREE_REPLICATE = 1  # the referee's trial id ends in "/r1": it must not overwrite the fp32 run's arrays
+# A program that runs only in a lower precision than its family is verified in (a variant
+# whose `precisions` are ("bf16",): cuDNN's fused attention) runs the checks in the first
+# precision it lists, against its backend's float64 run of the as-written data-parallel
+# program on 1 device (R_f64: the referee, or for a family verified in float64 that run
+# itself). Its distance from exact arithmetic is measured where it can be: the backend's
+# as-written program in the same precision on 1 device (`precision_reference_trials`), whose
+# normwise distance from R_f64 is the precision's floor, once for the initial loss and
+# gradients and once for the ten steps. bf16 (u = 2**-8 = 3.9e-3, 65,536 x fp32's) moves
+# gradients by up to percent: measured (CPU, seed 0), jax's bf16 program is 2.9e-2 from
+# float64 in the medium MLP's initial loss and gradients and 6.8e-3 after ten steps, 1.9e-3
+# and 2.8e-3 on transformer-tiny (a numpy MLP that rounds what a mixed-precision program holds
+# in bf16, `tests.fakes.NumpyMlpBackend`, gives the same 2.9e-2). So nothing of the fp32
+# arguments above survives but their form: the tolerance of a low-precision program is at
+# least LOW_PRECISION_FACTOR x its backend's floor. Its own floor is unknown (it cannot run
+# the precision it is verified in) and is taken to be about its backend's: what dominates a
+# mixed-precision program's rounding is the casts of inputs, weights and activations to bf16
+# at the layer boundaries the framework's policy sets, which every program of the model makes
+# at the same places, while accumulation is fp32 in both and a fused kernel keeps its
+# intermediates in fp32 or rounds them no more often than the unfused ops do (flash attention
+# rounds the probabilities to bf16 before P.V, as the unfused program's bf16 matmul does).
+# Measured: jax's `jnp` program, another implementation of the same models, checked as a bf16
+# program against jax's floors, was 0.69-1.0 x them on 1 and 2 devices. So 2 x its backend's
+# floor, room for a program that rounds as much again elsewhere (as large a second error
+# doubles the distance at worst, sqrt(2) x if independent), times FLOOR_FACTOR for a ReLU or
+# max kink (with u = 3.9e-3 far more pre-activations lie within rounding of zero than in
+# fp32): 4 x. What the check still sees: anything over 4 floors, i.e. a missing or summed
+# all-reduce (0.5 and 1.0 off on 2 devices), a missing attention scale or mask; a gradient
+# scaled by 10 % only where the floor is below 2.5e-2 (transformer-tiny: tolerance 7.6e-3; not
+# the medium MLP: 1.1 x was 9.4e-2 from float64 in the numpy one, inside 4 x 2.9e-2); never an 8e-4
+# formula difference such as another Adam epsilon. No separate "N devices = 1 device" check:
+# each device count is compared with float64, and a missing all-reduce is 0.5 off. A floor so
+# large that its tolerance would exceed LOW_PRECISION_MAX_TOLERANCE (so that a missing
+# all-reduce could pass) is not trusted, nor is a run that is not finite or a float64 run that
+# does not start where the fp32 one does (`_distrust`): the program then fails, with the
+# reason, instead of passing.
+LOW_PRECISION_FACTOR = 2 * FLOOR_FACTOR
+LOW_PRECISION_MAX_TOLERANCE = 0.25  # half a missing all-reduce's error on 2 devices
+# Each low precision's reference run gets a replicate number of its own ("/r4" for bf16), so
+# that neither it nor the referee ("/r1") overwrites the verified run's arrays ("/r0").
+PRECISION_REFERENCE_REPLICATES = {precision: 2 + i for i, precision in enumerate(PRECISIONS)}
 
 
 @dataclass(frozen=True)
@@ -170,14 +217,17 @@ def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[i
                         launchers: Mapping[str, str] | None = None,
                         lineups: Mapping[str, Lineup] | None = None) -> list[Trial]:
     """One trial per backend x variant x program x device count (1 always included; the plain
-    program on 1 only) x model: dropout off, strict fp32, a global batch that every device
+    program on 1 only) x model: dropout off, strict fp32 (a variant that runs only in lower
+    precisions: the first it lists, `program_precision`), a global batch that every device
     count divides; one step per call, or two calls of `VERIFY_STEPS // 2` fused steps for a
     variant that fuses steps; each backend started by its launcher in `launchers` (default
     subprocess), with the variants and programs in `lineups` (default: as written,
-    data-parallel)."""
+    data-parallel). Then the float64 referees (`referee_trials`) and, for low-precision
+    programs, their backends' reference runs in that precision (`precision_reference_trials`)."""
     counts = sorted(set(devices) | {1})
     protocol = Protocol(warmup_steps=0, steps=VERIFY_STEPS, repeats=2, steps_per_call=1,
                         trial_timeout_s=spec.protocol.trial_timeout_s)
+    models = [verification_model(m, counts) for m in spec.models]
     trials = []
     for backend in backends:
         lineup = (lineups or {}).get(backend, Lineup())
@@ -185,14 +235,48 @@ def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[i
             fused = replace(protocol, steps_per_call=VERIFY_STEPS // 2) if variant.steps_per_call else protocol
             trials += [
                 Trial(backend=backend, model=model, devices=n, global_batch=model.batch_sizes[0], scaling="strong",
-                      precision=verification_precision(model), platform=spec.platform, learning_rate=spec.learning_rate, seed=spec.seed,
+                      precision=program_precision(variant, model), platform=spec.platform,
+                      learning_rate=spec.learning_rate, seed=spec.seed,
                       samples=model.batch_sizes[0] * VERIFY_BATCHES, protocol=fused,
                       options=dict(spec.options.get(backend, {})),
                       launcher=(launchers or {}).get(backend, "subprocess"), variant=variant.name, program=program)
-                for n in counts for program in lineup.verified_programs(n)
-                for model in (verification_model(m, counts) for m in spec.models)
+                for n in counts for program in lineup.verified_programs(n) for model in models
             ]
-    return trials + referee_trials(trials)
+    trials += _as_written_for_low_precision(trials, protocol)
+    return trials + referee_trials(trials) + precision_reference_trials(trials)
+
+
+def program_precision(variant: Variant, model: ModelSpec) -> str:
+    """The precision verify runs a variant's programs in: the model's `verification_precision`,
+    unless the variant runs only in others (`Variant.precisions`): then the first of those
+    that is a spec precision (see LOW_PRECISION_FACTOR)."""
+    precision = verification_precision(model)
+    listed = getattr(variant, "precisions", None)
+    if not listed or precision in listed:
+        return precision
+    return next((p for p in listed if p in PRECISION_REFERENCE_REPLICATES), precision)
+
+
+def is_low_precision(trial: Trial) -> bool:
+    """Whether a planned verification trial is a program verified in a lower precision than
+    its model's (checked against float64 by `precision_checks`)."""
+    return trial.precision != verification_precision(trial.model) and trial.replicate == 0
+
+
+def _as_written_for_low_precision(trials: Sequence[Trial], protocol: Protocol) -> list[Trial]:
+    """The as-written data-parallel trial on 1 device, in the model's verification precision,
+    of each backend and model that has low-precision programs, where the lineup left it out:
+    its float64 run (or, for a family verified in float64, itself) is their R_f64."""
+    have = {(t.backend, t.model, t.launcher) for t in trials
+            if (t.variant, t.program, t.devices, t.precision) == (AS_WRITTEN, DATA_PARALLEL, 1,
+                                                                  verification_precision(t.model))}
+    added = {}
+    for t in trials:
+        if is_low_precision(t) and (t.backend, t.model, t.launcher) not in have:
+            added.setdefault((t.backend, t.model, t.launcher), replace(
+                t, devices=1, precision=verification_precision(t.model), variant=AS_WRITTEN, program=DATA_PARALLEL,
+                protocol=protocol))
+    return list(added.values())
 
 
 def referee_trials(trials: Sequence[Trial]) -> list[Trial]:
@@ -200,12 +284,34 @@ def referee_trials(trials: Sequence[Trial]) -> list[Trial]:
     trial in float64, whose distance from the fp32 run is the program's rounding floor (see
     FLOOR_FACTOR). A program that cannot run float64 just has no floor."""
     return [replace(t, precision=REFEREE_PRECISION, replicate=REFEREE_REPLICATE) for t in trials
-            if t.devices == 1 and t.precision == "fp32"]
+            if t.devices == 1 and t.precision == "fp32" and verification_precision(t.model) == "fp32"]
+
+
+def precision_reference_trials(trials: Sequence[Trial]) -> list[Trial]:
+    """For each backend, model and low precision that a program is verified in
+    (`is_low_precision`): the backend's as-written data-parallel program on 1 device in that
+    precision, whose distance from its float64 run is the precision's floor (see
+    LOW_PRECISION_FACTOR). Its replicate number is the precision's own
+    (`PRECISION_REFERENCE_REPLICATES`), so that its id collides with no other trial's."""
+    found = {}
+    for t in trials:
+        if is_low_precision(t):
+            key = (t.backend, t.model, t.launcher, t.precision)
+            found.setdefault(key, replace(t, devices=1, variant=AS_WRITTEN, program=DATA_PARALLEL,
+                                          replicate=PRECISION_REFERENCE_REPLICATES[t.precision],
+                                          protocol=replace(t.protocol, steps_per_call=1)))
+    return list(found.values())
 
 
 def is_referee(trial: Mapping[str, Any]) -> bool:
     """Whether a stored trial is a referee (`referee_trials`), not a verified program."""
     return trial.get("precision") == REFEREE_PRECISION and trial.get("replicate") == REFEREE_REPLICATE
+
+
+def is_precision_reference(trial: Mapping[str, Any]) -> bool:
+    """Whether a stored verification trial is a low precision's reference run
+    (`precision_reference_trials`), not a verified program."""
+    return trial.get("replicate") == PRECISION_REFERENCE_REPLICATES.get(trial.get("precision"), -1)
 
 
 def trajectory(ref: Reference) -> list[np.ndarray]:
@@ -236,10 +342,22 @@ def _distrust(fp32: Reference, referee: Reference) -> str | None:
     if any(np.asarray(a).dtype != np.float64 for a in [*referee.gradients, *referee.replicas[0]]):
         return "its float64 run returned other than float64 arrays"
     for run, ref in (("fp32", fp32), ("float64", referee)):
-        if not all(np.all(np.isfinite(a)) for a in [ref.loss, *ref.gradients, *trajectory(ref)]):
+        if not _finite(ref):
             return f"its {run} run is not finite"
     start = errors([fp32.loss, *fp32.gradients], [referee.loss, *referee.gradients])[2]
     return f"its float64 gradients are {start:.1e} from its fp32 ones" if start > TOLERANCES["gradients"] else None
+
+
+def distrust_float64(run: Reference) -> str | None:
+    """Why a run verified in float64 (a family's `verification_precision`) cannot stand for
+    exact arithmetic, or None: it must be float64 and finite."""
+    if any(np.asarray(a).dtype != np.float64 for a in [*run.gradients, *run.replicas[0]]):
+        return "its float64 run returned other than float64 arrays"
+    return None if _finite(run) else "its float64 run is not finite"
+
+
+def _finite(ref: Reference) -> bool:
+    return all(np.all(np.isfinite(a)) for a in [ref.loss, *ref.gradients, *trajectory(ref)])
 
 
 def verification_model(model: ModelSpec, devices: Sequence[int]) -> ModelSpec:
@@ -297,6 +415,29 @@ def errors(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> tupl
 Key = tuple[str, int, str]  # (implementation: backend, variant, program; devices; model)
 
 
+N_EQUALS_1 = "gradients: N devices = 1 device"
+ACROSS = "initial loss and gradients across backends"
+TEN_STEPS = f"{VERIFY_STEPS} steps: losses and final weights"
+
+
+def comparisons(key: Key, reference_backend: str, per_device_statistics: Collection[str] = ()
+                ) -> list[tuple[str, Key]]:
+    """The checks that compare result `key` with another result, by name, with that result's
+    key, whether or not either exists: what `run_checks` runs when both do, and what is lost
+    when one is missing (`lost_comparisons`). (The replicas check needs only `key` itself.)"""
+    backend, devices, model = key
+    own_count = model in per_device_statistics
+    base = (reference_backend, devices if own_count else 1, model)
+    planned = []
+    if devices > 1 and not own_count:
+        planned.append((N_EQUALS_1, (backend, 1, model)))
+    if (devices == 1 or own_count) and backend != reference_backend:
+        planned.append((ACROSS, base))
+    if key != base:
+        planned.append((TEN_STEPS, base))
+    return planned
+
+
 def run_checks(refs: Mapping[Key, Reference], reference_backend: str,
                per_device_statistics: Collection[str] = (), float64: Collection[str] = (),
                floors: Mapping[tuple[str, str], float] | None = None,
@@ -312,36 +453,135 @@ def run_checks(refs: Mapping[Key, Reference], reference_backend: str,
     replicas check and the other backends still catch a missing or summed all-reduce).
     Models named in `float64` ran in float64 and get `FLOAT64_TOLERANCES`."""
     checks: list[Check] = []
-    for (backend, devices, model), ref in refs.items():
+    for me, ref in refs.items():
+        backend, devices, model = me
         tolerances = FLOAT64_TOLERANCES if model in float64 else TOLERANCES
-        own_count = model in per_device_statistics
-        single = refs.get((backend, 1, model))
-        base_devices = devices if own_count else 1
-        base = refs.get((reference_backend, base_devices, model))
         tag = f"{model}: {backend} d{devices}"
-        me, base_key = (backend, devices, model), (reference_backend, base_devices, model)
-        against = f"{tag} vs {reference_backend} d{base_devices}"
-        if devices > 1 and single is not None and not own_count:
-            checks.append(_check("gradients: N devices = 1 device", f"{tag} vs {backend} d1", (backend,),
-                                 [ref.loss, *ref.gradients], [single.loss, *single.gradients],
-                                 tolerances["gradients"], (me,)))
-        if (devices == 1 or own_count) and backend != reference_backend and base is not None:
-            checks.append(_check("initial loss and gradients across backends", against,
-                                 (backend, reference_backend),
-                                 [ref.loss, *ref.gradients], [base.loss, *base.gradients], tolerances["gradients"],
-                                 (me, base_key)))
-        if me != base_key and base is not None:
-            floor = _floor(floors or {}, compared, model, backend, reference_backend)
-            tolerance = tolerances["training"] if floor is None else max(tolerances["training"], FLOOR_FACTOR * floor)
-            checks.append(replace(_check(f"{VERIFY_STEPS} steps: losses and final weights", against,
-                                         tuple(dict.fromkeys((backend, reference_backend))),
-                                         trajectory(ref), trajectory(base), tolerance,
-                                         (me,) if backend == reference_backend else (me, base_key)), floor=floor))
+        for name, other in comparisons(me, reference_backend, per_device_statistics):
+            base = refs.get(other)
+            if base is None:
+                continue
+            subject = f"{tag} vs {other[0]} d{other[1]}"
+            if name == N_EQUALS_1:
+                checks.append(_check(name, subject, (backend,), [ref.loss, *ref.gradients],
+                                     [base.loss, *base.gradients], tolerances["gradients"], (me,)))
+            elif name == ACROSS:
+                checks.append(_check(name, subject, (backend, reference_backend), [ref.loss, *ref.gradients],
+                                     [base.loss, *base.gradients], tolerances["gradients"], (me, other)))
+            else:
+                floor = _floor(floors or {}, compared, model, backend, reference_backend)
+                tolerance = tolerances["training"] if floor is None else max(tolerances["training"],
+                                                                               FLOOR_FACTOR * floor)
+                checks.append(replace(_check(name, subject, tuple(dict.fromkeys((backend, reference_backend))),
+                                             trajectory(ref), trajectory(base), tolerance,
+                                             (me,) if backend == reference_backend else (me, other)), floor=floor))
         worst = ref.worst_replica_error()
         if worst is not None:
             checks.append(Check("replicas hold the same weights", f"{tag}: replicas 1.. vs 0", (backend,),
                                 *worst, tolerances["replicas"], keys=(me,)))
     return checks
+
+
+def lost_comparisons(expected: Collection[Key], present: Collection[Key], reference_backend: str,
+                     per_device_statistics: Collection[str] = ()
+                     ) -> tuple[dict[Key, list[tuple[str, Key]]], dict[Key, list[tuple[str, Key]]]]:
+    """The comparisons that missing results took away, among the `expected` results (those
+    whose trials ran or should have: not skipped, not unsupported) of which only `present`
+    exist. Returns (untested, unpartnered): for each present result, the checks
+    (`comparisons`) that would have tested it against a missing one, as (check, missing key);
+    and for each present result, the checks in which a missing result would have been tested
+    against it. A present result that lost a check of its own is not verified; one that lost
+    only its partners is, if anything else compared it (`xbench.verification`)."""
+    untested: dict[Key, list[tuple[str, Key]]] = {}
+    unpartnered: dict[Key, list[tuple[str, Key]]] = {}
+    for key in expected:
+        for name, other in comparisons(key, reference_backend, per_device_statistics):
+            if other not in expected:
+                continue
+            if key in present and other not in present:
+                untested.setdefault(key, []).append((name, other))
+            elif other in present and key not in present:
+                unpartnered.setdefault(other, []).append((name, key))
+    return untested, unpartnered
+
+
+def precision_floors(references: Mapping[tuple[str, str, str], Reference],
+                     float64_runs: Mapping[tuple[str, int, str], Reference]
+                     ) -> tuple[dict[tuple[str, str, str], tuple[float, float]], dict[tuple[str, str, str], str]]:
+    """(backend, model, precision) -> the floors (initial loss and gradients, ten steps) of its
+    as-written program's run in that precision (`precision_reference_trials`) against its
+    float64 run on 1 device (`float64_runs`, trusted already), and -> why a run gives none:
+    missing float64 run, not finite, or so far from float64 that its tolerance would exceed
+    LOW_PRECISION_MAX_TOLERANCE (see LOW_PRECISION_FACTOR)."""
+    floors, rejected = {}, {}
+    for (backend, model, precision), ref in references.items():
+        exact = float64_runs.get((backend, 1, model))
+        if exact is None:
+            continue  # why is the float64 run's business (`precision_checks` says it)
+        if not _finite(ref):
+            rejected[(backend, model, precision)] = f"its {precision} run is not finite"
+            continue
+        found = (errors([ref.loss, *ref.gradients], [exact.loss, *exact.gradients])[2],
+                 errors(trajectory(ref), trajectory(exact))[2])
+        worst = max(found)
+        if not LOW_PRECISION_FACTOR * worst <= LOW_PRECISION_MAX_TOLERANCE:
+            rejected[(backend, model, precision)] = (
+                f"its {precision} run is {worst:.1e} from its float64 one, more than {precision} rounding may "
+                f"move it ({LOW_PRECISION_MAX_TOLERANCE / LOW_PRECISION_FACTOR:.2g}): a tolerance of "
+                f"{LOW_PRECISION_FACTOR:g} x that could not see a missing all-reduce")
+        else:
+            floors[(backend, model, precision)] = found
+    return floors, rejected
+
+
+LowKey = tuple[str, int, str, str]  # (implementation, devices, model, precision)
+
+
+def precision_checks(programs: Mapping[LowKey, Reference], float64_runs: Mapping[tuple[str, int, str], Reference],
+                     floors: Mapping[tuple[str, str, str], tuple[float, float]],
+                     no_floor: Mapping[tuple[str, str, str], str],
+                     no_float64: Mapping[tuple[str, int, str], str], float64: Collection[str] = (),
+                     per_device_statistics: Collection[str] = ()) -> tuple[list[Check], dict[LowKey, str]]:
+    """Each low-precision program's run (`programs`, see LOW_PRECISION_FACTOR) on each device
+    count against its backend's float64 run (`float64_runs`: (backend, devices, model), the
+    as-written data-parallel program on 1 device, or on as many devices as the program where
+    the family normalises per device), within max(the fixed tolerance, LOW_PRECISION_FACTOR x
+    the floor of its backend's run in that precision), for the initial loss and gradients and
+    for the ten steps; and its replicas against each other. A check blames the program alone:
+    the float64 run it is compared with was trusted first. Returns the checks, and for each
+    program run that could not be checked, why: its backend's float64 run or floor is missing
+    (`no_float64`, `no_floor`) or untrusted; such a program must not pass."""
+    checks, unchecked = [], {}
+    for me, ref in programs.items():
+        name, devices, model, precision = me
+        backend = backend_of_implementation(name)
+        tolerances = FLOAT64_TOLERANCES if model in float64 else TOLERANCES
+        exact_key = (backend, devices if model in per_device_statistics else 1, model)
+        exact, floor = float64_runs.get(exact_key), floors.get((backend, model, precision))
+        tag = f"{model}: {name} d{devices}"
+        worst = ref.worst_replica_error()
+        if worst is not None:
+            checks.append(Check("replicas hold the same weights", f"{tag}: replicas 1.. vs 0", (name,),
+                                *worst, TOLERANCES["replicas"], keys=(me,)))
+        if exact is None:
+            why = no_float64.get(exact_key) or f"{backend} has no float64 run of {model} on d{exact_key[1]}"
+            unchecked[me] = f"not verified in {precision}: {why}"
+            continue
+        if floor is None:
+            why = (no_floor.get((backend, model, precision))
+                   or f"{backend} has no {precision} run of {model} to measure {precision} rounding with")
+            unchecked[me] = f"not verified in {precision}: {why}"
+            continue
+        against = f"{tag} vs {exact_key[0]} d{exact_key[1]}, float64"
+        keys = (me, (*exact_key, REFEREE_PRECISION))
+        for check, actual, expected, kind, measured in (
+                (f"{precision}: initial loss and gradients vs float64", [ref.loss, *ref.gradients],
+                 [exact.loss, *exact.gradients], "gradients", floor[0]),
+                (f"{precision}: {VERIFY_STEPS} steps vs float64", trajectory(ref), trajectory(exact), "training",
+                 floor[1])):
+            tolerance = max(tolerances[kind], LOW_PRECISION_FACTOR * measured)
+            checks.append(replace(_check(check, against, (name,), actual, expected, tolerance, keys), floor=measured))
+    return checks, unchecked
 
 
 def referee_checks(referees: Mapping[tuple[str, str], Reference], reference_backend: str) -> list[Check]:

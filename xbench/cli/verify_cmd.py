@@ -18,7 +18,7 @@ from xbench.cluster import resolve_launch
 from xbench.errors import XbenchError
 from xbench.cli.consoles import data_console, status_console
 from xbench.environment import host_environment
-from xbench.render import checks_table, floors_caption, verify_caption
+from xbench.render import checks_table, floors_caption, precision_floors_caption, verify_caption
 from xbench.spec import load_spec
 from xbench.verification import verify as run_verification
 
@@ -60,8 +60,9 @@ def verify(
     console.print(checks_table(result.checks))
     err.print(verify_caption(spec, entries[0].name))
     floors = floors_caption(result.floors, result.no_floor)
-    if floors:
-        err.print(escape(floors))
+    for caption in (floors, precision_floors_caption(result.precision_floors)):
+        if caption:
+            err.print(escape(caption))
     for trial_id, why in result.problems.items():
         err.print(f"[red]{trial_id}[/]: {escape(why)}")
     # A variant or plain program that cannot run on this platform (CUDA graphs on a CPU) is
