@@ -361,3 +361,39 @@ def test_a_killed_run_resumes_and_leaves_no_stray_file(tmp_path):
     while tagged_processes(tag) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert tagged_processes(tag) == []
+
+
+@pytest.mark.parametrize("old_run_json", [False, True], ids=["run-json-says", "records-say"])
+def test_a_resumed_no_verify_run_is_not_verified(fake_backends, run_cli, tmp_path, old_run_json):
+    """Issue 28 M: `--resume` of a `--no-verify` run verified anyway (on a GPU, a full-size
+    verification of GPT-2 small ran out of memory before the two trials left). A run.json from
+    before it recorded the choice is judged by its records."""
+
+    out = tmp_path / "run"
+    code, _, err = run_cli(*RUN, "--no-verify", "--out", str(out))
+    assert code == 0, err
+    lines = (out / RECORDS_FILE).read_text().splitlines()
+    (out / RECORDS_FILE).write_text("\n".join(lines[:-1]) + "\n")  # the run was cut short
+    if old_run_json:
+        saved = json.loads((out / RUN_FILE).read_text())
+        del saved["no_verify"]
+        (out / RUN_FILE).write_text(json.dumps(saved))
+    code, _, err = run_cli("compare", "--resume", str(out))
+    assert code == 0, err
+    assert "started with --no-verify" in err and "verifying identical work" not in err
+    assert all(r["verification"] == {"status": "skipped", "reason": "--no-verify"} for r in read_records(out))
+
+
+@pytest.mark.parametrize("held", [("records.jsonl", "workers.log"), ("workers.log",), ("report.md",),
+                                  ("workers.log", "workers.log.1-0-0")])
+def test_refusing_a_directory_that_holds_part_of_a_run_deletes_nothing(fake_backends, run_cli, tmp_path, held):
+    """Issue 28 A: a directory with a run's files but no run.json was refused, and then the
+    refusing run took those files back as if it had written them."""
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in held:
+        (out / name).write_text(f"finished data: {name}\n")
+    code, _, err = run_cli(*RUN, "--out", str(out))
+    assert code == 2 and "already holds a run" in err, err
+    assert sorted(p.name for p in out.iterdir()) == sorted(held)
+    assert all((out / name).read_text() == f"finished data: {name}\n" for name in held)

@@ -28,13 +28,14 @@ from xbench.plan import AS_WRITTEN_VARIANT, Lineup, group_trials, plan_trials
 from xbench.allreduce import sizes_for
 from xbench.cluster import Launch
 from xbench.contract import (
-    COMPILE_CACHE_VARIABLE, DATA_PARALLEL, PLAIN, implementation, launchers_of, programs_of, variants_of,
+    COMPILE_CACHE_VARIABLE, DATA_PARALLEL, PLAIN, implementation, implementation_of, launchers_of, programs_of,
+    variants_of,
 )
 from xbench.records import (
     ALLREDUCE_FILE, RECORDS_FILE, RUN_FILE, RecordWriter, ResultsNotWritten, finished_trials, iter_records,
     prepare_run_dir, read_records, read_run, write_json,
 )
-from xbench.rundir import RunDirLock, check_new_run_dir, check_same_run, discard_run_files
+from xbench.rundir import RunDirLock, check_new_run_dir, check_same_run, discard_run_files, present_run_files
 from xbench.registry import BackendEntry, discover, resolve
 from xbench.spec import ALL_VARIANTS, ModelSpec, Spec, build_spec, model_table, resolve_protocol
 from xbench.verification import Verification, checks_as_dicts, verify
@@ -58,6 +59,7 @@ class Comparison:
     startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S  # for a worker (gang) to start and find its devices
     lock: RunDirLock | None = None  # held from prepare/resume until `release`
     created: bool = False  # this run made run_dir (so it may remove it while it holds nothing of a run)
+    found: frozenset[str] = frozenset()  # run files run_dir held when this run claimed it: never its to delete
 
     def release(self) -> None:
         """Give up the run directory. A run that never started (no run.json: nothing to resume)
@@ -66,7 +68,7 @@ class Comparison:
         held = self.lock is not None and self.lock.held
         unstarted = held and not (self.run_dir / RUN_FILE).exists()
         if unstarted:
-            discard_run_files(self.run_dir)  # the directory held none when this run claimed it
+            discard_run_files(self.run_dir, keep=self.found)  # only what this invocation wrote
         if self.lock is not None:
             self.lock.release()
         if unstarted and self.created:
@@ -291,6 +293,7 @@ def claim_new_run_dir(comparison: Comparison, run_dir: Path | None) -> Compariso
     claimed = replace(comparison, run_dir=run_dir, lock=lock, created=created)
     try:
         lock.acquire(command_line())
+        claimed = replace(claimed, found=present_run_files(run_dir))  # a refused directory keeps all of it
         check_new_run_dir(run_dir)
     except BaseException:
         claimed.release()
@@ -307,7 +310,7 @@ def resolved(spec: Spec, devices: Mapping[str, Mapping[str, Any]], launch: Launc
     return replace(spec, protocol=resolve_protocol(spec.protocol, gpu, order_seed))
 
 
-def start_run(comparison: Comparison) -> dict[str, Any]:
+def start_run(comparison: Comparison, no_verify: bool = False) -> dict[str, Any]:
     """Write run.json before anything runs (a resumed run adds to its "resumed" list);
     returns the host environment."""
     environment = host_environment()
@@ -324,6 +327,7 @@ def start_run(comparison: Comparison) -> dict[str, Any]:
         "started_at": now,
         "spec": asdict(comparison.spec),
         "breakdown": comparison.breakdown,
+        "no_verify": no_verify,
         "launch": {**comparison.launch.to_dict(), "backends": comparison.launchers},
         "environment": environment,
         "devices": comparison.devices,
@@ -408,6 +412,9 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any]) -> Veri
         "failed_backends": sorted(result.failed),
         "rounding_floors": [{"backend": b, "model": m, "floor": f} for (b, m), f in sorted(result.floors.items())],
         "no_floor": [{"backend": b, "model": m, "why": why} for (b, m), why in sorted(result.no_floor.items())],
+        "precision_floors": [{"backend": b, "model": m, "precision": p, "gradients": start, "training": steps}
+                             for (b, m, p), (start, steps) in sorted(result.precision_floors.items())],
+        "unverifiable": result.unverifiable,
     })
     return result
 
@@ -565,7 +572,10 @@ def run(comparison: Comparison, observer: Observer, no_verify: bool = False, res
     with every finished record kept."""
     started = time.monotonic()
     done = finished_trials(comparison.run_dir) if resumed else set()
-    environment = start_run(comparison)
+    if resumed and not no_verify and started_without_verify(comparison.run_dir):
+        observer.note("the run started with --no-verify: its rest runs without verification too")
+        no_verify = True
+    environment = start_run(comparison, no_verify)
     outcome = _verification_outcome(comparison, environment, observer, no_verify)
     records = execute(comparison, environment, outcome, observer, done)
     allreduce: list[dict[str, Any]] = []
@@ -580,7 +590,22 @@ def run(comparison: Comparison, observer: Observer, no_verify: bool = False, res
     failed = [r for r in records if r["status"] not in ("ok", "skipped", "unsupported")
               or r.get("verification", {}).get("status") == "failed"]
     failed += [r for r in allreduce if r["status"] == "failed"]
+    # A program that failed verification and is not timed (the data-parallel one on 1 device,
+    # where the plain one is timed) still fails the run.
+    timed = {implementation_of(r["trial"]) for r in records}
+    failed += [name for name, result in outcome.items() if result["status"] == "failed" and name not in timed]
     return Outcome(records, allreduce, len(failed), time.monotonic() - started)
+
+
+def started_without_verify(run_dir: Path) -> bool:
+    """Whether a run was started with --no-verify: run.json says so, or (a run from before it
+    did) its records were timed unverified for that reason."""
+    saved = read_run(run_dir)
+    if "no_verify" in saved:
+        return saved["no_verify"] is True
+    if not (run_dir / RECORDS_FILE).exists():
+        return False
+    return any(r.get("verification") == unverified("--no-verify") for r in iter_records(run_dir / RECORDS_FILE))
 
 
 def _verification_outcome(comparison: Comparison, environment: dict[str, Any], observer: Observer,

@@ -107,13 +107,18 @@ def run_files(run_dir: Path) -> list[str]:
     return [name for name in RUN_FILES if (Path(run_dir) / name).exists()]
 
 
-def discard_run_files(run_dir: Path) -> None:
-    """Remove every run file from `run_dir` (and the workers' per-member logs): for a run that
-    claimed an empty directory and never started."""
-    for name in RUN_FILES:
+def present_run_files(run_dir: Path) -> frozenset[str]:
+    """The run files and workers' per-member logs `run_dir` holds now, by name."""
+    run_dir = Path(run_dir)
+    return frozenset([*run_files(run_dir), *(p.name for p in run_dir.glob("workers.log.*"))])
+
+
+def discard_run_files(run_dir: Path, keep: Iterable[str] = ()) -> None:
+    """Remove the run files (and the workers' per-member logs) from `run_dir`, except those
+    named in `keep`: for a run that never started, which takes back only what it wrote (`keep`:
+    what the directory held when the run claimed it)."""
+    for name in present_run_files(run_dir) - set(keep):
         (Path(run_dir) / name).unlink(missing_ok=True)
-    for member_log in Path(run_dir).glob("workers.log.*"):
-        member_log.unlink(missing_ok=True)
 
 
 def check_new_run_dir(run_dir: Path) -> None:

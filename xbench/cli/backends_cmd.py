@@ -24,8 +24,12 @@ def backends(
 ) -> int:
     """List registered backends: name, framework version, devices, or why unavailable."""
     table = Table(title="xbench backends (entry-point group xbench.backends)", title_justify="left")
-    for column in ("backend", "status", "version", "launchers", "variants", "devices", "plugin"):
+    for column in ("backend", "status", "version", "launchers", "variants"):
         table.add_column(column)
+    # The devices column holds the reason a backend cannot run: it keeps its width, and the
+    # plugin's import path (long, and also in `pip show`) gives way.
+    table.add_column("devices", min_width=34)
+    table.add_column("plugin", overflow="fold")
     err = status_console()
     with tempfile.TemporaryDirectory() as tmp, err.status("starting each backend to find its devices…"):
         for entry in discover().values():
