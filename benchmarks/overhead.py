@@ -59,6 +59,8 @@ import time
 import traceback
 from pathlib import Path
 
+from _interleave import median_interval, timed  # shared with expert_loops.py (the script's directory is on sys.path)
+
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported (pitfall 6)
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as on the lent GPU machines
 
@@ -70,32 +72,7 @@ LEARNING_RATE = 1e-3
 SEED = 0
 
 
-# -- statistics ----------------------------------------------------------------------------
-
-def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """A distribution-free interval for the median: order statistics (x_(k), x_(n+1-k)) with
-    the largest k whose coverage 1 - 2 P(Binom(n, 1/2) < k) is at least `confidence`; with
-    too few values, (min, max). Returns (low, high, coverage)."""
-    ordered = sorted(values)
-    n = len(ordered)
-    below, k = 0.0, 0  # below = P(Binom(n, 1/2) <= k - 1)
-    while k < n // 2:
-        nxt = below + math.comb(n, k) / 2 ** n
-        if 1 - 2 * nxt < confidence:
-            break
-        below, k = nxt, k + 1
-    k = max(k, 1)
-    coverage = 1 - 2 * sum(math.comb(n, j) for j in range(k)) / 2 ** n
-    return ordered[k - 1], ordered[n - k], coverage
-
-
 # -- timing, shared by both children ---------------------------------------------------------
-
-def timed(run, steps: int) -> float:
-    started = time.perf_counter()
-    run(steps)
-    return time.perf_counter() - started
-
 
 def calibrate(runners: dict, window_s: float) -> tuple[int, dict[str, float]]:
     """Steps per window so that the fastest program's window lasts about `window_s`."""
