@@ -706,3 +706,24 @@ def test_a_variant_unsupported_for_one_model_is_verified_on_the_others(tmp_path)
     result = verdict(spec, ["a", "b"], trials, saved_records(tmp_path, trials, fp32_runs, refused))
     assert result.outcome("a+tuned")["status"] == "passed" and result.outcome("a+tuned")["checks"]
     assert result.outcome("a+never")["status"] == "unverifiable"
+
+
+def test_a_bf16_variant_is_not_passed_against_a_backend_whose_own_program_failed(tmp_path):
+    """The cudnn variant shares its backend's model: where the backend's own program fails
+    (a wrong GELU, say), the bf16 program must not pass against that backend's float64 run."""
+    from xbench.verification import verdict
+    from xbench.verify import verification_trials
+
+    exact = reference()
+    wrong = Reference(exact.loss * 1.01, [1.05 * g for g in exact.gradients], exact.losses, exact.replicas)
+
+    def runs(t):
+        if t.backend == "b":
+            return bf16_runs(exact, {})(t)
+        return bf16_runs(wrong, {})(t)  # every run of "a", float64 included, computes the wrong model
+
+    spec = medium_spec()
+    trials = verification_trials(spec, ["b", "a"], [1], lineups={"a": bf16_lineup("cudnn")})
+    result = verdict(spec, ["b", "a"], trials, saved_records(tmp_path, trials, runs))
+    assert "a" in result.failed and "a+cudnn" in result.failed
+    assert any("failed its own checks" in line for line in result.outcome("a+cudnn")["failed"])

@@ -318,7 +318,8 @@ def start_run(comparison: Comparison, no_verify: bool = False) -> dict[str, Any]
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if path.exists():
         previous = read_run(comparison.run_dir)
-        previous.setdefault("resumed", []).append({"at": now, "command": command_line(), "environment": environment})
+        previous.setdefault("resumed", []).append({"at": now, "command": command_line(), "no_verify": no_verify,
+                                                   "environment": environment})
         write_json(path, previous)
         return environment
     write_json(path, {
@@ -593,8 +594,8 @@ def run(comparison: Comparison, observer: Observer, no_verify: bool = False, res
     # A program that failed verification and is not timed (the data-parallel one on 1 device,
     # where the plain one is timed) still fails the run.
     timed = {implementation_of(r["trial"]) for r in records}
-    failed += [name for name, result in outcome.items() if result["status"] == "failed" and name not in timed]
-    return Outcome(records, allreduce, len(failed), time.monotonic() - started)
+    untimed_failures = [name for name, result in outcome.items() if result["status"] == "failed" and name not in timed]
+    return Outcome(records, allreduce, len(failed) + len(untimed_failures), time.monotonic() - started)
 
 
 def started_without_verify(run_dir: Path) -> bool:

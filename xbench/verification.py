@@ -101,7 +101,10 @@ def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: 
     float64_checks = referee_checks({key: runs.referees[key] for key in floors}, reference)
     checks = run_checks(runs.refs, reference_backend=reference, per_device_statistics=per_device,
                         float64=float64, floors=floors, compared=compared_in_float64(float64_checks))
-    exact, no_exact = _float64_runs(runs, floors, rejected, float64, per_device)
+    # A low-precision program shares its backend's model code: where the backend's own program
+    # failed a check, the float64 run it would be measured against is no yardstick.
+    failing = failed_backends(checks + float64_checks)
+    exact, no_exact = _float64_runs(runs, floors, rejected, float64, per_device, failing)
     low_floors, low_rejected = precision_floors(runs.precision_refs, exact)
     low_checks, unchecked = precision_checks(runs.programs, exact, low_floors,
                                              {**runs.no_precision_ref, **low_rejected}, no_exact, float64, per_device)
@@ -129,7 +132,7 @@ def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: 
 
 
 def _float64_runs(runs: _Runs, floors: Mapping[tuple[str, str], float], rejected: Mapping[tuple[str, str], str],
-                  float64: Collection[str], per_device: Collection[str]
+                  float64: Collection[str], per_device: Collection[str], failing: Collection[str] = ()
                   ) -> tuple[dict[tuple[str, int, str], Reference], dict[tuple[str, int, str], str]]:
     """For each low-precision program's backend: its trusted float64 run of the as-written
     data-parallel program, (backend, devices, model) -> run (on 1 device, or each device count
@@ -139,6 +142,9 @@ def _float64_runs(runs: _Runs, floors: Mapping[tuple[str, str], float], rejected
         backend = backend_of_implementation(name)
         key = (backend, devices if model in per_device else 1, model)
         if key in found or key in why_not:
+            continue
+        if backend in failing:
+            why_not[key] = f"{backend}, whose model it shares, failed its own checks"
             continue
         if model in float64:  # verified in float64: the run itself
             run = runs.refs.get(key)
@@ -215,7 +221,7 @@ def _sorted_records(records: Sequence[dict[str, Any]], planned: Sequence[Trial] 
             runs.trial_ids[(name, model)] = trial.id
             if status == "ok":
                 runs.referees[(name, model)] = load_reference(Path(record["arrays"]))
-            elif status in ("crashed", MISSING):  # a killed worker is a failure, not a missing floor
+            elif status in ("crashed", "timeout", MISSING):  # a killed worker is a failure, not a missing floor
                 runs.problems[trial.id], runs.owners[trial.id] = reason, name
             elif status != "skipped":
                 runs.no_referee[(name, model)] = reason

@@ -251,7 +251,7 @@ def program_precision(variant: Variant, model: ModelSpec) -> str:
     unless the variant runs only in others (`Variant.precisions`): then the first of those
     that is a spec precision (see LOW_PRECISION_FACTOR)."""
     precision = verification_precision(model)
-    listed = getattr(variant, "precisions", None)
+    listed = variant.precisions
     if not listed or precision in listed:
         return precision
     return next((p for p in listed if p in PRECISION_REFERENCE_REPLICATES), precision)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from xbench.contract import AS_WRITTEN, Trial, Work
+from xbench.contract import Trial, Work
 from xbench_backends.jax import cnn, lstm, mlp, nnx_cnn, nnx_lstm, nnx_mlp, nnx_transformer, transformer
 from xbench_backends.jax.layers import FLOAT64, in_precision
 
@@ -84,15 +84,6 @@ def refusal(trial: Trial, work: Work, device) -> str | None:
                     f"{work.model.family} family has no attention")
         return nnx_transformer.cudnn_refusal(trial, work, device)
     return None
-
-
-def flavour(trial: Trial) -> str:
-    """How the model is written: "jnp" or "nnx"."""
-    return JNP if trial.variant == JNP else "nnx"
-
-
-def is_as_written(trial: Trial) -> bool:
-    return trial.variant == AS_WRITTEN
 
 
 def canonical_arrays(leaves: list, replica: int) -> list[np.ndarray]:

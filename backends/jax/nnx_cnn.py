@@ -93,7 +93,8 @@ def objective(logits, labels):
 
 def notes(trial: Trial, work: Work, device, variant: str) -> tuple[str, ...]:
     count = sum(1 for _ in convolutions(work.model.shape))
-    return (f"convolutions: {count} nnx.Conv NHWC/HWIO, XLA picks the kernels (cuDNN on GPU); explicit symmetric "
-            "padding",
-            f"BatchNorm: nnx.BatchNorm in training mode, statistics of each device's own batch, epsilon "
-            f"{BATCH_NORM_EPSILON}")
+    padding = "explicit symmetric" if EXPLICIT_PADDING else "SAME"
+    return (f"convolutions: {count} nnx.Conv NHWC/HWIO, XLA picks the kernels (cuDNN on GPU); {padding} padding",
+            f"BatchNorm: nnx.BatchNorm in training mode, statistics of each device's own batch (one pass), epsilon "
+            f"{BATCH_NORM_EPSILON}; running averages kept by the nnx.jit program, dropped by the functional ones "
+            "(they change neither loss nor gradients)")

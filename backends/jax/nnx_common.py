@@ -60,6 +60,10 @@ def materialize(constructor: Callable[[], Any], paths: Sequence[Path], arrays: S
     if len(paths) != len(arrays):
         raise ValueError(f"{len(paths)} NNX parameters for {len(arrays)} canonical arrays")
     graphdef, abstract, _ = nnx.split(nnx.eval_shape(constructor), nnx.Param, ...)
+    found, wanted = {path for path, _ in nnx.to_flat_state(abstract)}, {tuple(p) for p in paths}
+    if found != wanted:
+        raise ValueError(f"the NNX model's parameters and the canonical arrays differ: only in the model "
+                         f"{sorted(map(str, found - wanted))}, only canonical {sorted(map(str, wanted - found))}")
     # Built inside jit: only the small non-parameter state leaves the call, so XLA never
     # computes the parameters' own random initialisation.
     rest = jax.jit(lambda: nnx.split(constructor(), nnx.Param, ...)[2])()
@@ -72,9 +76,6 @@ def materialize(constructor: Callable[[], Any], paths: Sequence[Path], arrays: S
             raise ValueError(f"NNX parameter {'.'.join(map(str, path))} has shape {tuple(expected)}, "
                              f"the canonical array {np.shape(array)}")
         _set(pure, path, array)
-    found = {path for path, _ in nnx.to_flat_state(abstract)}
-    if found != {tuple(p) for p in paths}:
-        raise ValueError(f"the NNX model's parameters {sorted(map(str, found - set(paths)))} have no canonical array")
     nnx.replace_by_pure_dict(abstract, pure)
     return NnxParts(graphdef, abstract, rest, tuple(tuple(p) for p in paths))
 

@@ -8,7 +8,6 @@ from xbench.contract import Trial, Work
 from xbench.models.mlp import layer_sizes
 from xbench_backends.jax.layers import compute_dtype, mean_squared_error, parameter_dtype
 
-DROPOUT_SEED = 0  # the stream the nnx.jit program's Dropout holds (the functional programs pass keys)
 
 
 def constructor(trial: Trial, work: Work, variant: str):
@@ -28,7 +27,8 @@ def constructor(trial: Trial, work: Work, variant: str):
                 x = self.dropout(nnx.relu(layer(x)), rngs=rngs)
             return self.layers[-1](x)
 
-    return lambda: MLP(nnx.Rngs(params=0, dropout=trial.seed + DROPOUT_SEED))
+    # The nnx.jit program's Dropout draws from this stream; the functional programs pass keys.
+    return lambda: MLP(nnx.Rngs(params=0, dropout=trial.seed))
 
 
 def paths(dims) -> list[tuple]:

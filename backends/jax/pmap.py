@@ -67,7 +67,7 @@ class JaxPrepared:
     info: PreparedInfo
     step: Any  # pmapped (jitted: plain): (state, xs, ys) -> (state, each step's loss [per device])
     grads: Any  # pmapped (jitted: plain): (state, xs, ys) -> (loss [per device], all-reduced gradients)
-    state: Any  # (params in canonical order as leaves, opt_state, step, key), pmap: a leading device axis
+    state: Any  # (params, opt_state, step, key), pmap: a leading device axis; params read through in_order
     xs: Any
     ys: Any
     steps_per_call: int
@@ -261,7 +261,7 @@ class JaxPmapBackend:
             weights_hash=hash_weights(readback),
             precision=precision_info(trial),
             sync_every_call=False,
-            notes=(*program_notes(trial, "nnx.jit"), *model.notes),
+            notes=(*program_notes(trial, "nnx.jit"), *model.notes, *_one_step_per_call(trial)),
             settings={**kernel_settings(), "flax": metadata.version("flax")},
         )
         return NnxPrepared(info, net, opt, step, loss_and_grads, model.nnx.paths, xs, ys)
@@ -353,6 +353,14 @@ class JaxPmapBackend:
         with float64_scope(prepared.float64):  # a multi-process gather runs a program
             params = prepared.in_order(_gathered(prepared.state[0]))
         return [canonical_arrays(params, replica=r) for r in range(len(self.devices))]
+
+
+def _one_step_per_call(trial: Trial) -> tuple[str, ...]:
+    """The nnx.jit step has no fused form: say so where the protocol asks for one."""
+    if trial.protocol.steps_per_call == 1:
+        return ()
+    return (f"steps_per_call {trial.protocol.steps_per_call}: as many nnx.jit calls of one step each (NNX's "
+            "step has no fused form; the fused variant fuses the functional step)",)
 
 
 def program_notes(trial: Trial, how: str) -> tuple[str, ...]:

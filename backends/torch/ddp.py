@@ -480,8 +480,8 @@ def _fresh_compiler_state(mode: str | None) -> str | None:
     """Start every trial from a fresh compiler, whatever ran before in this process.
 
     Dynamo keeps compiled graphs (and recompile counts) on the code objects it compiled, which
-    every nn.Sequential shares, and its guards hold the previous trial's module: reset, or a
-    later trial would run, or count recompiles against, graphs of an earlier one and keep its
+    every trial's TrainingLoss.forward shares, and its guards hold the previous trial's module:
+    reset, or a later trial would run, or count recompiles against, graphs of an earlier one and keep its
     memory alive. Inductor's on-disk cache is on by default and persists across processes and
     runs; it goes to the run's directory when xbench gives one (contract: "Replicates"),
     otherwise to a private one per trial, so that each compiles afresh. Returns the shared

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 import sys
 
 import typer
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     not be written, 130 interrupted."""
     errors = Console(stderr=True, highlight=False)
     args = expand_variadic(list(sys.argv[1:] if argv is None else argv))
+    take_interrupts()
     try:
         code = app(args=args, prog_name="xbench", standalone_mode=False)
     except ResultsNotWritten as err:
@@ -93,6 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     if code == INTERRUPTED:  # typer turns a Ctrl-C that reaches it into this exit code, silently
         errors.print("interrupted")
     return code if isinstance(code, int) else 0
+
+
+def take_interrupts() -> None:
+    """Ctrl-C (SIGINT) stops a run, however xbench was started: a shell starts a background
+    job (`xbench compare ... &`, CI scripts, `make test &`) with SIGINT ignored, and Python then
+    never raises KeyboardInterrupt, so `kill -INT` did nothing and the run's workers lived on.
+    nohup ignores SIGHUP, not SIGINT, so nothing deliberate is undone here."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _interrupt(signum: int, frame) -> None:
