@@ -112,6 +112,8 @@ def _interrupt(signum: int, frame) -> None:
 
 def run() -> None:
     for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), _interrupt)
+        found = getattr(signal, name, None)
+        # Under nohup SIGHUP is ignored on purpose: the run is to outlive its terminal.
+        if found is not None and signal.getsignal(found) is not signal.SIG_IGN:
+            signal.signal(found, _interrupt)
     sys.exit(main())
