@@ -11,8 +11,11 @@ alike; two programs' windows of one round are adjacent, so their ratio cancels m
 from __future__ import annotations
 
 import gc
+import json
 import math
 import statistics
+import subprocess
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -125,3 +128,19 @@ def describe(err: BaseException) -> str:
     place = f" (at {where[-1].filename.rsplit('/', 1)[-1]}:{where[-1].lineno})" if where else ""
     text = " ".join(str(err).split())
     return f"{type(err).__name__}: {text[:500]}{place}"
+
+
+def child_records(command: list[str], mark: str, on_record: Callable[[dict], None]) -> tuple[list[dict], int, str]:
+    """Run a child process that reports JSON records on stdout, each line starting with
+    `mark`; pass each to `on_record` as it comes. Returns (records, exit status, stderr)."""
+    records = []
+    with tempfile.TemporaryFile(mode="w+") as err:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
+        for line in child.stdout:
+            if line.startswith(mark):
+                record = json.loads(line[len(mark):])
+                records.append(record)
+                on_record(record)
+        code = child.wait()
+        err.seek(0)
+        return records, code, err.read()

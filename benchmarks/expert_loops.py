@@ -90,7 +90,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -100,7 +99,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _interleave import Runner, calibrate, describe, median_interval, paired_ratio, race, warm_up
+from _interleave import Runner, calibrate, child_records, describe, median_interval, paired_ratio, race, warm_up
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported (pitfall 6)
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as on the lent GPU machines
@@ -1280,29 +1279,20 @@ def run_child(framework: str, group: str, configs: tuple[Config, ...], options: 
     """One child process; its records, exit status and stderr. Progress is printed as it comes."""
     payload = {"framework": framework, "group": group, "configs": [asdict(c) for c in configs], "options": options}
     command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(payload)]
-    records = []
-    with tempfile.TemporaryFile(mode="w+") as err:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
-        for line in process.stdout:
-            if not line.startswith(MARK):
-                continue
-            record = json.loads(line[len(MARK):])
-            stamp = f"[{time.monotonic() - started:4.0f} s]"
-            if record["kind"] == "progress":
-                print(f"{stamp} {record['text']}", flush=True)
-                continue
-            records.append(record)
-            if record["kind"] == "header":
-                print(f"{stamp} {framework} {record['version']} on {record['platform']}: {record['device']}",
-                      flush=True)
-            elif record["kind"] == "result":
-                print(f"{stamp} {framework} {record['label']} {record['precision']}: "
-                      f"{summary_line(record)}", flush=True)
-            elif record["kind"] == "error":
-                print(f"{stamp} {framework} {record['label']}: failed: {record['error']}", flush=True)
-        code = process.wait()
-        err.seek(0)
-        return records, code, err.read()
+
+    def show(record: dict) -> None:
+        stamp = f"[{time.monotonic() - started:4.0f} s]"
+        if record["kind"] == "progress":
+            print(f"{stamp} {record['text']}", flush=True)
+        elif record["kind"] == "header":
+            print(f"{stamp} {framework} {record['version']} on {record['platform']}: {record['device']}", flush=True)
+        elif record["kind"] == "result":
+            print(f"{stamp} {framework} {record['label']} {record['precision']}: {summary_line(record)}", flush=True)
+        elif record["kind"] == "error":
+            print(f"{stamp} {framework} {record['label']}: failed: {record['error']}", flush=True)
+
+    records, code, stderr = child_records(command, MARK, show)
+    return [r for r in records if r["kind"] != "progress"], code, stderr
 
 
 def summary_line(result: dict[str, Any]) -> str:

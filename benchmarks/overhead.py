@@ -52,14 +52,12 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
-from _interleave import median_interval, timed  # shared with expert_loops.py (the script's directory is on sys.path)
+from _interleave import child_records, median_interval, timed  # shared with expert_loops.py (the script's directory is on sys.path)
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported (pitfall 6)
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as on the lent GPU machines
@@ -392,27 +390,20 @@ def run_child(framework: str, args) -> tuple[list[dict], int, str]:
         command += ["--configs", *args.configs]
     if args.samples:
         command += ["--samples", str(args.samples)]
-    records, started = [], time.monotonic()
-    with tempfile.TemporaryFile(mode="w+") as err:
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
-        for line in child.stdout:
-            if not line.startswith(MARK):
-                continue
-            record = json.loads(line[len(MARK):])
-            records.append(record)
-            if record["kind"] == "header":
-                print_header(record)
-            elif record["kind"] == "result":
-                print(f"  {framework} {record['config']} {record['precision']}: plain/minimal "
-                      f"{record['ratio_plain']:.3f}, dp/minimal {record['ratio_dp']:.3f} "
-                      f"({record['steps_per_window']} steps per window; {time.monotonic() - started:.0f} s)",
-                      flush=True)
-            elif record["kind"] == "error":
-                print(f"  {framework} {record['config']} {record['precision']}: failed: {record['error']}",
-                      flush=True)
-        code = child.wait()
-        err.seek(0)
-        return records, code, err.read()
+    started = time.monotonic()
+
+    def show(record: dict) -> None:
+        if record["kind"] == "header":
+            print_header(record)
+        elif record["kind"] == "result":
+            print(f"  {framework} {record['config']} {record['precision']}: plain/minimal "
+                  f"{record['ratio_plain']:.3f}, dp/minimal {record['ratio_dp']:.3f} "
+                  f"({record['steps_per_window']} steps per window; {time.monotonic() - started:.0f} s)",
+                  flush=True)
+        elif record["kind"] == "error":
+            print(f"  {framework} {record['config']} {record['precision']}: failed: {record['error']}", flush=True)
+
+    return child_records(command, MARK, show)
 
 
 def print_header(header: dict) -> None:
