@@ -1,6 +1,6 @@
 # Two commands on a fresh machine with only Python and pip:
 #   make compare   set up .venv, install xbench with both frameworks, compare tf and jax
-#   make test      the same set-up plus torch (CPU) and the test tools, then the test suite
+#   make test      the same set-up plus torch (CPU) and the test tools, then lint, types, tests
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -14,7 +14,11 @@ TORCH  ?= torch==2.13.0
 compare: $(VENV)/.installed-all
 	$(BIN)/xbench compare $(ARGS)
 
+# Lint and types first (seconds), then the tests: unit/ (fast), process/ and backends/ (start
+# worker processes and frameworks).
 test: $(VENV)/.installed-dev
+	$(BIN)/ruff check --quiet xbench backends tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 setup: $(VENV)/.installed-all

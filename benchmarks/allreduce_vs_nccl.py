@@ -41,7 +41,8 @@ def main() -> int:
     for ref in reference:
         mine = measured.get(ref["nbytes"], {})
         ratio = mine.get("busbw_GBps", 0.0) / ref["busbw_GBps"]
-        print(f"{ref['nbytes']:>14,} {ref['busbw_GBps']:>9.1f} GB/s {mine.get('busbw_GBps', 0.0):>7.1f} GB/s {ratio:>7.3f}")
+        print(f"{ref['nbytes']:>14,} {ref['busbw_GBps']:>9.1f} GB/s "
+              f"{mine.get('busbw_GBps', 0.0):>7.1f} GB/s {ratio:>7.3f}")
         if ref["nbytes"] >= 2**30:
             worst = ratio if worst is None else min(worst, ratio)
     if worst is not None:

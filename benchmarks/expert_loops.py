@@ -17,7 +17,7 @@ here, timed interleaved in one process per framework, as throughput ratios with 
 
 Processes. One child process per model and framework (jax and torch never share a process;
 the children run one after the other, GPT-2 first). In a child, per configuration: the core's
-work (xbench.work.build_work: initial weights and data) is built once, then every program is
+work (xbench.contract.work.build_work: initial weights and data) is built once, then every program is
 built from it:
 
 - xbench's programs, through the backend in this process as the core drives it
@@ -56,7 +56,7 @@ it was built, so that one program's settings never leak into another's windows.
 
 Reported per configuration: each program's median ms/step, throughput in the family's unit
 (tokens/s: global batch x context per step; images/s; samples/s), MFU (xbench.models'
-FLOPs per sample x samples/s / xbench.peaks' dense peak for the device and precision;
+FLOPs per sample x samples/s / xbench.results.peaks' dense peak for the device and precision;
 "unknown" where there is none, as on CPUs), first-call seconds, and the ratio of its
 throughput to the framework's reference minimal loop: the median over rounds of (reference
 window / program window, per step) with a distribution-free interval (order statistics;
@@ -143,7 +143,7 @@ class Config:
         return f"{self.preset}@{self.batch}" + (f" {self.image}px" if self.image else "")
 
     def model(self):
-        from xbench.spec import preset_model
+        from xbench.models.model_spec import preset_model
 
         changes = {"image": self.image} if self.image else {}
         return preset_model(self.preset, batch_sizes=(self.batch,), **changes)
@@ -192,7 +192,7 @@ def overridden(config: Config, precision: str | None, image: int | None) -> Conf
 
 def default_samples(family: str, batch: int) -> int:
     """Rows of data: overhead.py's 4096 for the MLPs, families.toml's 512 otherwise, and at
-    least two global batches (xbench.work caps what does not fit its memory budget)."""
+    least two global batches (xbench.contract.work caps what does not fit its memory budget)."""
     return max(4096 if family == "mlp" else 512, 2 * batch)
 
 
@@ -491,7 +491,8 @@ def jax_resnet(ctx: LoopContext) -> Loop:
     expected_params = flatten_dict(expected["params"])
     params = {flax_path(name): array for name, array in canonical_arrays(ctx.work).items()}
     if set(params) != set(expected_params) or any(params[k].shape != expected_params[k].shape for k in params):
-        wrong = sorted(set(params) ^ set(expected_params)) or [k for k in params if params[k].shape != expected_params[k].shape]
+        wrong = (sorted(set(params) ^ set(expected_params))
+                 or [k for k in params if params[k].shape != expected_params[k].shape])
         raise ValueError(f"the minimal Flax ResNet and xbench's disagree at {wrong[:3]}")
     stats = {path: (np.zeros if path[-1] == "mean" else np.ones)(leaf.shape, np.float32)
              for path, leaf in flatten_dict(expected["batch_stats"]).items()}
@@ -1018,7 +1019,7 @@ def jax_side(platform: str) -> Side:
 def torch_side(platform: str) -> Side:
     import torch
 
-    from xbench.environment import cpu_name
+    from xbench.run.environment import cpu_name
     from xbench_backends.torch.ddp import TorchDdpBackend
 
     backend = TorchDdpBackend()
@@ -1099,8 +1100,8 @@ def child(payload: dict[str, Any]) -> int:
 
 def time_configuration(side: Side, config: Config, group: str, options: dict[str, Any]) -> None:
     """Build every program of the configuration, warm each up, race them, emit the result."""
-    from xbench.peaks import peak_for
-    from xbench.work import build_work, data_samples
+    from xbench.contract.work import build_work, data_samples
+    from xbench.results.peaks import peak_for
 
     started = time.monotonic()
     model = config.model()
@@ -1189,12 +1190,12 @@ def build_xbench(side: Side, entry: Entry, config: Config, work, learning_rate: 
                  options: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
     """xbench's program through its backend, as the core prepares it (protocol of the variant)."""
     from xbench.contract import Trial, variants_of
-    from xbench.plan import AS_WRITTEN_VARIANT, variant_protocol
-    from xbench.spec import Protocol
+    from xbench.contract.timing import TimingProtocol
+    from xbench.run.plan import AS_WRITTEN_VARIANT, variant_protocol
 
     spec = entry.spec
     variant = variants_of(side.backend).get(spec.variant, AS_WRITTEN_VARIANT)
-    protocol = variant_protocol(Protocol(warmup_steps=options["warmup"]), variant)
+    protocol = variant_protocol(TimingProtocol(warmup_steps=options["warmup"]), variant)
     trial = Trial(backend=side.backend.name, model=work.model, devices=1, global_batch=config.batch,
                   scaling="strong", precision=config.precision, platform=options["platform"],
                   learning_rate=learning_rate, seed=SEED, samples=samples, protocol=protocol,
@@ -1446,7 +1447,7 @@ def describe_check(check: Check) -> str:
 
 def gpu_expected(platform: str) -> bool:
     """Whether the children will find a GPU (judged without importing a framework)."""
-    from xbench.environment import nvidia_gpus
+    from xbench.run.environment import nvidia_gpus
 
     return platform == "gpu" or (platform == "auto" and bool(nvidia_gpus()))
 
@@ -1471,7 +1472,7 @@ def write_json(path: Path | None, document: dict[str, Any]) -> None:
 
 
 def parent(args) -> int:
-    from xbench.environment import host_environment
+    from xbench.run.environment import host_environment
 
     started = time.monotonic()
     gpu = gpu_expected(args.platform)

@@ -17,7 +17,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from xbench.allreduce import bus_factor, parse_size  # noqa: E402  (no framework imports)
+from xbench.results.allreduce import bus_factor, parse_size
 
 
 def rank_main(rank: int, world: int, sizes: list[int], args: argparse.Namespace, queue) -> None:

@@ -57,7 +57,11 @@ import time
 import traceback
 from pathlib import Path
 
-from _interleave import child_records, median_interval, timed  # shared with expert_loops.py (the script's directory is on sys.path)
+from _interleave import (  # shared with expert_loops.py (the script's directory is on sys.path)
+    child_records,
+    median_interval,
+    timed,
+)
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported (pitfall 6)
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as on the lent GPU machines
@@ -121,15 +125,15 @@ def emit(record: dict) -> None:
 def trial_for(backend: str, preset: str, batch: int, precision: str, platform: str, samples: int,
               program: str):
     from xbench.contract import Trial
-    from xbench.spec import Protocol
+    from xbench.contract.timing import TimingProtocol
 
     return Trial(backend=backend, model=model_spec(preset, batch), devices=1, global_batch=batch,
                  scaling="strong", precision=precision, platform=platform, learning_rate=LEARNING_RATE,
-                 seed=SEED, samples=samples, protocol=Protocol(), program=program)
+                 seed=SEED, samples=samples, protocol=TimingProtocol(), program=program)
 
 
 def model_spec(preset: str, batch: int):
-    from xbench.spec import PRESETS, ModelSpec
+    from xbench.models.model_spec import PRESETS, ModelSpec
 
     p = PRESETS[preset]
     return ModelSpec(name=preset, widths=tuple(p["widths"]), dropout=float(p["dropout"]), batch_sizes=(batch,))
@@ -147,7 +151,7 @@ def time_configs(args, framework: str, backend, configs: list[str], rounds: int,
     precision read back)), timed by `interleave`; one result (or error) record each, with
     `extra(prepared)` added."""
     from xbench.contract import DATA_PARALLEL, PLAIN
-    from xbench.work import build_work
+    from xbench.contract.work import build_work
 
     for config in configs:
         preset, batch = parse_config(config)
@@ -340,7 +344,8 @@ def torch_child(args) -> None:
     time_configs(args, "torch", backend, configs, rounds,
                  lambda work, batch, precision: torch_minimal(work, batch, precision, device),
                  lambda prepared: {
-                     "plain_is_ddp": type(getattr(prepared["plain"], "ddp", None)).__name__ == "DistributedDataParallel",
+                     "plain_is_ddp": (type(getattr(prepared["plain"], "ddp", None)).__name__
+                                      == "DistributedDataParallel"),
                      "plain_notes": list(prepared["plain"].info.notes)},
                  cleanup)
     backend.teardown()
@@ -349,7 +354,7 @@ def torch_child(args) -> None:
 # -- configurations ------------------------------------------------------------------------
 
 def parse_config(text: str) -> tuple[str, int]:
-    from xbench.spec import PRESETS
+    from xbench.models.model_spec import PRESETS
 
     preset, _, batch = text.partition(":")
     if preset not in PRESETS or not batch.isdigit() or int(batch) < 1:

@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from xbench.scaling_runs import error_summary, load_runs, predict_rerun, validate
+from xbench.results.fitting import error_summary, load_runs, predict_rerun, validate
 
 MEDIAN_TARGET, P90_TARGET = 0.10, 0.25
 

@@ -5,11 +5,12 @@
         --backends jax jax-shardmap torch
 
 Everything after `--` goes to both `xbench compare` runs unchanged (each gets its own `--out`:
-OUT/A and OUT/B); `--analyse-only` compares runs already there. Prints, per configuration, A's and B's mean throughput, B/A, whether B's mean
-lies in A's 95 % interval and whether `xbench diff` flags the configuration; then the share of
-configurations flagged, the share inside A's interval, the median and largest |B/A − 1|, both
-wall times, and the exit status of `xbench diff`. Targets (issue "Numbers that hold on a
-rerun"): flagged ≤ 10 % of configurations and `xbench diff` exits 0.
+OUT/A and OUT/B); `--analyse-only` compares runs already there. Prints, per configuration, A's
+and B's mean throughput, B/A, whether B's mean lies in A's 95 % interval and whether `xbench
+diff` flags the configuration; then the share of configurations flagged, the share inside A's
+interval, the median and largest |B/A − 1|, both wall times, and the exit status of `xbench
+diff`. Targets (issue "Numbers that hold on a rerun"): flagged ≤ 10 % of configurations and
+`xbench diff` exits 0.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from xbench.diff import diff_runs
-from xbench.records import read_records
+from xbench.results.diff import diff_runs
+from xbench.results.records import read_records
 
 FLAGGED = ("regression", "improvement")
 TARGET_FLAGGED = 0.10

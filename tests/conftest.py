@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from xbench import registry
+from xbench.run import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -15,20 +15,20 @@ def entry_point(name: str, value: str) -> EntryPoint:
 
 
 FAKES = [
-    entry_point("numpy", "tests.fakes:NumpyBackend"),
-    entry_point("numpy-spmd", "tests.fakes:SpmdNumpyBackend"),
-    entry_point("numpy-mlp", "tests.fakes:NumpyMlpBackend"),
-    entry_point("numpy-peers", "tests.fakes:PeersBackend"),
-    entry_point("missing", "tests.fakes:MissingFrameworkBackend"),
-    entry_point("jax-noreduce", "tests.broken_backends:NoAllReduceJax"),
-    entry_point("jax-sum", "tests.broken_backends:SummedJax"),
-    entry_point("jax-eps", "tests.broken_backends:KerasEpsilonJax"),
+    entry_point("numpy", "tests.support.fakes:NumpyBackend"),
+    entry_point("numpy-spmd", "tests.support.fakes:SpmdNumpyBackend"),
+    entry_point("numpy-mlp", "tests.support.fakes:NumpyMlpBackend"),
+    entry_point("numpy-peers", "tests.support.fakes:PeersBackend"),
+    entry_point("missing", "tests.support.fakes:MissingFrameworkBackend"),
+    entry_point("jax-noreduce", "tests.support.broken_backends:NoAllReduceJax"),
+    entry_point("jax-sum", "tests.support.broken_backends:SummedJax"),
+    entry_point("jax-eps", "tests.support.broken_backends:KerasEpsilonJax"),
 ]
 
 
 @pytest.fixture
 def fake_backends(monkeypatch):
-    """The installed backends plus test fakes; workers can import `tests.fakes`."""
+    """The installed backends plus test fakes; workers can import `tests.support.fakes`."""
     installed = registry.list_entry_points()
     monkeypatch.setattr(registry, "list_entry_points", lambda: installed + FAKES)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
@@ -69,8 +69,8 @@ def order_seed_starting_with(trial_id: str, backend: str, batch_sizes: list[int]
                              launcher: str = "subprocess") -> str:
     """An --order-seed whose shuffled plan (medium model, 2 replicates) starts with `trial_id`,
     for tests whose trials must run in a known order (a hang after a finished trial, say)."""
-    from xbench.plan import plan_trials
-    from xbench.spec import load_spec
+    from xbench.experiment import load_spec
+    from xbench.run.plan import plan_trials
 
     overrides = {"models": ["medium"], "batch_sizes": batch_sizes, "devices": devices, "replicates": 2}
     for seed in range(1000):

@@ -2,7 +2,7 @@
 
 Every `XbenchError` message is one line that says what to change; the CLI prints it as
 `error: <message>` and exits non-zero, never with a traceback: 2 for input to change, 3 when
-results could not be written (`xbench.records.ResultsNotWritten`).
+results could not be written (`xbench.results.records.ResultsNotWritten`).
 """
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+Values = Sequence[float] | np.ndarray  # numbers, as a list or an array
+
 OUTLIER_THRESHOLD = 3.5
 CONFIDENCE = 0.95
 SIGNIFICANCE = 0.05
@@ -66,7 +68,7 @@ class Summary:
         return (self.ci_high - self.ci_low) / 2
 
 
-def modified_z_scores(values: Sequence[float]) -> np.ndarray:
+def modified_z_scores(values: Values) -> np.ndarray:
     """0.6745 * (x - median) / MAD; with MAD = 0 the mean absolute deviation stands in
     (scaled by 1.253314, its ratio to the standard deviation), and all-equal data scores 0."""
     x = np.asarray(values, dtype=float)
@@ -80,14 +82,14 @@ def modified_z_scores(values: Sequence[float]) -> np.ndarray:
     return np.zeros_like(x)
 
 
-def remove_outliers(values: Sequence[float], threshold: float = OUTLIER_THRESHOLD) -> tuple[np.ndarray, int]:
+def remove_outliers(values: Values, threshold: float = OUTLIER_THRESHOLD) -> tuple[np.ndarray, int]:
     """The values whose |modified z-score| is at most `threshold`, and how many were dropped."""
     x = np.asarray(values, dtype=float)
     keep = np.abs(modified_z_scores(x)) <= threshold
     return x[keep], int(x.size - keep.sum())
 
 
-def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+def t_interval(values: Values, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """Two-sided Student-t confidence interval of the mean of independent values; needs two or
     more values."""
     x = np.asarray(values, dtype=float)
@@ -104,7 +106,7 @@ def summarize(values: Sequence[float], threshold: float = OUTLIER_THRESHOLD,
     return describe(kept, removed, confidence)
 
 
-def describe(kept: Sequence[float], removed: int = 0, confidence: float = CONFIDENCE) -> Summary:
+def describe(kept: Values, removed: int = 0, confidence: float = CONFIDENCE) -> Summary:
     """Location, spread and interval of values already cleaned of outliers. The interval treats
     the values as independent: right for replicate means, too narrow for windows of one process."""
     x = np.asarray(kept, dtype=float)
@@ -299,3 +301,23 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (len(order) - rank) * p))
         adjusted[index] = running
     return adjusted
+
+
+def relative_errors(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> tuple[float, float, float]:
+    """Max absolute, max elementwise relative, and normwise relative error of `actual`.
+
+    Elementwise relative errors divide by max(|expected|, 1e-3 * max|expected|), so entries
+    near zero do not dominate; the normwise error decides pass or fail.
+    """
+    a = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in actual])
+    e = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in expected])
+    if a.shape != e.shape:
+        return math.inf, math.inf, math.inf
+    diff = np.abs(a - e)
+    scale = np.max(np.abs(e)) if e.size else 0.0
+    floor = max(1e-3 * float(scale), float(np.finfo(np.float32).tiny))
+    norm = np.linalg.norm(e)
+    norm_rel = float(np.linalg.norm(a - e) / norm) if norm > 0 else float(np.linalg.norm(a - e))
+    if not np.all(np.isfinite(a)):
+        return math.inf, math.inf, math.inf
+    return float(diff.max(initial=0.0)), float(np.max(diff / np.maximum(np.abs(e), floor), initial=0.0)), norm_rel

@@ -24,11 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from xbench.contract import Trial, Work
-from xbench.models.cnn import BATCH_NORM_EPSILON as CORE_EPSILON
-from xbench.models.cnn import Conv, convolutions
+from xbench.contract import cnn as core_cnn
 from xbench_backends.jax.layers import compute_dtype, dense, softmax_cross_entropy, statistics_dtype
 
-BATCH_NORM_EPSILON = CORE_EPSILON  # 1e-5 (Keras's default 1e-3 differs)
+BATCH_NORM_EPSILON = core_cnn.BATCH_NORM_EPSILON  # 1e-5 (Keras's default 1e-3 differs)
 EXPLICIT_PADDING = True  # False: "SAME" (pads the end only at stride 2), for the wrong-build test
 PARAMS_PER_CONV = 3  # kernel, BatchNorm scale, BatchNorm bias
 
@@ -38,8 +37,8 @@ class Block:
     """A residual block: its main-path convolutions and the projection shortcut (or None),
     each with the index of its kernel in the params (scale and bias follow it)."""
 
-    main: tuple[tuple[Conv, int], ...]
-    shortcut: tuple[Conv, int] | None
+    main: tuple[tuple[core_cnn.Conv, int], ...]
+    shortcut: tuple[core_cnn.Conv, int] | None
 
 
 def initial_params(work: Work) -> list[np.ndarray]:
@@ -47,10 +46,10 @@ def initial_params(work: Work) -> list[np.ndarray]:
     return list(work.arrays)
 
 
-def network(dims) -> tuple[tuple[Conv, int], tuple[Block, ...]]:
+def network(dims) -> tuple[tuple[core_cnn.Conv, int], tuple[Block, ...]]:
     """The stem convolution and the blocks, from the core's list of convolutions."""
-    indexed = [(conv, PARAMS_PER_CONV * i) for i, conv in enumerate(convolutions(dims))]
-    blocks: dict[str, list[tuple[Conv, int]]] = {}
+    indexed = [(conv, PARAMS_PER_CONV * i) for i, conv in enumerate(core_cnn.convolutions(dims))]
+    blocks: dict[str, list[tuple[core_cnn.Conv, int]]] = {}
     for conv, index in indexed[1:]:
         blocks.setdefault(".".join(conv.name.split(".")[:2]), []).append((conv, index))
     built = []
@@ -102,7 +101,7 @@ def residual_block(params, x, block: Block, groups: int, dtype):
     return jax.nn.relu(h + shortcut)
 
 
-def conv_bn(params, x, conv: Conv, index: int, groups: int, dtype):
+def conv_bn(params, x, conv: core_cnn.Conv, index: int, groups: int, dtype):
     """Convolution (no bias), then BatchNorm with params[index + 1], params[index + 2]."""
     from jax import lax
 

@@ -5,7 +5,7 @@ parameters a model reads are the core's arrays as they are.
 Mixed precision ("bf16"): parameters stay float32 and are cast to the compute dtype where
 they are used; normalisation statistics, softmax and the losses run in float32.
 
-Float64 ("fp64", verify's precision for ill-conditioned families, `xbench.verify`): parameters,
+Float64 ("fp64", verify's precision for ill-conditioned families, `xbench.results.checks`): parameters,
 float inputs, activations, statistics, losses, gradients and Adam state all float64. JAX
 makes float64 arrays only in x64 mode, which is process-global configuration: the backends
 enter it with `float64_scope` (a context, on this thread) around every call of an fp64
@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from xbench.contract import Trial
-
 
 FLOAT64 = "fp64"
 

@@ -13,10 +13,13 @@ them, and they change neither loss nor gradients).
 from __future__ import annotations
 
 from xbench.contract import Trial, Work
-from xbench.models.cnn import BATCH_NORM_EPSILON, BATCH_NORM_MOMENTUM, Conv, convolutions, final_features
+from xbench.contract import cnn as core_cnn
 from xbench_backends.jax.cnn import network
 from xbench_backends.jax.layers import compute_dtype, parameter_dtype, softmax_cross_entropy, statistics_dtype
 
+# The core's fixed choices, as module names that tests patch to prove verify fails.
+BATCH_NORM_EPSILON = core_cnn.BATCH_NORM_EPSILON
+BATCH_NORM_MOMENTUM = core_cnn.BATCH_NORM_MOMENTUM
 EXPLICIT_PADDING = True  # False: "SAME" (pads the end only at stride 2), for the wrong-build test
 
 
@@ -30,7 +33,7 @@ def constructor(trial: Trial, work: Work, variant: str):
     stem, blocks = network(dims)
 
     class ConvBN(nnx.Module):
-        def __init__(self, conv: Conv, rngs: nnx.Rngs):
+        def __init__(self, conv: core_cnn.Conv, rngs: nnx.Rngs):
             p = conv.padding
             padding = ((p, p), (p, p)) if EXPLICIT_PADDING else "SAME"
             self.conv = nnx.Conv(conv.inputs, conv.outputs, (conv.kernel, conv.kernel), strides=conv.stride,
@@ -57,7 +60,7 @@ def constructor(trial: Trial, work: Work, variant: str):
         def __init__(self, rngs: nnx.Rngs):
             self.stem = ConvBN(stem[0], rngs)
             self.blocks = nnx.List([Bottleneck(block, rngs) for block in blocks])
-            self.head = nnx.Linear(final_features(dims), dims["classes"], rngs=rngs, **layer)
+            self.head = nnx.Linear(core_cnn.final_features(dims), dims["classes"], rngs=rngs, **layer)
 
         def __call__(self, images, rngs=None):
             h = nnx.relu(self.stem(images.astype(dtype)))
@@ -92,7 +95,7 @@ def objective(logits, labels):
 
 
 def notes(trial: Trial, work: Work, device, variant: str) -> tuple[str, ...]:
-    count = sum(1 for _ in convolutions(work.model.shape))
+    count = sum(1 for _ in core_cnn.convolutions(work.model.shape))
     padding = "explicit symmetric" if EXPLICIT_PADDING else "SAME"
     return (f"convolutions: {count} nnx.Conv NHWC/HWIO, XLA picks the kernels (cuDNN on GPU); {padding} padding",
             f"BatchNorm: nnx.BatchNorm in training mode, statistics of each device's own batch (one pass), epsilon "

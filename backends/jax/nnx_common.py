@@ -68,7 +68,8 @@ def materialize(constructor: Callable[[], Any], paths: Sequence[Path], arrays: S
     # computes the parameters' own random initialisation.
     rest = jax.jit(lambda: nnx.split(constructor(), nnx.Param, ...)[2])()
     if float64:
-        rest = jax.tree.map(lambda a: a.astype("float64") if jax.numpy.issubdtype(a.dtype, jax.numpy.floating) else a, rest)
+        floating = jax.numpy.floating
+        rest = jax.tree.map(lambda a: a.astype("float64") if jax.numpy.issubdtype(a.dtype, floating) else a, rest)
     pure = nnx.to_pure_dict(abstract)
     for path, array in zip(paths, arrays):
         expected = _at(pure, path).shape

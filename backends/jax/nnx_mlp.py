@@ -5,15 +5,14 @@ core's layout as is); mean squared error in float32 (float64 in fp64)."""
 from __future__ import annotations
 
 from xbench.contract import Trial, Work
-from xbench.models.mlp import layer_sizes
+from xbench.contract import mlp as core_mlp
 from xbench_backends.jax.layers import compute_dtype, mean_squared_error, parameter_dtype
-
 
 
 def constructor(trial: Trial, work: Work, variant: str):
     from flax import nnx
 
-    sizes, rate = layer_sizes(work.model.shape), work.model.dropout
+    sizes, rate = core_mlp.layer_sizes(work.model.shape), work.model.dropout
     dtype, param_dtype = compute_dtype(trial), parameter_dtype(trial)
 
     class MLP(nnx.Module):
@@ -32,7 +31,7 @@ def constructor(trial: Trial, work: Work, variant: str):
 
 
 def paths(dims) -> list[tuple]:
-    count = len(layer_sizes(dims)) - 1
+    count = len(core_mlp.layer_sizes(dims)) - 1
     return [("layers", i, name) for i in range(count) for name in ("kernel", "bias")]
 
 

@@ -117,7 +117,8 @@ def notes(trial: Trial, work: Work, device, variant: str) -> tuple[str, ...]:
     from xbench_backends.jax.transformer import attention_kernel
 
     if attention_implementation(variant) == "cudnn":
-        kernel = "attention: jax.nn.dot_product_attention(is_causal=True, implementation='cudnn'): cuDNN fused attention"
+        kernel = ("attention: jax.nn.dot_product_attention(is_causal=True, implementation='cudnn'): "
+                  "cuDNN fused attention")
     else:
         kernel = attention_kernel(trial, work, device)
     return (kernel, f"LayerNorm epsilon {LAYER_NORM_EPSILON} (nnx.LayerNorm), GELU "

@@ -34,8 +34,20 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import (
-    AS_WRITTEN, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process, Trial,
-    Unsupported, Variant, Work, hash_weights, probe_distributions,
+    AS_WRITTEN,
+    DATA_PARALLEL,
+    PLAIN,
+    Availability,
+    DeviceInfo,
+    DeviceUnavailable,
+    PreparedInfo,
+    Process,
+    Trial,
+    Unsupported,
+    Variant,
+    Work,
+    hash_weights,
+    probe_distributions,
 )
 from xbench_backends.jax import nnx_program
 from xbench_backends.jax.families import FAMILIES, JNP, JaxModel, build, canonical_arrays, refusal
@@ -43,8 +55,16 @@ from xbench_backends.jax.layers import FLOAT64, compute_dtype_name, float64_scop
 from xbench_backends.jax.nnx_program import NnxPrepared
 from xbench_backends.jax.nnx_transformer import CUDNN
 from xbench_backends.jax.steps import (
-    AXIS, MATMUL_PRECISION, JaxAllReduce, check_variant, initial_state, kernel_settings, optimizer, programs,
-    step_losses, use_compile_cache,
+    AXIS,
+    MATMUL_PRECISION,
+    JaxAllReduce,
+    check_variant,
+    initial_state,
+    kernel_settings,
+    optimizer,
+    programs,
+    step_losses,
+    use_compile_cache,
 )
 
 SIMULATED_DEVICE_LIMIT = 8
@@ -108,7 +128,8 @@ class JaxPmapBackend:
         kind = found[0].platform
         simulated = kind == "cpu"
         if simulated and devices > SIMULATED_DEVICE_LIMIT:
-            raise DeviceUnavailable(f"asked for {devices} simulated CPU devices; xbench allows {SIMULATED_DEVICE_LIMIT}")
+            raise DeviceUnavailable(
+                f"asked for {devices} simulated CPU devices; xbench allows {SIMULATED_DEVICE_LIMIT}")
         if len(found) < devices:
             raise DeviceUnavailable(f"asked for {devices} devices; jax sees {len(found)} {kind} device(s)")
         self.devices = found[:devices]

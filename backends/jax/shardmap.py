@@ -24,8 +24,16 @@ from xbench_backends.jax.families import JaxModel, build, refusal
 from xbench_backends.jax.layers import FLOAT64, float64_scope, in_precision
 from xbench_backends.jax.pmap import FUNCTIONAL, VARIANTS, JaxPmapBackend, precision_info, program_notes
 from xbench_backends.jax.steps import (
-    AXIS, MATMUL_PRECISION, JaxAllReduce, check_variant, dropout_rng, initial_state, kernel_settings, optimizer,
-    step_losses, train_steps,
+    AXIS,
+    MATMUL_PRECISION,
+    JaxAllReduce,
+    check_variant,
+    dropout_rng,
+    initial_state,
+    kernel_settings,
+    optimizer,
+    step_losses,
+    train_steps,
 )
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 from xbench.contract import Trial, Work
-from xbench.models.transformer import LAYER_NORM_EPSILON as CORE_EPSILON
+from xbench.contract import transformer as core_transformer
 from xbench_backends.jax.layers import compute_dtype, dense, layer_norm, softmax_cross_entropy
 
-LAYER_NORM_EPSILON = CORE_EPSILON  # 1e-5 (Keras's default 1e-3 and Flax's 1e-6 differ)
+LAYER_NORM_EPSILON = core_transformer.LAYER_NORM_EPSILON  # 1e-5 (Keras's default 1e-3 and Flax's 1e-6 differ)
 GELU_APPROXIMATE = True  # GPT-2's tanh approximation; False is the erf GELU
 PARAMS_PER_BLOCK = 12
 

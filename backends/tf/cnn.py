@@ -18,8 +18,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from xbench.contract import Work
-from xbench.models.cnn import BATCH_NORM_EPSILON, BATCH_NORM_MOMENTUM, Conv, convolutions
+from xbench.contract import cnn as core_cnn
 
+# The core's fixed choices, as module names that tests patch to prove verify fails.
+BATCH_NORM_EPSILON = core_cnn.BATCH_NORM_EPSILON
+BATCH_NORM_MOMENTUM = core_cnn.BATCH_NORM_MOMENTUM
 STEM_PADDING = "symmetric"  # the core's; "same" (TF's, asymmetric at stride 2) is a deliberate error for tests
 KERAS_MOMENTUM = 1.0 - BATCH_NORM_MOMENTUM  # Keras keeps this much of the old running value
 
@@ -34,7 +37,7 @@ def build_model(work: Work, jit_compile: bool = False) -> tuple[Any, dict[str, A
     dims = work.model.shape
     images = keras.Input(shape=(dims["image"], dims["image"], dims["channels"]), dtype=input_dtype(), name="images")
     named: dict[str, Any] = {}
-    convs = convolutions(dims)
+    convs = core_cnn.convolutions(dims)
     stem = next(convs)
     h = _conv_bn(images, stem, named, relu=True, padding=STEM_PADDING)
     # Zero padding equals -inf padding here: the pool's inputs are post-ReLU, so >= 0, and
@@ -83,13 +86,13 @@ def to_canonical(name: str, array):
     return array
 
 
-def _blocks(convs: Iterator[Conv]) -> Iterator[tuple[str, list[Conv]]]:
+def _blocks(convs: Iterator[core_cnn.Conv]) -> Iterator[tuple[str, list[core_cnn.Conv]]]:
     """The core's convolutions after the stem, grouped by block ("s{stage}.b{block}")."""
     for tag, block in itertools.groupby(convs, key=lambda conv: ".".join(conv.name.split(".")[:2])):
         yield tag, list(block)
 
 
-def _conv_bn(h, conv: Conv, named: dict[str, Any], relu: bool, padding: str = "symmetric"):
+def _conv_bn(h, conv: core_cnn.Conv, named: dict[str, Any], relu: bool, padding: str = "symmetric"):
     """Convolution (no bias) with explicit symmetric padding, BatchNorm, optional ReLU."""
     import keras
 

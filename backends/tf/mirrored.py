@@ -29,8 +29,21 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import (
-    ADAM, AS_WRITTEN, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable, PreparedInfo, Process,
-    Trial, Variant, Work, hash_weights, probe_distributions,
+    ADAM,
+    AS_WRITTEN,
+    DATA_PARALLEL,
+    PLAIN,
+    Availability,
+    DeviceInfo,
+    DeviceUnavailable,
+    PreparedInfo,
+    Process,
+    Trial,
+    Unsupported,
+    Variant,
+    Work,
+    hash_weights,
+    probe_distributions,
 )
 from xbench_backends.tf.models import FAMILIES, Built, build
 

@@ -32,10 +32,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from xbench.contract import Work
-from xbench.models.cnn import Conv, convolutions, final_features
-from xbench.models import cnn as core_cnn
+from xbench.contract import cnn as core_cnn
 from xbench_backends.torch.families import (
-    Built, Slot, at_least_float32, canonical_reader, load, slots_in_order, transposed,
+    Built,
+    Slot,
+    at_least_float32,
+    canonical_reader,
+    load,
+    slots_in_order,
+    transposed,
 )
 
 # The core's fixed choices, as module names that tests patch to prove verify fails.
@@ -46,9 +51,9 @@ MAX_POOL_PADDING = 1
 
 def build(work: Work, device, compute_dtype=None, param_dtype=None, channels_last: bool = False) -> Built:
     dims = work.model.shape
-    convs = list(convolutions(dims))
+    convs = list(core_cnn.convolutions(dims))
     with torch.device("meta"):  # no initialisation of its own: the core's arrays are loaded next
-        model = ResNet(convs, final_features(dims), dims["classes"])
+        model = ResNet(convs, core_cnn.final_features(dims), dims["classes"])
     slots = slots_in_order(work, _slots(convs))
     load(model, work, slots, device, extra=_running_statistics(model), param_dtype=param_dtype)
     if channels_last:
@@ -95,7 +100,7 @@ def _module_path(conv_name: str) -> str:
     return f"blocks.{stage}_{block}." + ("down" if role == "down.conv" else f"main.{role}")
 
 
-def _slots(convs: list[Conv]) -> dict[str, Slot]:
+def _slots(convs: list[core_cnn.Conv]) -> dict[str, Slot]:
     """Canonical name -> where it lives in `ResNet`, with the layout conversion."""
     slots = {}
     for conv in convs:
@@ -121,7 +126,7 @@ def _running_statistics(model) -> dict[str, torch.Tensor]:
 class ConvBn(nn.Module):
     """A convolution without bias (symmetric padding kernel // 2), then its BatchNorm."""
 
-    def __init__(self, conv: Conv) -> None:
+    def __init__(self, conv: core_cnn.Conv) -> None:
         super().__init__()
         self.conv = nn.Conv2d(conv.inputs, conv.outputs, conv.kernel, stride=conv.stride, padding=conv.padding,
                               bias=False)
@@ -135,7 +140,7 @@ class Block(nn.Module):
     """Basic (conv1, conv2) or bottleneck (conv1, conv2, conv3) block: ReLU between its
     convolutions, the shortcut (the projection `down` where the shape changes) added, ReLU."""
 
-    def __init__(self, main: list[Conv], down: Conv | None) -> None:
+    def __init__(self, main: list[core_cnn.Conv], down: core_cnn.Conv | None) -> None:
         super().__init__()
         self.main = nn.ModuleDict(OrderedDict((c.name.rsplit(".", 1)[1], ConvBn(c)) for c in main))
         self.down = None if down is None else ConvBn(down)
@@ -148,12 +153,12 @@ class Block(nn.Module):
 
 
 class ResNet(nn.Module):
-    def __init__(self, convs: list[Conv], features: int, classes: int) -> None:
+    def __init__(self, convs: list[core_cnn.Conv], features: int, classes: int) -> None:
         super().__init__()
         stem, rest = convs[0], convs[1:]
         self.stem = ConvBn(stem)
         self.pool = nn.MaxPool2d(3, stride=2, padding=MAX_POOL_PADDING)
-        blocks: dict[str, dict[str, list[Conv]]] = {}
+        blocks: dict[str, dict[str, list[core_cnn.Conv]]] = {}
         for conv in rest:
             stage, block, role = conv.name.split(".", 2)
             parts = blocks.setdefault(f"{stage}_{block}", {"main": [], "down": []})

@@ -39,8 +39,22 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import (
-    ADAM, AS_WRITTEN, COMPILE_CACHE_VARIABLE, DATA_PARALLEL, PLAIN, Availability, DeviceInfo, DeviceUnavailable,
-    PreparedInfo, Process, Trial, Unsupported, Variant, Work, hash_weights, probe_distributions,
+    ADAM,
+    AS_WRITTEN,
+    COMPILE_CACHE_VARIABLE,
+    DATA_PARALLEL,
+    PLAIN,
+    Availability,
+    DeviceInfo,
+    DeviceUnavailable,
+    PreparedInfo,
+    Process,
+    Trial,
+    Unsupported,
+    Variant,
+    Work,
+    hash_weights,
+    probe_distributions,
 )
 from xbench_backends.torch import families as model_families
 
@@ -61,7 +75,7 @@ PRECISION = {
     # any float32 matmul or convolution left outside autocast stays strict (there is none in
     # this step). cudnn's flag covers its convolutions and its LSTM alike.
     "bf16": (False, False, "highest", "bfloat16", "float32"),
-    # float64 throughout (verify's precision for ill-conditioned families, xbench.verify):
+    # float64 throughout (verify's precision for ill-conditioned families, xbench.results.checks):
     # parameters, BatchNorm statistics, activations, loss, gradients, all-reduce and Adam's
     # state; no autocast. The float32 flags are set strict all the same, so that nothing a
     # previous trial in this process set applies.

@@ -33,7 +33,8 @@ class Built:
 
     model: Any  # the nn.Module, in train mode
     canonical: Callable[[bool], list[Any]]  # views of the weights (False) or gradients (True), canonical layout
-    loss: Callable[[Any, Any], Any]  # the mean loss of this rank's batch (float32, float64 in fp64): loss(output, targets)
+    # The mean loss of this rank's batch (float32, float64 in fp64): loss(output, targets).
+    loss: Callable[[Any, Any], Any]
     place_inputs: Callable[[Any], Any] = _same  # the inputs on the device -> the model's layout and dtype
     place_targets: Callable[[Any], Any] = _same
     notes: tuple[str, ...] = field(default=())  # which fused kernels torch picks, as far as can be read

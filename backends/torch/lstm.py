@@ -20,7 +20,13 @@ from torch import nn
 
 from xbench.contract import Work
 from xbench_backends.torch.families import (
-    Built, Slot, at_least_float32, canonical_reader, load, slots_in_order, transposed,
+    Built,
+    Slot,
+    at_least_float32,
+    canonical_reader,
+    load,
+    slots_in_order,
+    transposed,
 )
 
 # torch's gate block g holds the core's gate GATE_ORDER[g] (i, f, g, o both: the identity).

@@ -18,9 +18,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from xbench.contract import Work
-from xbench.models import transformer as core_transformer
+from xbench.contract import transformer as core_transformer
 from xbench_backends.torch.families import (
-    Built, Slot, at_least_float32, canonical_reader, load, slots_in_order, transposed,
+    Built,
+    Slot,
+    at_least_float32,
+    canonical_reader,
+    load,
+    slots_in_order,
+    transposed,
 )
 
 # The core's fixed choices (xbench.models.transformer); tests patch them to prove verify fails.

@@ -7,22 +7,22 @@ import math
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from xbench import compare as comparison
-from xbench.allreduce import format_size, parse_size, result_from_record
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import LauncherOption, Platform, backend_options, integers, names, value
-from xbench.cluster import resolve_launch
-from xbench.environment import host_environment
 from xbench.errors import XbenchError
-from xbench.records import write_atomic
-from xbench.render import ALLREDUCE_HEADERS, ALLREDUCE_NOTE, allreduce_rows
-from xbench.spec import load_spec
+from xbench.experiment import load_spec
+from xbench.report.terminal import ALLREDUCE_HEADERS, ALLREDUCE_NOTE, allreduce_rows
+from xbench.results.allreduce import format_size, parse_size, result_from_record
+from xbench.results.records import AllReduceRecord, write_atomic
+from xbench.run import compare as comparison
+from xbench.run.cluster import resolve_launch
+from xbench.run.environment import host_environment
 
 DEFAULT_SIZES = ("4KiB", "256KiB", "16MiB")
 
@@ -31,16 +31,18 @@ def allreduce(
     backends: Annotated[Optional[list[str]], typer.Option(help="Backends to measure, e.g. --backends jax tf.")] = None,
     devices: Annotated[Optional[list[str]], typer.Option(help="Device counts (default 2).")] = None,
     sizes: Annotated[Optional[list[str]], typer.Option(help="Buffer sizes per device, e.g. 4KiB 64MiB 1GiB.")] = None,
-    platform: Annotated[Optional[Platform], typer.Option(help="auto: GPUs when present, else simulated CPU devices.")] = None,
+    platform: Annotated[Optional[Platform], typer.Option(
+        help="auto: GPUs when present, else simulated CPU devices.")] = None,
     option: Annotated[Optional[list[str]], typer.Option(help="Backend option BACKEND.KEY=VALUE.")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results to this JSON file.")] = None,
+    json_out: Annotated[Optional[Path], typer.Option(
+        "--json", help="Also write the results to this JSON file.")] = None,
     launcher: LauncherOption = None,
 ) -> int:
     """Time the framework's own all-reduce: time per operation, algbw and busbw (nccl-tests' definitions)."""
     try:
         nbytes = [parse_size(s) for s in (names(sizes) or DEFAULT_SIZES)]
-    except ValueError as err:
-        raise XbenchError(f"--sizes: {err}") from None
+    except ValueError as problem:
+        raise XbenchError(f"--sizes: {problem}") from None
     counts = integers(devices, "--devices") or [2]
     launch = resolve_launch(value(launcher) or "auto")
     # Only backends, devices, platform and options matter here; a batch every count divides
@@ -68,7 +70,7 @@ def allreduce(
     return 1 if bad else 0
 
 
-def allreduce_table(records: Sequence[dict]) -> Table:
+def allreduce_table(records: Sequence[AllReduceRecord]) -> Table:
     table = Table(title="all-reduce (float32 SUM, each framework's own collective)", title_justify="left",
                   caption=ALLREDUCE_NOTE, caption_justify="left")
     for header in ALLREDUCE_HEADERS:
@@ -85,10 +87,11 @@ def check_writable(path: Path) -> None:
         raise XbenchError(f"cannot write {path}: {parent} is not a directory")
 
 
-def _as_json(records: Sequence[dict]) -> list[dict]:
+def _as_json(records: Sequence[AllReduceRecord]) -> list[dict[str, Any]]:
     out = []
     for record in records:
-        row = {k: record[k] for k in ("backend", "devices", "nbytes", "status", "reason")}
+        row: dict[str, Any] = {"backend": record["backend"], "devices": record["devices"], "nbytes": record["nbytes"],
+                               "status": record["status"], "reason": record["reason"]}
         if record["status"] == "ok":
             r = result_from_record(record)
             row.update(time_s_median=r.time.median, algbw_GBps=r.algbw / 1e9, busbw_GBps=r.busbw / 1e9)

@@ -7,20 +7,21 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from xbench.cli.consoles import data_console, status_console
 from rich.markup import escape
 from rich.table import Table
 
-from xbench import launcher
+from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Platform
 from xbench.contract import PLAIN, launchers_of, programs_of, variants_of
-from xbench.registry import discover
+from xbench.run import launcher
+from xbench.run.registry import discover
+
+AUTO = Platform("auto")  # GPUs when present, else the CPU
 
 
 def backends(
     devices: Annotated[bool, typer.Option(help="Start each installed backend briefly to list its devices.")] = True,
-    platform: Annotated[Platform, typer.Option(help="Platform to look for devices on.")] = Platform.auto,
+    platform: Annotated[Platform, typer.Option(help="Platform to look for devices on.")] = AUTO,
 ) -> int:
     """List registered backends: name, framework version, devices, or why unavailable."""
     table = Table(title="xbench backends (entry-point group xbench.backends)", title_justify="left")

@@ -6,8 +6,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from xbench.cli.consoles import data_console
-from xbench.environment import host_environment
-from xbench.registry import discover
+from xbench.run.environment import host_environment
+from xbench.run.registry import discover
 
 
 def env() -> int:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import signal
-import threading
 import sys
+import threading
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -12,10 +13,20 @@ from rich.markup import escape
 
 import xbench
 from xbench.cli import (
-    allreduce_cmd, backends_cmd, compare_cmd, env_cmd, models_cmd, recommend_cmd, report_cmd, sweep_cmd, verify_cmd,
+    allreduce_cmd,
+    backends_cmd,
+    compare_cmd,
+    diff_cmd,
+    env_cmd,
+    export_cmd,
+    models_cmd,
+    recommend_cmd,
+    report_cmd,
+    sweep_cmd,
+    verify_cmd,
 )
 from xbench.errors import Interrupted, XbenchError
-from xbench.records import ResultsNotWritten
+from xbench.results.records import ResultsNotWritten
 
 BAD_INPUT, NOT_WRITTEN, INTERRUPTED = 2, 3, 130
 
@@ -33,8 +44,8 @@ app.command("env")(env_cmd.env)
 app.command("allreduce")(allreduce_cmd.allreduce)
 app.command("verify")(verify_cmd.verify)
 app.command("report")(report_cmd.report)
-app.command("export")(report_cmd.export)
-app.command("diff")(report_cmd.diff)
+app.command("export")(export_cmd.export)
+app.command("diff")(diff_cmd.diff)
 app.command("sweep")(sweep_cmd.sweep)
 app.command("recommend")(recommend_cmd.recommend)
 
@@ -47,7 +58,8 @@ def _root(version: bool = typer.Option(False, "--version", help="Print xbench's 
 
 
 # typer >= 0.29 vendors click; find its base exception without importing click by name.
-_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+# Any: click's type is not importable by name here, and its `format_message` is what is used.
+_CLICK_ERROR: type[Any] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 # Options that take several values, written the natural way: `--backends tf jax`.
 VARIADIC = {"--backends", "--model", "--batch-sizes", "--devices", "--sizes", "--params", "--batch", "--validate",

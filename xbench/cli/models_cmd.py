@@ -7,8 +7,8 @@ from rich.table import Table
 
 from xbench.cli.consoles import data_console
 from xbench.models import broken_families, families
-from xbench.present import flops_text
-from xbench.spec import preset_model
+from xbench.models.model_spec import preset_model
+from xbench.report.words import flops_text
 
 
 def models() -> int:

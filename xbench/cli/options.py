@@ -7,17 +7,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from xbench.cluster import LAUNCHER_CHOICES
 from xbench.errors import SpecError, XbenchError
-from xbench.launcher import STARTUP_TIMEOUT_S
-from xbench.spec import COMPILE_CACHES, MAX_SECONDS, PLATFORMS, PRECISIONS, SCALINGS, SINGLE_DEVICE
+from xbench.experiment import COMPILE_CACHES, MAX_SECONDS, PLATFORMS, PRECISIONS, SCALINGS, SINGLE_DEVICE
+from xbench.run.cluster import LAUNCHER_CHOICES
+from xbench.run.launcher import STARTUP_TIMEOUT_S
 
-# Choices come from the spec, so the CLI and the TOML accept the same words.
-Scaling = Enum("Scaling", {name: name for name in SCALINGS}, type=str)
-Precision = Enum("Precision", {name: name for name in PRECISIONS}, type=str)
-Platform = Enum("Platform", {name: name for name in PLATFORMS}, type=str)
-Launcher = Enum("Launcher", {name: name for name in LAUNCHER_CHOICES}, type=str)
-CompileCache = Enum("CompileCache", {name: name for name in COMPILE_CACHES}, type=str)
+# Choices come from the spec, so the CLI and the TOML accept the same words. mypy cannot list
+# members built at run time (hence the ignores); typer reads them, and commands take `.value`.
+Scaling = Enum("Scaling", {name: name for name in SCALINGS}, type=str)  # type: ignore[misc]
+Precision = Enum("Precision", {name: name for name in PRECISIONS}, type=str)  # type: ignore[misc]
+Platform = Enum("Platform", {name: name for name in PLATFORMS}, type=str)  # type: ignore[misc]
+Launcher = Enum("Launcher", {name: name for name in LAUNCHER_CHOICES}, type=str)  # type: ignore[misc]
+CompileCache = Enum("CompileCache", {name: name for name in COMPILE_CACHES}, type=str)  # type: ignore[misc]
 
 # The launcher options, shared by compare, verify and allreduce.
 LauncherOption = Annotated[Optional[Launcher], typer.Option(
@@ -29,7 +30,7 @@ NodeRankOption = Annotated[Optional[int], typer.Option(help="spmd: this node's r
 VariantsOption = Annotated[Optional[list[str]], typer.Option(
     help="Variants to time besides each backend as written: BACKEND:VARIANT (comma-separated) or all; "
          "`xbench backends` lists them.")]
-SingleDevice = Enum("SingleDevice", {name: name for name in SINGLE_DEVICE}, type=str)
+SingleDevice = Enum("SingleDevice", {name: name for name in SINGLE_DEVICE}, type=str)  # type: ignore[misc]
 SingleDeviceOption = Annotated[Optional[SingleDevice], typer.Option(
     help="The 1-device program: plain (no distribution, where a backend has it; default), data-parallel (one "
          "replica), or both (speedup against the faster).")]
@@ -67,7 +68,7 @@ def integers(values: list[str] | None, flag: str) -> list[int] | None:
     try:
         return [int(w) for w in words]
     except ValueError:
-        raise SpecError(f"{flag} takes integers such as 1,2; got {' '.join(values)}") from None
+        raise SpecError(f"{flag} takes integers such as 1,2; got {' '.join(values or [])}") from None
 
 
 def backend_options(values: list[str] | None) -> dict[str, dict[str, str]] | None:

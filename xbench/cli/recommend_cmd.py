@@ -13,30 +13,44 @@ from rich.table import Table
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Precision, names, value
 from xbench.errors import XbenchError
-from xbench.recommend import (
-    MEASURE, MULTI, Question, break_even, break_even_batches, device_counts, matching, model_flops, predictions,
+from xbench.models.model_spec import preset_model
+from xbench.results.fitting import StoredFits, error_summary, find_fits, fit_all, load_runs, same_kind, validate
+from xbench.results.recommend import (
+    MEASURE,
+    MULTI,
+    Question,
+    break_even,
+    break_even_batches,
+    device_counts,
+    matching,
+    model_flops,
+    predictions,
     verdict,
 )
-from xbench.scaling import FitError, bottleneck
-from xbench.environment import cpu_name, nvidia_gpus
-from xbench.scaling_runs import StoredFits, error_summary, find_fits, fit_all, load_runs, same_kind, validate
-from xbench.spec import preset_model
+from xbench.results.step_model import FitError, bottleneck
+from xbench.run.environment import cpu_name, nvidia_gpus
 
 DEFAULT_FITS = Path("results")
 
 
 def recommend(
     model: Annotated[Optional[list[str]], typer.Option(help="A preset (`xbench models`), e.g. gpt2-small.")] = None,
-    params: Annotated[Optional[list[float]], typer.Option(help="Or the model's parameter count, e.g. 5e6 (with --family, default mlp).")] = None,
-    flops: Annotated[Optional[float], typer.Option(help="With --params: training FLOPs per sample (default: from the family's measured sizes).")] = None,
+    params: Annotated[Optional[list[float]], typer.Option(
+        help="Or the model's parameter count, e.g. 5e6 (with --family, default mlp).")] = None,
+    flops: Annotated[Optional[float], typer.Option(
+        help="With --params: training FLOPs per sample (default: from the family's measured sizes).")] = None,
     family: Annotated[str, typer.Option(help="With --params: the model family.")] = "mlp",
     batch: Annotated[Optional[list[str]], typer.Option(help="Global batch sizes, e.g. 64 or 64,256.")] = None,
-    devices: Annotated[Optional[list[int]], typer.Option(help="Devices available (default: the most the fit measured).")] = None,
+    devices: Annotated[Optional[list[int]], typer.Option(
+        help="Devices available (default: the most the fit measured).")] = None,
     precision: Annotated[Optional[Precision], typer.Option(help="Only fits at this precision.")] = None,
     backends: Annotated[Optional[list[str]], typer.Option(help="Only these backends.")] = None,
-    fits: Annotated[Optional[list[Path]], typer.Option(help="fit.json files or directories holding them (default: results/).")] = None,
-    runs: Annotated[Optional[list[Path]], typer.Option(help="Fit these run directories now instead of reading stored fits.")] = None,
-    validate_runs: Annotated[Optional[list[Path]], typer.Option("--validate", help="Fit on part of these runs, predict the held-out configurations, print each error.")] = None,
+    fits: Annotated[Optional[list[Path]], typer.Option(
+        help="fit.json files or directories holding them (default: results/).")] = None,
+    runs: Annotated[Optional[list[Path]], typer.Option(
+        help="Fit these run directories now instead of reading stored fits.")] = None,
+    validate_runs: Annotated[Optional[list[Path]], typer.Option(
+        "--validate", help="Fit on part of these runs, predict the held-out configurations, print each error.")] = None,
 ) -> int:
     """Which backend and how many devices, for a model and batch, from fitted step models."""
     if validate_runs:

@@ -7,33 +7,47 @@ from typing import Annotated, Optional
 
 import typer
 
-from xbench import compare as comparison
-from xbench.allreduce import sizes_for
-from xbench.cli.compare_cmd import _check_resume_alone, _run, run_dir_option
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Precision, integers, names, value
-from xbench.environment import nvidia_gpus
-from xbench.records import finished_trials
+from xbench.cli.running import check_resume_alone, run_dir_option, run_plan
 from xbench.errors import SpecError
-from xbench.scaling import FitError
-from xbench.scaling_runs import FIT_FILE, fit_all, load_runs, save_fits
-from xbench.spec import load_raw
-from xbench.sweep import DEFAULT_BATCHES, DEFAULT_PARAMS, estimate_seconds, sweep_spec
+from xbench.experiment import load_raw
+from xbench.experiment.sweep import DEFAULT_BATCHES, DEFAULT_PARAMS, estimate_seconds, sweep_spec
+from xbench.results.allreduce import sizes_for
+from xbench.results.fitting import FIT_FILE, fit_all, load_runs, save_fits
+from xbench.results.records import finished_trials
+from xbench.results.step_model import FitError
+from xbench.run import compare as comparison
+from xbench.run.environment import nvidia_gpus
 
 
 def sweep(
     backends: Annotated[Optional[list[str]], typer.Option(help="Backends to model, e.g. --backends jax torch.")] = None,
-    params: Annotated[Optional[list[str]], typer.Option(help="MLP sizes in parameters (3 equal hidden layers), e.g. 1e5 1e6 1e7; default: four sizes for this machine.")] = None,
-    model: Annotated[Optional[list[str]], typer.Option(help="Presets of any family to sweep instead of (or with --params, besides) the MLP ladder, e.g. transformer-tiny.")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="A compare spec (TOML) whose models (any family, with their batch sizes), protocol and data tables the sweep adds.")] = None,
-    batch_sizes: Annotated[Optional[list[str]], typer.Option(help="Per-device batches (3+ to validate the fit), e.g. 16,64,256.")] = None,
-    devices: Annotated[Optional[list[str]], typer.Option(help="Device counts, 1 and N (default 1 and every GPU; 1 alone with one GPU; 1,2 simulated on a CPU).")] = None,
-    precision: Annotated[Optional[Precision], typer.Option(help="Matmul precision, set explicitly in every backend.")] = None,
-    replicates: Annotated[Optional[int], typer.Option(help="Fresh worker processes per configuration (the fit's intervals come from them).")] = None,
-    window_budget: Annotated[Optional[float], typer.Option(help="Seconds of timed windows per replicate at most (shorter: a faster, noisier sweep).")] = None,
-    out: Annotated[Optional[str], typer.Option(help="Run directory (default results/<timestamp>); the fit is written beside the records as fit.json.")] = None,
-    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the identical-work check before timing.")] = False,
-    resume: Annotated[Optional[Path], typer.Option(help="Finish an interrupted sweep (its own spec), then fit it; a finished one is refitted.")] = None,
+    params: Annotated[Optional[list[str]], typer.Option(
+        help="MLP sizes in parameters (3 equal hidden layers), e.g. 1e5 1e6 1e7; default: four sizes for "
+             "this machine.")] = None,
+    model: Annotated[Optional[list[str]], typer.Option(
+        help="Presets of any family to sweep instead of (or with --params, besides) the MLP ladder, e.g. "
+             "transformer-tiny.")] = None,
+    config: Annotated[Optional[Path], typer.Option(
+        help="A compare spec (TOML) whose models (any family, with their batch sizes), protocol and data tables the "
+             "sweep adds.")] = None,
+    batch_sizes: Annotated[Optional[list[str]], typer.Option(
+        help="Per-device batches (3+ to validate the fit), e.g. 16,64,256.")] = None,
+    devices: Annotated[Optional[list[str]], typer.Option(
+        help="Device counts, 1 and N (default 1 and every GPU; 1 alone with one GPU; 1,2 simulated on a CPU).")] = None,
+    precision: Annotated[Optional[Precision], typer.Option(
+        help="Matmul precision, set explicitly in every backend.")] = None,
+    replicates: Annotated[Optional[int], typer.Option(
+        help="Fresh worker processes per configuration (the fit's intervals come from them).")] = None,
+    window_budget: Annotated[Optional[float], typer.Option(
+        help="Seconds of timed windows per replicate at most (shorter: a faster, noisier sweep).")] = None,
+    out: Annotated[Optional[str], typer.Option(
+        help="Run directory (default results/<timestamp>); the fit is written beside the records as fit.json.")] = None,
+    no_verify: Annotated[bool, typer.Option(
+        "--no-verify", help="Skip the identical-work check before timing.")] = False,
+    resume: Annotated[Optional[Path], typer.Option(
+        help="Finish an interrupted sweep (its own spec), then fit it; a finished one is refitted.")] = None,
 ) -> int:
     """Measure a few configurations per backend (model sizes x per-device batches x 1 and N
     devices, compute-only twins, the all-reduce), then fit the step model `xbench recommend` uses."""
@@ -53,16 +67,16 @@ def sweep(
     with err.status("finding devices for each backend…"):
         plan = comparison.prepare(spec, run_dir_option(out), strict_devices=devices is not None, breakdown=True)
     err.print(_announce(plan, platform))
-    code = _run(plan, no_verify)
+    code = run_plan(plan, no_verify)
     _fit_and_save(plan.run_dir)
     return code
 
 
 def _resume(run_dir: Path, no_verify: bool, given: dict) -> int:
-    _check_resume_alone(given)
+    check_resume_alone(given)
     plan = comparison.resume(run_dir)
     if comparison.trial_count(plan, finished_trials(run_dir)):
-        code = _run(plan, no_verify, resumed=True)  # releases the run directory
+        code = run_plan(plan, no_verify, resumed=True)  # releases the run directory
     else:
         plan.release()
         code = 0

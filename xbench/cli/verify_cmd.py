@@ -9,26 +9,36 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from xbench import compare as comparison
-from xbench.cli.options import (
-    LauncherOption, Platform, SingleDeviceOption, StartupTimeoutOption, VariantsOption, integers, names,
-    startup_timeout_s, value,
-)
-from xbench.cluster import resolve_launch
-from xbench.errors import XbenchError
 from xbench.cli.consoles import data_console, status_console
-from xbench.environment import host_environment
-from xbench.render import checks_table, floors_caption, precision_floors_caption, verify_caption
-from xbench.spec import load_spec
-from xbench.verification import verify as run_verification
+from xbench.cli.options import (
+    LauncherOption,
+    Platform,
+    SingleDeviceOption,
+    StartupTimeoutOption,
+    VariantsOption,
+    integers,
+    names,
+    startup_timeout_s,
+    value,
+)
+from xbench.errors import XbenchError
+from xbench.experiment import load_spec
+from xbench.report.terminal import checks_table, floors_caption, precision_floors_caption, verify_caption
+from xbench.run import compare as comparison
+from xbench.run.cluster import resolve_launch
+from xbench.run.environment import host_environment
+from xbench.run.verification import verify as run_verification
 
 
 def verify(
-    backends: Annotated[Optional[list[str]], typer.Option(help="Backends to check; the first is the reference.")] = None,
+    backends: Annotated[Optional[list[str]], typer.Option(
+        help="Backends to check; the first is the reference.")] = None,
     config: Annotated[Optional[Path], typer.Option(help="Experiment spec (TOML) for models, seed, options.")] = None,
     model: Annotated[Optional[list[str]], typer.Option(help="Models to check (default: all in the spec).")] = None,
-    devices: Annotated[Optional[list[str]], typer.Option(help="Device counts to check against 1 device, e.g. 2.")] = None,
-    platform: Annotated[Optional[Platform], typer.Option(help="auto: GPUs when present, else simulated CPU devices.")] = None,
+    devices: Annotated[Optional[list[str]], typer.Option(
+        help="Device counts to check against 1 device, e.g. 2.")] = None,
+    platform: Annotated[Optional[Platform], typer.Option(
+        help="auto: GPUs when present, else simulated CPU devices.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data.")] = None,
     launcher: LauncherOption = None,
     variants: VariantsOption = None,

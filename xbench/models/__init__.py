@@ -51,7 +51,7 @@ class Family(Protocol):
     batch_statistics: ClassVar[bool]
     loss: ClassVar[str]  # one line: the loss every backend computes
 
-    # Optional, read by xbench.verify where present (see verification_model):
+    # Optional, read by xbench.results.checks where present (see verification_model):
     #   verification_dims: Mapping[str, int] -- shape keys verify changes (the CNN: image 32)
     #   verification_per_device: int -- samples per device verify uses (default: a global 32)
     #   verification_precision: str -- "fp32" (default) or "fp64" for a family whose fp32

@@ -61,10 +61,10 @@ class ResNet:
     unit: ClassVar[str] = "images"
     loss: ClassVar[str] = "softmax cross-entropy over the classes"
     batch_statistics: ClassVar[bool] = True
-    # verify runs it small: see xbench.verify.verification_model (the parameters are the same)
+    # verify runs it small: see xbench.results.checks.verification_model (the parameters are the same)
     verification_dims: ClassVar[Mapping[str, int]] = {"image": MIN_IMAGE}
     verification_per_device: ClassVar[int] = 8  # images per device: fewer, and 10 steps amplify rounding
-    verification_precision: ClassVar[str] = "fp64"  # fp32 gradients are too ill-conditioned: xbench.verify
+    verification_precision: ClassVar[str] = "fp64"  # fp32 gradients are too ill-conditioned: xbench.results.checks
     dims: ClassVar[Mapping[str, Dim]] = {
         "depth": Dim(18, 152, None, f"ResNet depth, one of {', '.join(map(str, BLOCKS))}"),
         "image": Dim(1, 100_000, None, "image height and width in pixels"),
@@ -98,7 +98,8 @@ class ResNet:
         arrays = []
         for param in self.parameters(dims):
             if param.name == "head.kernel":
-                arrays.append(glorot_uniform(rng, *param.shape, param.shape))
+                fan_in, fan_out = param.shape
+                arrays.append(glorot_uniform(rng, fan_in, fan_out, param.shape))
             elif param.name.endswith(".kernel"):
                 kh, kw, _, out = param.shape
                 std = np.sqrt(2.0 / (kh * kw * out))

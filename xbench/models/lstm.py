@@ -19,6 +19,7 @@ import numpy as np
 
 from xbench.models import Dim, Param, glorot_uniform, training_flops
 
+
 class Lstm:
     name: ClassVar[str] = "lstm"
     unit: ClassVar[str] = "samples"

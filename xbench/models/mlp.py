@@ -47,7 +47,8 @@ class Mlp:
         arrays = []
         for param in self.parameters(dims):
             if param.name.endswith("kernel"):
-                arrays.append(glorot_uniform(rng, *param.shape, param.shape))
+                fan_in, fan_out = param.shape
+                arrays.append(glorot_uniform(rng, fan_in, fan_out, param.shape))
             else:
                 arrays.append(np.zeros(param.shape, np.float32))
         return arrays

@@ -1,0 +1,92 @@
+"""Real trials of the built-in backends on simulated CPU devices (TF and JAX installed).
+
+One small comparison serves several checks: identical work across frameworks, the precision
+policy each backend applied, and a real 2-device trial per backend.
+"""
+
+import pytest
+
+from tests.conftest import TINY
+from xbench.results.records import read_records
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fp32_run(real_run):
+    return real_run[0], read_records(real_run[1])
+
+
+def test_every_trial_ran(fp32_run):
+    code, records = fp32_run
+    assert code == 0
+    # On 1 device each backend runs its plain program (no distribution strategy, no pmap).
+    program = {1: "/plain", 2: ""}
+    assert sorted(r["trial_id"] for r in records) == sorted(
+        f"{b}/{m}/d{d}/b16{program[d]}/r{k}" for b in ("tf", "jax") for m in ("medium", "large") for d in (1, 2)
+        for k in (0, 1))
+    assert all(r["status"] == "ok" for r in records), [r["reason"] for r in records]
+
+
+def test_identical_work_across_frameworks(fp32_run):
+    _, records = fp32_run
+    for model, params in (("medium", 54_403), ("large", 2_021_379)):
+        mine = [r for r in records if r["trial"]["model"]["name"] == model]
+        assert {r["work"]["params"] for r in mine} == {params}
+        assert {r["backend"]["params"] for r in mine} == {params}  # counted by each framework
+        assert len({r["work"]["weights_hash"] for r in mine}) == 1
+        assert len({r["work"]["data_hash"] for r in mine}) == 1
+        # The weights each framework holds on its devices, read back, hash to the core's.
+        assert {r["backend"]["weights_hash"] for r in mine} == {mine[0]["work"]["weights_hash"]}
+
+
+def test_two_device_trials_use_two_devices(fp32_run):
+    _, records = fp32_run
+    for record in records:
+        assert len(record["devices"]["device_names"]) == record["trial"]["devices"]
+        assert record["devices"]["simulated"] is True  # this suite runs on CPU machines
+
+
+def test_fp32_policy_is_applied(fp32_run):
+    _, records = fp32_run
+    for record in records:
+        expected = {"jax": {"jax_default_matmul_precision": "float32", "compute_dtype": "float32"},
+                    "tf": {"tensor_float_32_execution": False, "keras_policy": "float32"}}[record["trial"]["backend"]]
+        assert record["backend"]["precision"] == expected
+
+
+def test_tf32_policy_is_applied(tmp_path):
+    from xbench.cli.main import main
+
+    code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "--devices", "1",
+                 "--precision", "tf32", *TINY, "--out", str(tmp_path / "run")])
+    records = {r["trial"]["backend"]: r for r in read_records(tmp_path / "run")}
+    assert code == 0
+    assert records["jax"]["backend"]["precision"]["jax_default_matmul_precision"] == "tensorfloat32"
+    assert records["tf"]["backend"]["precision"]["tensor_float_32_execution"] is True
+
+
+def test_fused_steps_per_call(tmp_path):
+    """Several steps inside one compiled call (lax.scan in jax, a tf.range loop in tf)."""
+    from xbench.cli.main import main
+
+    code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "--devices", "2",
+                 "--batch-sizes", "16", "--repeats", "2", "--steps", "4", "--warmup-steps", "2",
+                 "--steps-per-call", "2", "--samples", "64", "--out", str(tmp_path / "run")])
+    records = read_records(tmp_path / "run")
+    assert code == 0 and len(records) == 4  # 2 backends x 2 replicates
+    assert all(r["status"] == "ok" and r["trial"]["protocol"]["steps_per_call"] == 2 for r in records)
+
+
+def test_bf16_policy_is_applied(tmp_path):
+    from xbench.cli.main import main
+
+    code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "--devices", "1",
+                 "--precision", "bf16", "--no-verify", *TINY, "--out", str(tmp_path / "run")])
+    records = {r["trial"]["backend"]: r for r in read_records(tmp_path / "run")}
+    assert code == 0
+    assert records["jax"]["backend"]["precision"] == {"jax_default_matmul_precision": "bfloat16",
+                                                      "compute_dtype": "bfloat16"}
+    assert records["tf"]["backend"]["precision"]["keras_policy"] == "mixed_bfloat16"
+    # fp32 master weights: the same initial weights as every other precision
+    assert {r["backend"]["weights_hash"] for r in records.values()} == {records["jax"]["work"]["weights_hash"]}

@@ -1,0 +1,196 @@
+"""`xbench compare` end to end with the numpy test backend: records, failures, bad input."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import order_seed_starting_with
+from tests.support.processes import TAG, new_tag, tagged_processes
+from xbench.results.records import SCHEMA_VERSION, read_records
+
+FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0", "--no-verify")
+
+
+def records_of(run_dir: Path) -> dict[str, dict]:
+    return {r["trial_id"]: r for r in read_records(run_dir)}
+
+
+def test_compare_writes_a_record_per_trial(fake_backends, run_cli, tmp_path):
+    code, out, err = run_cli("compare", "--backends", "numpy", *FAST, "--batch-sizes", "16", "32",
+                             "--devices", "1,2", "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    records = records_of(tmp_path / "run")
+    # Two replicates (the CPU default), each in its own worker process.
+    assert set(records) == {f"numpy/medium/d{d}/b{b}/r{r}" for d in (1, 2) for b in (16, 32) for r in (0, 1)}
+    assert all(r["status"] == "ok" and len(r["timing"]["window_s"]) == 3 for r in records.values())
+    assert all(r["replicate"]["host_before"]["cpu_count"] == os.cpu_count() for r in records.values())
+    assert "worker pid" in (tmp_path / "run" / "workers.log").read_text()
+    starts = (tmp_path / "run" / "workers.log").read_text().count("=== numpy on")
+    assert starts == 4  # one worker per backend x device count x replicate, not one per trial
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["spec"]["devices"] == [1, 2] and run["environment"]["cpu_count"] == os.cpu_count()
+    assert run["spec"]["protocol"]["replicates"] == 2 and isinstance(run["spec"]["protocol"]["order_seed"], int)
+    assert "model medium — 54,403 parameters" in out and "numpy" in out
+    assert "simulated CPU devices" in err
+
+
+def test_a_crashing_trial_loses_nothing_else(fake_backends, run_cli, tmp_path):
+    config = tmp_path / "crash.toml"
+    config.write_text('devices = [1]\n[options.numpy]\ncrash_batch = 32\n'
+                      '[[models]]\npreset = "medium"\nbatch_sizes = [16, 32, 64]\n')
+    code, out, err = run_cli("compare", "--backends", "numpy", "--config", str(config), *FAST[2:],
+                             "--out", str(tmp_path / "run"))
+    assert code == 1
+    records = records_of(tmp_path / "run")
+    assert records["numpy/medium/d1/b16/r0"]["status"] == "ok"
+    assert records["numpy/medium/d1/b32/r0"]["status"] == "crashed"
+    assert "exit code 3" in records["numpy/medium/d1/b32/r0"]["reason"]
+    assert records["numpy/medium/d1/b64/r0"]["status"] == "ok"  # ran in a fresh worker
+
+
+def test_a_hanging_trial_times_out_and_the_rest_run(fake_backends, run_cli, tmp_path):
+    code, out, err = run_cli("compare", "--backends", "numpy", *FAST, "--batch-sizes", "16,32,64",
+                             "--devices", "1", "--option", "numpy.hang_batch=16", "--trial-timeout", "3",
+                             "--out", str(tmp_path / "run"))
+    assert code == 1
+    records = records_of(tmp_path / "run")
+    assert records["numpy/medium/d1/b16/r0"]["status"] == "timeout"
+    assert "timed out after 3 s" in records["numpy/medium/d1/b16/r0"]["reason"]
+    assert [records[f"numpy/medium/d1/b{b}/r0"]["status"] for b in (32, 64)] == ["ok", "ok"]
+
+
+def test_an_exception_in_a_trial_is_a_failed_record(fake_backends, run_cli, tmp_path):
+    code, _, _ = run_cli("compare", "--backends", "numpy", *FAST, "--batch-sizes", "16,32",
+                         "--devices", "1", "--option", "numpy.fail_batch=16", "--out", str(tmp_path / "run"))
+    records = records_of(tmp_path / "run")
+    assert code == 1
+    assert records["numpy/medium/d1/b16/r0"]["reason"] == "RuntimeError: planned failure"
+    assert records["numpy/medium/d1/b32/r0"]["status"] == "ok"
+
+
+def test_devices_from_a_config_beyond_the_machine_are_skipped(fake_backends, run_cli, tmp_path):
+    config = tmp_path / "wide.toml"
+    config.write_text('devices = [1, 8]\n[[models]]\npreset = "medium"\nbatch_sizes = [16]\n')
+    code, _, _ = run_cli("compare", "--backends", "numpy", "--config", str(config), *FAST[2:],
+                         "--out", str(tmp_path / "run"))
+    records = records_of(tmp_path / "run")
+    assert code == 0
+    assert records["numpy/medium/d8/b16/r0"]["status"] == "skipped"
+    assert "numpy fakes 4" in records["numpy/medium/d8/b16/r0"]["reason"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--backends", "nope"), "unknown backend 'nope'; available:"),
+    (("--backends", "missing"), "backend 'missing' cannot run here: missingframework not installed"),
+    (("--backends", "numpy", "--model", "xl"), "unknown model 'xl'"),
+    (("--backends", "numpy", "--steps", "0"),
+     "'steps' in [protocol] of the built-in defaults must be an integer >= 1, got 0"),
+    (("--backends", "numpy", "--repeats", "-3"), "'repeats'"),
+    (("--backends", "numpy", "--batch-sizes", "33", "--devices", "1,2"), "not divisible by 2 devices"),
+    (("--backends", "numpy", "--devices", "1,16"), "16 devices asked, but backend 'numpy' has 4"),
+    (("--backends", "numpy", "--devices", "one"), "--devices takes integers"),
+    (("--backends", "numpy", "--option", "numpy.bogus=1"), "[options.numpy]: unknown option 'bogus'"),
+    (("--backends", "numpy", "--precision", "fp8"), "fp8"),
+])
+def test_bad_input_is_one_line_and_exit_2(fake_backends, run_cli, tmp_path, args, message):
+    out_dir = tmp_path / "run"
+    code, out, err = run_cli("compare", *args, "--out", str(out_dir))
+    assert code == 2
+    assert message in " ".join(err.split()), err
+    assert "Traceback" not in err and err.strip().count("\n") <= 2, err
+    assert not (out_dir / "records.jsonl").exists()
+
+
+def test_config_errors_are_one_line(fake_backends, run_cli, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("devices = [1,\n")
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[protocol]\nwarmup = 3\n")
+    for path, message in ((bad, "is not valid TOML"), (unknown, "unknown key 'warmup' in [protocol]")):
+        code, _, err = run_cli("compare", "--backends", "numpy", "--config", str(path))
+        assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_unwritable_output_directory(fake_backends, run_cli, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, _, err = run_cli("compare", "--backends", "numpy", *FAST, "--out", str(blocker / "run"))
+    assert code == 2 and "cannot write results to" in err and "choose another --out" in err
+
+
+def test_existing_records_are_never_overwritten(fake_backends, run_cli, tmp_path):
+    args = ("compare", "--backends", "numpy", *FAST, "--batch-sizes", "16", "--devices", "1",
+            "--out", str(tmp_path / "run"))
+    assert run_cli(*args)[0] == 0
+    before = (tmp_path / "run" / "records.jsonl").read_text()
+    code, _, err = run_cli(*args)
+    assert code == 2 and "already holds a run" in err
+    assert (tmp_path / "run" / "records.jsonl").read_text() == before
+
+
+def test_backends_command_lists_plugins_and_reasons(fake_backends, run_cli):
+    code, out, _ = run_cli("backends", "--no-devices")
+    assert code == 0
+    assert "numpy" in out and "missing" in out and "missingframework not installed" in " ".join(out.split())
+
+
+def test_ctrl_c_keeps_finished_records_and_leaves_no_worker(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    tag = new_tag()
+    out_dir = tmp_path / "run"
+    script = (
+        "import sys\n"
+        "from importlib.metadata import EntryPoint\n"
+        "from xbench.run import registry\n"
+        "registry.list_entry_points = lambda: [\n"
+        "    EntryPoint('numpy', 'tests.support.fakes:NumpyBackend', registry.GROUP)]\n"
+        "from xbench.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    seed = order_seed_starting_with("numpy/medium/d1/b16/r0", "numpy", [16, 32], [1])
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, "compare", "--backends", "numpy", *FAST, "--batch-sizes", "16,32",
+         "--devices", "1", "--option", "numpy.hang_batch=32", "--order-seed", seed, "--out", str(out_dir)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), TAG: tag},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    records = out_dir / "records.jsonl"
+    deadline = time.monotonic() + 60
+    while not (records.exists() and records.read_text().count("\n") == 1):
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    time.sleep(1.0)  # the second trial is now hanging
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert "1 finished trial record(s) kept" in err and "Traceback" not in err
+    assert [r["status"] for r in read_records(out_dir)] == ["ok"]
+    assert "worker pid" in (out_dir / "workers.log").read_text()  # a worker did start
+    assert tagged_processes(tag) == []
+
+
+def test_schema_1_records_are_migrated_and_newer_ones_refused(tmp_path):
+    from tests.conftest import ROOT
+    from xbench.errors import XbenchError
+
+    old = read_records(ROOT / "results" / "2026-11-22-h200x2-jax-quick")  # written with schema 1
+    assert old and all(r["schema"] == SCHEMA_VERSION and r["trial"]["all_reduce"] is True for r in old)
+    assert all(r["trial"]["replicate"] == 0 and r["trial_id"].endswith("/r0") for r in old)
+    assert old[0]["verification"]["status"] == "skipped"
+    newer = tmp_path / "records.jsonl"
+    newer.write_text(json.dumps({"schema": 99}) + "\n")
+    with pytest.raises(XbenchError, match="schema 99, newer than this xbench understands"):
+        read_records(tmp_path)
+    newer.write_text(json.dumps({"schema": 3, "status": "ok"}) + "\n")  # no trial: damaged
+    with pytest.raises(XbenchError, match="lacks trial; not an xbench record"):
+        read_records(tmp_path)
+    newer.write_text(json.dumps({"schema": 99}) + "\n")
+    with pytest.raises(XbenchError, match="schema 99, newer than this xbench understands"):
+        read_records(tmp_path)

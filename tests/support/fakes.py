@@ -1,0 +1,290 @@
+"""Backends for tests: a numpy one that really computes, and plugins that misbehave.
+
+The numpy backend can be told, through its options, to crash, hang or fail on one global
+batch size, so tests can check that the launcher loses nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from xbench.contract import (
+    ADAM,
+    DATA_PARALLEL,
+    PLAIN,
+    Availability,
+    DeviceInfo,
+    DeviceUnavailable,
+    PreparedInfo,
+    Trial,
+    Unsupported,
+    Variant,
+    Work,
+    variants_of,
+)
+
+FAKE_DEVICES = 4
+ACTIONS = ("crash_batch", "hang_batch", "fail_batch", "work_factor", "rank", "fail_if_env", "delay_rank",
+           "fail_allreduce_bytes")
+
+
+@dataclass
+class NumpyPrepared:
+    info: PreparedInfo
+    trial: Trial
+    x: np.ndarray
+    kernel: np.ndarray
+
+
+class NumpyBackend:
+    """Forward passes of the first layer in numpy: real work, no framework."""
+
+    name: ClassVar[str] = "numpy"
+    install_hint: ClassVar[str] = "nothing to install"
+
+    def probe(self) -> Availability:
+        return Availability(True, version=np.__version__)
+
+    def validate_options(self, options: dict[str, Any]) -> None:
+        unknown = set(options) - set(ACTIONS)
+        if unknown:
+            raise ValueError(f"unknown option {sorted(unknown)[0]!r}")
+
+    def setup(self, devices: int, platform: str) -> DeviceInfo:
+        if devices > FAKE_DEVICES:
+            raise DeviceUnavailable(f"asked for {devices} devices; numpy fakes {FAKE_DEVICES}")
+        return DeviceInfo("numpy", np.__version__, "cpu", tuple(f"fake:{i}" for i in range(devices)),
+                          simulated=True, available=FAKE_DEVICES)
+
+    def prepare(self, trial: Trial, work: Work) -> NumpyPrepared:
+        info = PreparedInfo(params=work.params, weights_hash=work.weights_hash,
+                            precision={"numpy": trial.precision})
+        return NumpyPrepared(info, trial, work.x[: trial.global_batch], work.weights[0][0])
+
+    def run(self, prepared: NumpyPrepared, steps: int) -> None:
+        batch = prepared.trial.global_batch
+        options = {k: int(v) for k, v in prepared.trial.options.items() if k != "fail_if_env"}
+        if options.pop("delay_rank", -1) == _rank():
+            time.sleep(2.0)  # a slow rank: the others report first
+        if "rank" in options and options["rank"] != _rank():
+            options = {"work_factor": options.get("work_factor", 1)}  # the planned mishap is another rank's
+        elif os.environ.get(str(prepared.trial.options.get("fail_if_env", "")) or "-"):
+            raise RuntimeError("planned failure (environment)")
+        if options.get("crash_batch") == batch:
+            os._exit(3)
+        if options.get("hang_batch") == batch:
+            time.sleep(3600)
+        if options.get("fail_batch") == batch:
+            raise RuntimeError("planned failure")
+        for _ in range(steps * options.get("work_factor", 1)):  # work_factor: a planned slowdown
+            np.maximum(prepared.x @ prepared.kernel, 0)
+
+
+class SpmdNumpyBackend(NumpyBackend):
+    """The numpy backend started one process per device (spmd launcher). Its `all_gather` is
+    not a collective: it repeats this rank's values, enough for launcher tests. Option
+    `rank=R` confines crash/hang/fail to rank R."""
+
+    name: ClassVar[str] = "numpy-spmd"
+    launchers: ClassVar[tuple[str, ...]] = ("spmd",)
+
+    def setup_process(self, process: Any, platform: str) -> DeviceInfo:
+        self.world = process.world_size
+        return DeviceInfo("numpy", np.__version__, "cpu", (f"fake:{process.local_rank}",),
+                          simulated=True, available=FAKE_DEVICES)
+
+    def all_gather(self, values: list[float]) -> list[list[float]]:
+        return [list(values) for _ in range(self.world)]
+
+    def allreduce_prepare(self, nbytes: int, options: dict[str, Any]) -> np.ndarray:
+        """Option fail_allreduce_bytes=N (with rank=R): that rank fails at that size."""
+        planned = int(options.get("fail_allreduce_bytes", -1)) == nbytes
+        if planned and int(options.get("rank", _rank())) == _rank():
+            raise RuntimeError("planned all-reduce failure")
+        return np.ones(nbytes // 4, np.float32)
+
+    def allreduce_run(self, prepared: np.ndarray, iterations: int) -> None:
+        for _ in range(iterations):
+            prepared += 1.0  # work of a sum that never overflows
+
+
+class PeersBackend(SpmdNumpyBackend):
+    """The spmd numpy backend with a rendezvous: in a multi-node job a process of node > 0
+    waits for node 0's coordinator port to open, as a framework's distributed start does."""
+
+    name: ClassVar[str] = "numpy-peers"
+
+    def setup_process(self, process: Any, platform: str) -> DeviceInfo:
+        host, port = process.coordinator.rsplit(":", 1)
+        while process.node_rank > 0:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        return super().setup_process(process, platform)
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+class MissingFrameworkBackend(NumpyBackend):
+    name: ClassVar[str] = "missing"
+    install_hint: ClassVar[str] = "pip install 'xbench[missing]'"
+
+    def probe(self) -> Availability:
+        return Availability(False, reason=f"missingframework not installed; {self.install_hint}")
+
+
+class IncompleteBackend:
+    """Lacks `run`: must show as unavailable, not crash the tool."""
+
+    name: ClassVar[str] = "incomplete"
+
+    def probe(self) -> Availability:
+        return Availability(True, version="0")
+
+    def setup(self, devices: int, platform: str) -> DeviceInfo: ...
+    def prepare(self, trial: Trial, work: Work) -> Any: ...
+
+
+# -- a numpy MLP that trains and can be verified ---------------------------------------------
+
+PAUSE_TRIAL = "XBENCH_TEST_PAUSE_TRIAL"  # a verification trial id: its worker stops in `gradients`
+PAUSE_DIR = "XBENCH_TEST_PAUSE_DIR"  # ... after writing its pid to PAUSE_DIR/pid (to be killed)
+
+
+@dataclass
+class MlpPrepared:
+    info: PreparedInfo
+    trial: Trial
+    x: np.ndarray  # [devices, batches, per_device, inputs]
+    y: np.ndarray
+    replicas: list[list[np.ndarray]]  # each device's weights (kernel, bias per layer)
+    moments: list[list[tuple[np.ndarray, np.ndarray]]]  # each device's Adam (m, v) per array
+    dtype: Any
+    bf16: bool
+    scale: float  # the (wrong) factor a broken variant applies to its gradients
+    step: int = 0
+    losses: list[float] = field(default_factory=list)
+
+
+class NumpyMlpBackend(NumpyBackend):
+    """The MLP family in numpy: forward, backward and the contract's Adam; data-parallel over
+    fake devices (each device's shard of the global batch, gradients averaged: a mean
+    all-reduce), and a plain program on one device. Precisions: fp32, fp64 and "bf16" as a
+    mixed-precision program computes it (inputs, weights, activations and the gradients
+    flowing back rounded to bfloat16 through ml_dtypes, products summed in float32, weights
+    and Adam in float32). Variants that run only in bf16: "bf16" (correct) and "bf16-scaled"
+    (applies 1.5 x the gradient: a bug that verify must catch; 1.1 x would be 9e-2 from float64,
+    inside the 1.2e-1 that this model's bf16 floor of 2.9e-2 allows, see
+    xbench.results.checks.LOW_PRECISION_FACTOR)."""
+
+    name: ClassVar[str] = "numpy-mlp"
+    programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL, PLAIN)
+    variants: ClassVar[tuple[Variant, ...]] = (
+        Variant("bf16", "bf16 only (like a fused attention kernel)", precisions=("bf16",)),
+        Variant("bf16-scaled", "bf16 only, gradients 1.5 x too large", precisions=("bf16",)),
+    )
+
+    def prepare(self, trial: Trial, work: Work) -> MlpPrepared:
+        variant = variants_of(self).get(trial.variant)
+        if variant is not None and variant.precisions and trial.precision not in variant.precisions:
+            raise Unsupported(f"variant {variant.name!r} runs only in {', '.join(variant.precisions)}")
+        if trial.model.family != "mlp" or trial.precision not in ("fp32", "fp64", "bf16"):
+            raise Unsupported(f"numpy-mlp runs the MLP in fp32, fp64 or bf16, not {trial.precision}")
+        if trial.precision == "bf16":
+            try:
+                import ml_dtypes  # noqa: F401  (installed with jax)
+            except ImportError as err:
+                raise Unsupported(f"bf16 needs ml_dtypes: {err}") from None
+        dtype = np.float64 if trial.precision == "fp64" else np.float32
+        x, y = work.shards(trial.global_batch, trial.devices)
+        weights = [np.array(a, dtype) for a in work.arrays]
+        info = PreparedInfo(params=work.params, weights_hash=work.weights_hash, precision={"numpy": trial.precision})
+        return MlpPrepared(info, trial, x.astype(dtype), y.astype(dtype),
+                           [[w.copy() for w in weights] for _ in range(trial.devices)],
+                           [[(np.zeros_like(w), np.zeros_like(w)) for w in weights] for _ in range(trial.devices)],
+                           dtype, trial.precision == "bf16", 1.5 if trial.variant == "bf16-scaled" else 1.0)
+
+    def run(self, prepared: MlpPrepared, steps: int) -> None:
+        self.train(prepared, steps)
+
+    def gradients(self, prepared: MlpPrepared) -> tuple[float, list[np.ndarray]]:
+        if os.environ.get(PAUSE_TRIAL) == prepared.trial.id:
+            (Path(os.environ[PAUSE_DIR]) / "pid").write_text(str(os.getpid()))
+            time.sleep(120)  # until the test kills this worker
+        return self._all_reduced(prepared)
+
+    def train(self, prepared: MlpPrepared, steps: int) -> list[float]:
+        losses = []
+        b1, b2, eps, lr = ADAM.b1, ADAM.b2, ADAM.eps, prepared.trial.learning_rate
+        for _ in range(steps):
+            loss, grads = self._all_reduced(prepared)
+            prepared.step += 1
+            t = prepared.step
+            for weights, moments in zip(prepared.replicas, prepared.moments):
+                for i, g in enumerate(grads):
+                    m, v = moments[i]
+                    m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+                    moments[i] = (m, v)
+                    update = lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+                    weights[i] = (weights[i] - update).astype(prepared.dtype)
+            losses.append(loss)
+        return losses
+
+    def replica_weights(self, prepared: MlpPrepared) -> list[list[np.ndarray]]:
+        return [[w.copy() for w in weights] for weights in prepared.replicas]
+
+    def _all_reduced(self, prepared: MlpPrepared) -> tuple[float, list[np.ndarray]]:
+        """The global loss and the mean of the devices' gradients on the current step's batch."""
+        batch = prepared.step % prepared.x.shape[1]
+        results = [_mlp_gradients(weights, prepared.x[d, batch], prepared.y[d, batch], prepared.bf16)
+                   for d, weights in enumerate(prepared.replicas)]
+        devices = len(results)
+        loss = sum(r[0] for r in results) / devices
+        grads = [prepared.scale * sum(r[1][i] for r in results) / devices for i in range(len(results[0][1]))]
+        return float(loss), [np.asarray(g, prepared.dtype) for g in grads]
+
+
+def _mlp_gradients(weights: list[np.ndarray], x: np.ndarray, y: np.ndarray, bf16: bool
+                   ) -> tuple[float, list[np.ndarray]]:
+    """Mean squared error of the ReLU MLP and its gradients (kernel, bias per layer)."""
+    if bf16:
+        import ml_dtypes
+
+        def cast(a: np.ndarray) -> np.ndarray:
+            return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+    else:
+        def cast(a: np.ndarray) -> np.ndarray:
+            return a
+
+    layers = len(weights) // 2
+    inputs, pre = [cast(x)], []
+    h = inputs[0]
+    for i in range(layers):
+        z = h @ cast(weights[2 * i]) + cast(weights[2 * i + 1])
+        if i < layers - 1:
+            pre.append(z)
+            h = cast(np.maximum(z, 0))
+            inputs.append(h)
+        else:
+            out = z
+    diff = out - y
+    loss = float(np.mean(diff * diff))
+    g = 2 * diff / diff.size
+    grads: list[np.ndarray] = [np.empty(0)] * len(weights)
+    for i in reversed(range(layers)):
+        g = cast(g)
+        grads[2 * i], grads[2 * i + 1] = inputs[i].T @ g, g.sum(axis=0)
+        if i > 0:
+            g = (g @ cast(weights[2 * i]).T) * (pre[i - 1] > 0)
+    return loss, grads

@@ -1,0 +1,49 @@
+import numpy as np
+
+from xbench.contract.work import build_work, hash_arrays
+from xbench.models.model_spec import PRESETS, ModelSpec
+
+
+def preset(name):
+    p = PRESETS[name]
+    return ModelSpec(name=name, widths=p["widths"], dropout=p["dropout"], batch_sizes=p["batch_sizes"])
+
+
+def test_true_parameter_counts_of_the_seed_models():
+    # Not the seed's quoted 258,432 and 6,885,376 (pitfall 7).
+    assert build_work(preset("medium"), 64, 0).params == 54_403
+    assert build_work(preset("large"), 64, 0).params == 2_021_379
+
+
+def test_work_is_deterministic_in_the_seed():
+    a, b, c = (build_work(preset("medium"), 256, s) for s in (0, 0, 1))
+    assert a.weights_hash == b.weights_hash and a.data_hash == b.data_hash
+    assert a.weights_hash != c.weights_hash and a.data_hash != c.data_hash
+
+
+def test_data_size_does_not_change_the_weights():
+    assert build_work(preset("medium"), 64, 0).weights_hash == build_work(preset("medium"), 128, 0).weights_hash
+
+
+def test_data_has_the_seed_generator_correlations():
+    work = build_work(preset("medium"), 20_000, 0)
+    corr = np.corrcoef(work.x[:, :3].T)
+    assert abs(corr[0, 1] - 0.7 / np.sqrt(0.49 + 0.09)) < 0.02
+    assert work.x.dtype == np.float32 and work.y.shape == (20_000, 3)
+
+
+def test_shards_split_each_global_batch_by_device():
+    work = build_work(preset("medium"), 100, 0)
+    xs, ys = work.shards(global_batch=8, devices=2)
+    assert xs.shape == (2, 12, 4, 50) and ys.shape == (2, 12, 4, 3)
+    # Step 3's global batch is rows 24..31: device 0 takes 24..27, device 1 takes 28..31.
+    np.testing.assert_array_equal(xs[0, 3], work.x[24:28])
+    np.testing.assert_array_equal(xs[1, 3], work.x[28:32])
+
+
+def test_hash_sees_shape_and_values():
+    a = np.zeros((2, 3), np.float32)
+    assert hash_arrays([a]) != hash_arrays([a.reshape(3, 2)])
+    b = a.copy()
+    b[0, 0] = 1e-7
+    assert hash_arrays([a]) != hash_arrays([b])

@@ -1,0 +1,149 @@
+"""What a backend may do besides the required `Backend` part: one `typing.Protocol` per
+optional ability, checked at run time with `isinstance(backend, Ability)`. A backend has an
+ability by having its members (no base class, no registration); one it lacks is absent, never
+an error: docs/writing-a-backend.md says what each one's absence means.
+
+The helpers at the end read what a backend declares, with the defaults of one that declares
+nothing: the data-parallel program as written, the MLP, the subprocess launcher."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from xbench.contract.backend import DeviceInfo, Variant
+from xbench.contract.trial import DATA_PARALLEL, PLAIN, Process
+
+# -- declarations: class attributes ---------------------------------------------------------------
+
+
+@runtime_checkable
+class DeclaresPrograms(Protocol):
+    """Lists "plain" when `prepare` can build the plain single-device program (see "Programs
+    and variants" in xbench.contract); without it, the data-parallel program alone."""
+
+    programs: ClassVar[tuple[str, ...]]
+
+
+@runtime_checkable
+class DeclaresVariants(Protocol):
+    """The backend's named variants besides "as-written"."""
+
+    variants: ClassVar[tuple[Variant, ...]]
+
+
+@runtime_checkable
+class DeclaresFamilies(Protocol):
+    """The model families `prepare` can build (`xbench.models`: "mlp", "transformer", "cnn",
+    "lstm", or a plugin's); trials of others are `unsupported`. Without it: the MLP."""
+
+    families: ClassVar[tuple[str, ...]]
+
+
+@runtime_checkable
+class DeclaresLaunchers(Protocol):
+    """The launchers that can start this backend, preferred first: "subprocess" (one process
+    drives every device: `setup`) and/or "spmd" (one process per device: `SpmdCapable`).
+    Without it: "subprocess"."""
+
+    launchers: ClassVar[tuple[str, ...]]
+
+
+# -- abilities: methods ---------------------------------------------------------------------------
+
+
+@runtime_checkable
+class SpmdCapable(Protocol):
+    """Needed for the spmd launcher (one process per device)."""
+
+    def setup_process(self, process: Process, platform: str) -> DeviceInfo:
+        """Like `setup`, for one device (`process.local_rank` on this node): join the job
+        (jax.distributed.initialize, torch.distributed.init_process_group, TF_CONFIG, ...)."""
+
+    def all_gather(self, values: list[float]) -> list[list[float]]:
+        """Every rank's `values`, by rank (through the framework's collectives; untimed).
+        The core gathers each rank's window times with it: step time = max over ranks."""
+
+
+@runtime_checkable
+class Verifiable(Protocol):
+    """What `xbench verify` (and the check before `compare`) reads; a backend without all
+    three is timed but marked unverifiable. In an spmd job, `gradients` is this rank's
+    (all-reduced) gradient, `train` the global mean loss of each step, and `replica_weights`
+    every rank's weights, by rank."""
+
+    def gradients(self, prepared: Any) -> tuple[float, list[np.ndarray]]:
+        """Global-batch loss and the gradient the data-parallel step applies after its
+        all-reduce, at the current weights on the current step's batch; in the family's
+        canonical order and layout, as `work.arrays` (replica 0)."""
+
+    def train(self, prepared: Any, steps: int) -> list[float]:
+        """Run `steps` training steps of the timed program; the global loss of each."""
+
+    def replica_weights(self, prepared: Any) -> list[list[np.ndarray]]:
+        """The weights held by each replica, in canonical order and layout."""
+
+
+@runtime_checkable
+class AllReduceCapable(Protocol):
+    """The framework's own all-reduce, timed alone (`xbench allreduce`, `--breakdown`);
+    without it those results are 'unsupported'."""
+
+    def allreduce_prepare(self, nbytes: int, options: dict[str, Any]) -> Any:
+        """A float32 buffer of `nbytes` on each device and the framework's own SUM
+        all-reduce over them."""
+
+    def allreduce_run(self, prepared: Any, iterations: int) -> None:
+        """`iterations` all-reduces; return after the devices finished them."""
+
+
+@runtime_checkable
+class ReportsMemory(Protocol):
+    """The framework's own peak-memory counter, recorded as `telemetry.framework_memory`."""
+
+    def memory_peak_bytes(self, prepared: Any) -> dict[str, Any] | None:
+        """{"peak_bytes": [per device], "scope": "trial" or "worker process"}, or None where
+        the framework has no counter."""
+
+
+@runtime_checkable
+class ValidatesOptions(Protocol):
+    """Takes options (`[options.NAME]`, `--option NAME.KEY=VALUE`); without it any option for
+    the backend is an error."""
+
+    def validate_options(self, options: dict[str, Any]) -> None:
+        """Raise ValueError naming a bad key or value of [options.NAME]."""
+
+
+def missing_methods(backend: object, protocol: type) -> list[str]:
+    """The methods of `protocol` that `backend` (an instance or a class) lacks, in the
+    protocol's order, for messages such as "lacks train, replica_weights"."""
+    methods = [name for name, member in vars(protocol).items() if callable(member) and not name.startswith("_")]
+    return [name for name in methods if not callable(getattr(backend, name, None))]
+
+
+# -- what a backend declares, with the defaults ---------------------------------------------------
+
+
+def programs_of(backend: object) -> tuple[str, ...]:
+    """The programs a backend can build: always "data-parallel", and "plain" if it says so."""
+    declared = backend.programs if isinstance(backend, DeclaresPrograms) else ()
+    return (DATA_PARALLEL, PLAIN) if isinstance(declared, (tuple, list)) and PLAIN in declared else (DATA_PARALLEL,)
+
+
+def variants_of(backend: object) -> dict[str, Variant]:
+    """A backend's named variants by name (without "as-written")."""
+    declared = backend.variants if isinstance(backend, DeclaresVariants) else ()
+    return {v.name: v for v in declared if isinstance(v, Variant)} if isinstance(declared, (tuple, list)) else {}
+
+
+def families_of(backend: object) -> tuple[str, ...]:
+    """The model families a backend builds (`xbench.models`): the MLP unless it says more."""
+    declared = backend.families if isinstance(backend, DeclaresFamilies) else ("mlp",)
+    return tuple(declared) if isinstance(declared, (tuple, list)) else ("mlp",)
+
+
+def launchers_of(backend: object) -> tuple[str, ...]:
+    """The launchers a backend supports, preferred first."""
+    return tuple(backend.launchers) if isinstance(backend, DeclaresLaunchers) else ("subprocess",)

@@ -1,0 +1,143 @@
+"""The `Backend` protocol every plugin implements, and the values it exchanges with the core:
+what `probe`, `setup` and `prepare` return, the errors it raises, the optimizer it builds and
+the variants it may declare. Its optional abilities are in `xbench.contract.abilities`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, ClassVar, Protocol
+
+from xbench.contract.trial import Trial
+from xbench.contract.work import Work
+
+COMPILE_CACHE_VARIABLE = "XBENCH_COMPILE_CACHE_DIR"  # see "Replicates" in xbench.contract
+
+
+@dataclass(frozen=True)
+class Adam:
+    """The optimizer every backend implements, with these constants: Adam as in Kingma and
+    Ba's Algorithm 1, update = lr * m_hat / (sqrt(v_hat) + eps) with bias-corrected m_hat and
+    v_hat (optax's and torch's form). Keras computes eps outside the bias correction, which
+    changes the steps (verify catches it), so the tf backend overrides its update."""
+
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+
+
+ADAM = Adam()
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named way to run a backend's programs other than as written, e.g. "xla" or
+    "compile"; see "Programs and variants" in xbench.contract."""
+
+    name: str
+    description: str  # one line: what is turned on
+    steps_per_call: int | None = None  # steps fused into one call, when the variant fuses them
+    warmup_steps: int | None = None  # at least this many untimed steps first (e.g. CUDA-graph capture)
+    precisions: tuple[str, ...] | None = None  # the only precisions it runs in (None: every one)
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run here, without importing its framework."""
+
+    installed: bool
+    version: str | None = None
+    reason: str | None = None  # why not, and what to install
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What `setup` found: the devices a worker will use, and the framework behind them."""
+
+    framework: str
+    framework_version: str
+    platform: str  # "gpu", "cpu", ...
+    device_names: tuple[str, ...]
+    simulated: bool  # True when one CPU is split into logical devices
+    available: int  # how many devices of this platform the framework can use
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Unsupported(Exception):
+    """The backend lacks an optional capability an action needs (e.g. verification)."""
+
+
+class DeviceUnavailable(Exception):
+    """Raised by `setup` when the devices asked for do not exist; the message says why."""
+
+
+@dataclass(frozen=True)
+class PreparedInfo:
+    """Facts a backend reports about a prepared trial; they go into the record."""
+
+    params: int  # counted from the framework's own variables
+    weights_hash: str  # hash_weights of the initial weights read back from the framework
+    precision: dict[str, Any]  # the matmul-precision settings as read back from the framework
+    sync_every_call: bool = False  # True when each compiled call is waited for (see pitfalls)
+    notes: tuple[str, ...] = ()
+    # Settings in force that change which kernels run (autotuning, cuDNN benchmark mode,
+    # compiler flags, the compilation cache), read back from the framework; recorded with
+    # every replicate.
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+class Prepared(Protocol):
+    """Whatever `prepare` returns; the core only reads `info`."""
+
+    info: PreparedInfo
+
+
+class Backend(Protocol):
+    """A framework's data-parallel training step, as xbench times it: the part every backend
+    has. What a backend may add (the plain program and variants, more model families, the spmd
+    launcher, verification, its own all-reduce, peak memory, options) are the protocols of
+    `xbench.contract.abilities`; the core asks `isinstance(backend, Ability)`."""
+
+    name: ClassVar[str]
+    """The name users type (`--backends NAME`); equals the entry-point name."""
+
+    install_hint: ClassVar[str]
+    """What to install when `probe` finds the framework missing, e.g. "pip install 'xbench[jax]'"."""
+
+    def probe(self) -> Availability:
+        """Is the framework installed, and which version? Cheap; must not import it."""
+
+    def setup(self, devices: int, platform: str) -> DeviceInfo:
+        """Configure `devices` devices on `platform` ("auto", "cpu" or "gpu") in this fresh
+        process, before anything else; raise `DeviceUnavailable` if they do not exist.
+        Every backend needs it, spmd-only ones too: the core calls `setup(1, platform)` in a
+        short-lived process to learn which devices a backend sees (`available` = how many)."""
+
+    def prepare(self, trial: Trial, work: Work) -> Prepared:
+        """Build the model of `trial.model.family` from `work.arrays` (the family's canonical
+        layout, converted explicitly to the framework's), place `work.shards(...)` on the devices, apply
+        `trial.precision` explicitly, build the optimizer (`ADAM`, `trial.learning_rate`) and
+        the compiled step. With `trial.all_reduce` False, build the same step without the
+        gradient all-reduce (each device applies its own gradient), or raise `Unsupported`.
+        Must not run training steps: the core times the first call."""
+
+    def run(self, prepared: Prepared, steps: int) -> None:
+        """Run `steps` training steps (a multiple of `trial.protocol.steps_per_call`) and
+        return only after the devices have finished them."""
+
+
+def probe_distributions(framework: str, names: tuple[str, ...], hint: str) -> Availability:
+    """Availability from installed distributions, without importing them.
+
+    `names` are the distributions a backend needs; `framework` is the one whose version is
+    reported; `hint` says what to install when one is missing.
+    """
+    missing = []
+    for name in names:
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+    if missing:
+        return Availability(False, reason=f"{', '.join(missing)} not installed; {hint}")
+    return Availability(True, version=metadata.version(framework))

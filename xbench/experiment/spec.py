@@ -1,0 +1,511 @@
+"""The experiment spec: one frozen description of what to run, validated in one place.
+
+A spec comes from a TOML file (or the built-in defaults, which equal `configs/quick.toml`)
+plus command-line overrides. `build_spec` turns that raw mapping into a `Spec` or raises a
+`SpecError` whose one-line message names the key and what to change.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from xbench.contract.timing import TimingProtocol
+from xbench.errors import SpecError
+from xbench.models import Dim, broken_families, families, family, presets
+from xbench.models.model_spec import ModelSpec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+PRECISIONS = ("fp32", "tf32", "bf16")  # bf16: mixed, bf16 compute with fp32 master weights
+SCALINGS = ("strong", "weak")
+SINGLE_DEVICE = ("plain", "data-parallel", "both")
+PLATFORMS = ("auto", "cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Synthetic regression data: `samples` rows, the seed's generator."""
+
+    samples: int = 4096
+
+
+# Replicates (fresh worker processes) per configuration when the spec leaves it open.
+DEFAULT_REPLICATES = {"gpu": 3, "cpu": 2}
+MIN_REPLICATES = 2  # an interval over replicate means needs two of them
+COMPILE_CACHES = ("run", "off")
+
+
+@dataclass(frozen=True)
+class Spec:
+    models: tuple[ModelSpec, ...]
+    backends: tuple[str, ...] = ()  # empty: every backend that can run here
+    devices: tuple[int, ...] = (1, 2)
+    scaling: str = "strong"
+    precision: str = "fp32"
+    platform: str = "auto"
+    learning_rate: float = 1e-3
+    seed: int = 0
+    data: DataSpec = DataSpec()
+    protocol: TimingProtocol = TimingProtocol()
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Variants to time besides each backend's program as written: "BACKEND:VARIANT" names,
+    # or "all" (every variant of every selected backend); checked against the backends later.
+    variants: tuple[str, ...] = ()
+    # The 1-device trial: "plain", each backend's single-device program without distribution
+    # (where it has one; others run their data-parallel program on one device), the
+    # "data-parallel" program with one replica, or "both" (speedups then count against the
+    # faster, and the table shows what going data-parallel costs).
+    single_device: str = "plain"
+
+    def global_batch(self, batch: int, devices: int) -> int:
+        """The batch one step processes over all devices."""
+        return batch if self.scaling == "strong" else batch * devices
+
+
+# Built-in defaults: a CPU-friendly quick comparison. configs/quick.toml spells out the same.
+DEFAULT_RAW: dict[str, Any] = {
+    "models": [
+        {"preset": "medium", "batch_sizes": [32, 256]},
+        {"preset": "large", "batch_sizes": [32, 256]},
+    ],
+}
+
+_TOP_KEYS = {
+    "models", "backends", "devices", "scaling", "precision", "platform",
+    "learning_rate", "seed", "data", "protocol", "options", "variants", "single_device",
+}
+ALL_VARIANTS = "all"
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
+# Model names become parts of file names (throughput-<model>.png) and trial ids
+# (jax/<model>/d2/b32/r0): no '/', spaces or leading dot, and short enough for any file system.
+MAX_NAME_LENGTH = 64
+_MODEL_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_NAME_LENGTH - 1}}}")
+_MODEL_KEYS = {"name", "preset", "family", "dropout", "batch_sizes"}  # and the family's shape keys
+
+
+def load_raw(path: Path | None) -> dict[str, Any]:
+    """Read a TOML spec file into a plain mapping (the defaults when `path` is None)."""
+    if path is None:
+        return {key: value for key, value in DEFAULT_RAW.items()}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise SpecError(f"cannot read config {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"config {path} is not UTF-8 text; save it as UTF-8 TOML") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{path} is not valid TOML: {err}") from None
+
+
+def load_spec(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Spec:
+    """Load a spec file, apply command-line overrides, validate, and freeze."""
+    raw = load_raw(path)
+    source = str(path) if path is not None else "the built-in defaults"
+    return build_spec(apply_overrides(raw, overrides or {}), source)
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a copy of `raw` with command-line overrides applied (None means 'not given').
+
+    Keys: the top-level spec keys, `models` (names or presets to keep), `batch_sizes`
+    (for every selected model), `samples` (data size), and protocol keys (`repeats`, ...).
+    """
+    merged = dict(raw)
+    protocol = _as_table(merged.get("protocol", {}), "protocol")
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "models":
+            merged["models"] = _select_models(merged.get("models", []), value)
+        elif key == "batch_sizes":
+            sizes = list(value) if isinstance(value, (list, tuple)) else value  # _positive_list says what is wrong
+            merged["models"] = [{**_as_table(m, "models"), "batch_sizes": sizes}
+                                for m in merged.get("models", [])]
+        elif key in TimingProtocol.__dataclass_fields__:
+            protocol[key] = value
+        elif key == "samples":
+            merged["data"] = {**_as_table(merged.get("data", {}), "data"), "samples": value}
+        elif key == "options":
+            merged["options"] = _merge_options(merged.get("options", {}), value)
+        else:
+            merged[key] = value
+    if protocol:
+        merged["protocol"] = protocol
+    return merged
+
+
+def _select_models(tables: Any, wanted: Any) -> list[dict[str, Any]]:
+    by_name = {}
+    for table in tables if isinstance(tables, list) else []:
+        table = _as_table(table, "models")
+        by_name[_model_key(table, "[[models]]")] = table
+    chosen = []
+    for name in _str_list({"models": wanted}, "models", None, "the command line"):
+        if name in by_name:
+            chosen.append(by_name[name])
+        elif name in presets():
+            chosen.append({"preset": name})
+        else:
+            known = sorted(set(presets()) | {str(n) for n in by_name})
+            raise SpecError(f"unknown model {name!r}; choose one of: {', '.join(known)}")
+    return chosen
+
+
+def _merge_options(base: Any, extra: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    merged = {name: _as_table(table, f"options.{name}") for name, table in _as_table(base or {}, "options").items()}
+    for name, table in _as_table(extra, "options").items():
+        merged.setdefault(name, {}).update(_as_table(table, f"options.{name}"))
+    return merged
+
+
+def build_spec(raw: Mapping[str, Any], source: str = "spec") -> Spec:
+    """Validate a raw mapping and return the frozen `Spec`; the single validation point."""
+    _reject_unknown(raw, _TOP_KEYS, "the top level", source)
+    defaults = Spec(models=())
+    spec = Spec(
+        models=_models(raw.get("models"), source),
+        backends=tuple(_str_list(raw, "backends", None, source)) if "backends" in raw else (),
+        devices=tuple(_positive_list(raw, "devices", defaults.devices, source, maximum=MAX_DEVICES)),
+        scaling=_choice(raw, "scaling", SCALINGS, defaults.scaling, source),
+        precision=_choice(raw, "precision", PRECISIONS, defaults.precision, source),
+        platform=_choice(raw, "platform", PLATFORMS, defaults.platform, source),
+        learning_rate=_positive_number(raw, "learning_rate", defaults.learning_rate, source),
+        seed=_integer(raw, "seed", defaults.seed, source, minimum=0, maximum=MAX_SEED, why=SEED_RANGE_WHY),
+        data=_data(raw.get("data", {}), source),
+        protocol=_protocol(raw.get("protocol", {}), source),
+        options=_options(raw.get("options", {}), source),
+        variants=_variants(raw, source),
+        single_device=_choice(raw, "single_device", SINGLE_DEVICE, defaults.single_device, source),
+    )
+    _check_batches(spec)
+    _check_array_sizes(spec)
+    return spec
+
+
+def _models(value: Any, source: str) -> tuple[ModelSpec, ...]:
+    if value is None:
+        value = DEFAULT_RAW["models"]
+    if not isinstance(value, list) or not value:
+        raise SpecError(f"'models' in {source} must be a non-empty list of [[models]] tables")
+    models = tuple(_model(_as_table(table, "models"), source) for table in value)
+    names = [m.name for m in models]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SpecError(f"model name {duplicates[0]!r} appears twice in {source}; give each a distinct 'name'")
+    return models
+
+
+def _model(table: dict[str, Any], source: str) -> ModelSpec:
+    where = f"[[models]] of {source}"
+    name = _model_key(table, where)
+    family_name = _family_name(table, where)
+    fam = family(family_name)
+    _reject_unknown(table, _MODEL_KEYS | set(fam.dims), f"a [[models]] table of family {family_name!r}", source)
+    preset = presets()[table["preset"]][1] if "preset" in table else {}
+    if name is None:
+        raise SpecError(f"a model of family {family_name!r} without a 'preset' in {source} needs a 'name'")
+    dims = {key: _dim(table, key, dim, preset, where, family_name) for key, dim in fam.dims.items()}
+    try:
+        fam.check(dims)
+    except ValueError as err:
+        raise SpecError(f"model {name!r} in {source}: {err}") from None
+    dropout = table.get("dropout", preset.get("dropout", 0.0))
+    if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
+        raise SpecError(f"'dropout' in {where} must be a number in [0, 1), got {dropout!r}")
+    if dropout and family_name != "mlp":
+        raise SpecError(f"model {name!r} in {source}: family {family_name!r} has no dropout; remove 'dropout'")
+    batch_sizes = tuple(_positive_list(table, "batch_sizes", preset.get("batch_sizes"), where, maximum=MAX_ELEMENTS))
+    if family_name == "mlp":
+        return ModelSpec(name=name, widths=tuple(dims["widths"]), dropout=float(dropout), batch_sizes=batch_sizes,
+                         inputs=dims["inputs"], outputs=dims["outputs"])
+    return ModelSpec(name=name, batch_sizes=batch_sizes, family=family_name, dims=tuple(sorted(dims.items())))
+
+
+def _family_name(table: Mapping[str, Any], where: str) -> str:
+    """The model's family: its 'family', else its preset's, else "mlp" when it gives 'widths'."""
+    from_preset = presets()[table["preset"]][0] if "preset" in table else None
+    given = table.get("family")
+    if given is not None and (not isinstance(given, str) or given not in families()):
+        broken = broken_families().get(given) if isinstance(given, str) else None
+        if broken:
+            raise SpecError(f"model family {given!r} in {where} failed to load: {broken}")
+        raise SpecError(f"unknown model family {_brief(given)} in {where}; choose one of: {', '.join(families())}")
+    if given is not None and from_preset is not None and given != from_preset:
+        raise SpecError(f"preset {table['preset']!r} in {where} is of family {from_preset!r}, not {given!r}; "
+                        "drop one of 'preset' and 'family'")
+    name = given or from_preset or ("mlp" if "widths" in table else None)
+    if name is None:
+        raise SpecError(f"each model in {where} needs a 'preset' ({', '.join(presets())}), a 'family' "
+                        f"({', '.join(families())}) with its shape keys, or MLP 'widths'")
+    return name
+
+
+def _dim(table: Mapping[str, Any], key: str, dim: Dim, preset: Mapping[str, Any], where: str, family_name: str):
+    """One shape key: from the table, else the preset, else its default; checked."""
+    default = preset.get(key, dim.default)
+    if key not in table and default is None:
+        raise SpecError(f"model family {family_name!r} in {where} needs {key!r} ({dim.doc})")
+    if dim.is_list:
+        return tuple(_positive_list(table, key, default, where, unique=False, maximum=dim.maximum))
+    return _integer(table, key, default, where, minimum=dim.minimum, maximum=dim.maximum, why=dim.doc)
+
+
+def _model_key(table: Mapping[str, Any], where: str) -> str | None:
+    """A model table's name: its 'name', else its preset's; None when it has neither.
+    Checks both, since names become parts of file names and trial ids."""
+    preset_name = table.get("preset")
+    if preset_name is not None and not isinstance(preset_name, str):
+        raise SpecError(f"'preset' in {where} must be a string, one of: {', '.join(presets())}; "
+                        f"got {_brief(preset_name)}")
+    if preset_name is not None and preset_name not in presets():
+        raise SpecError(f"unknown model preset {_brief(preset_name)} in {where}; choose one of: {', '.join(presets())}")
+    if "name" not in table:
+        return preset_name
+    name = table["name"]
+    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
+        raise SpecError(
+            f"model name {_brief(name)} in {where} must be a string of 1 to {MAX_NAME_LENGTH} letters, digits, "
+            "'_', '.' or '-', starting with a letter or digit (it becomes part of file names and trial ids)"
+        )
+    return name
+
+
+def _data(table: Any, source: str) -> DataSpec:
+    table = _as_table(table, "data")
+    _reject_unknown(table, set(DataSpec.__dataclass_fields__), "[data]", source)
+    return DataSpec(samples=_integer(table, "samples", DataSpec.samples, f"[data] of {source}", minimum=1,
+                                     maximum=MAX_ELEMENTS))
+
+
+def _protocol(table: Any, source: str) -> TimingProtocol:
+    table = _as_table(table, "protocol")
+    where = f"[protocol] of {source}"
+    _reject_unknown(table, set(TimingProtocol.__dataclass_fields__), "[protocol]", source)
+    d = TimingProtocol()
+    protocol = TimingProtocol(
+        warmup_steps=_integer(table, "warmup_steps", d.warmup_steps, where, minimum=0, maximum=MAX_STEPS),
+        steps=_integer(table, "steps", d.steps, where, minimum=1, maximum=MAX_STEPS),
+        repeats=_integer(table, "repeats", d.repeats, where, minimum=2, maximum=MAX_COUNT),
+        steps_per_call=_integer(table, "steps_per_call", d.steps_per_call, where, minimum=1, maximum=MAX_STEPS),
+        trial_timeout_s=_positive_number(table, "trial_timeout_s", d.trial_timeout_s, where, maximum=MAX_SECONDS),
+        min_window_s=_non_negative_number(table, "min_window_s", d.min_window_s, where, maximum=MAX_SECONDS),
+        replicates=(None if table.get("replicates") is None
+                    else _integer(table, "replicates", None, where, minimum=MIN_REPLICATES, maximum=MAX_COUNT)),
+        target_ci=_non_negative_number(table, "target_ci", d.target_ci, where, maximum=MAX_TARGET_CI,
+                                       why="a fraction of the mean: write 5 % as 0.05"),
+        window_budget_s=_positive_number(table, "window_budget_s", d.window_budget_s, where),
+        compile_cache=_choice(table, "compile_cache", COMPILE_CACHES, d.compile_cache, where),
+        order_seed=(None if table.get("order_seed") is None
+                    else _integer(table, "order_seed", None, where, minimum=0, maximum=MAX_SEED)),
+    )
+    if protocol.steps % protocol.steps_per_call:
+        raise SpecError(
+            f"'steps' ({protocol.steps}) in {where} must be a multiple of "
+            f"steps_per_call ({protocol.steps_per_call})"
+        )
+    needed = protocol.least_windows * protocol.min_window_s
+    if protocol.window_budget_s < needed:
+        raise SpecError(
+            f"'window_budget_s' ({protocol.window_budget_s:g}) in {where} cannot hold one replicate: "
+            f"{protocol.least_windows} windows of at least min_window_s ({protocol.min_window_s:g} s) need "
+            f"{needed:g} s; raise window_budget_s or lower min_window_s"
+        )
+    return protocol
+
+
+def resolve_protocol(protocol: TimingProtocol, gpu: bool, order_seed: int) -> TimingProtocol:
+    """Fill what the spec left open once the devices are known: replicates (more on GPUs,
+    where process-to-process variation is largest) and the seed of the run order."""
+    return replace(
+        protocol,
+        replicates=protocol.replicates or DEFAULT_REPLICATES["gpu" if gpu else "cpu"],
+        order_seed=protocol.order_seed if protocol.order_seed is not None else order_seed,
+    )
+
+
+def _options(table: Any, source: str) -> dict[str, dict[str, Any]]:
+    table = _as_table(table, "options")
+    return {str(name): dict(_as_table(opts, f"options.{name}")) for name, opts in table.items()}
+
+
+def _check_batches(spec: Spec) -> None:
+    """Strong scaling splits each global batch evenly; the data must hold one global batch."""
+    for model in spec.models:
+        for batch in model.batch_sizes:
+            for devices in spec.devices:
+                if spec.scaling == "strong" and batch % devices:
+                    raise SpecError(
+                        f"global batch {batch} of model {model.name!r} is not divisible by "
+                        f"{devices} devices; use batch sizes divisible by every device count, "
+                        "or --scaling weak"
+                    )
+                global_batch = spec.global_batch(batch, devices)
+                if global_batch > spec.data.samples:
+                    raise SpecError(
+                        f"global batch {global_batch} of model {model.name!r} exceeds "
+                        f"data.samples ({spec.data.samples}); raise [data] samples"
+                    )
+
+
+def _check_array_sizes(spec: Spec) -> None:
+    """Every array the spec implies (the data xbench builds, each parameter, each device's
+    inputs and largest activation) stays within int32 indexing (MAX_ELEMENTS), which the
+    frameworks need."""
+    from xbench.contract.work import make_data
+    for model in spec.models:
+        if model.family == "mlp":
+            features = max(model.inputs, model.outputs)
+            _within_int32(spec.data.samples * features, model,
+                          f"its data ([data] samples {spec.data.samples} x {features} features)",
+                          "lower [data] samples")
+        for param in model.kind.parameters(model.shape):
+            _within_int32(math.prod(param.shape), model, f"parameter {param.name} {list(param.shape)}",
+                          "make the model smaller")
+        one_input = math.prod(make_data(model, 1, spec.seed)[0].shape)
+        per_sample, what = max((model.kind.largest_activation(model.shape), (one_input, "inputs")))
+        for batch in model.batch_sizes:
+            for devices in spec.devices:
+                per_device = batch // devices if spec.scaling == "strong" else batch
+                _within_int32(per_device * per_sample, model, f"a device's {what} (batch {per_device})",
+                              "lower its batch_sizes or its size")
+
+
+def _within_int32(elements: int, model: ModelSpec, what: str, fix: str) -> None:
+    if elements > MAX_ELEMENTS:
+        raise SpecError(f"model {model.name!r}: {what} would have {elements} elements, more than the "
+                        f"{MAX_ELEMENTS} that the frameworks' int32 indexing allows; {fix}")
+
+
+# -- small validators: each returns a clean value or raises a one-line SpecError ----------
+
+def _as_table(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SpecError(f"'{name}' must be a table, got {type(value).__name__}")
+    return dict(value)
+
+
+def _brief(value: Any, limit: int = 40) -> str:
+    """`value`'s repr, cut short where a long one would bury the message."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(value)} characters)" if isinstance(value, str) else f"{text[:limit]}..."
+
+
+def _reject_unknown(table: Mapping[str, Any], known: set[str], where: str, source: str) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise SpecError(
+            f"unknown key {unknown[0]!r} in {where} of {source}; known keys: {', '.join(sorted(known))}"
+        )
+
+
+# Seeds: numpy's default_rng takes any integer >= 0, torch.manual_seed (given seed + rank)
+# and jax.random.key up to 2**63 - 1, Keras's set_random_seed up to 2**32 - 1; 2**31 - 1 also
+# fits the frameworks' int32 seed arguments and is the order seed's range, which a multi-node
+# run takes from the seed.
+MAX_SEED = 2**31 - 1
+SEED_RANGE_WHY = "a seed every framework accepts"
+MAX_COUNT = 10_000  # replicates, repeats: more is a typo, not a protocol
+# Sizes (samples, batch sizes, widths, inputs, outputs) and the arrays built from them stay
+# within int32 indexing: XLA, TF's GPU kernels and some torch kernels index arrays with int32,
+# and fail or overflow past it. See `_check_array_sizes`.
+MAX_ELEMENTS = 2**31 - 1
+MAX_DEVICES = 65_536  # xbench starts a process per device (spmd); more is a typo
+# Steps per window, per call and of warmup: the jax backends count steps in int32 (the dropout
+# keys fold in step * devices + device), which must stay far from overflow.
+MAX_STEPS = 1_000_000
+# Seconds (trial timeout, least window): a week; the orchestrator waits with these as
+# timeouts, which Python refuses past threading.TIMEOUT_MAX (about 292 years).
+MAX_SECONDS = 7 * 24 * 3600.0
+MAX_TARGET_CI = 1.0  # an interval as wide as the mean says nothing; larger is a percentage typed as is
+
+
+def _integer(table: Mapping[str, Any], key: str, default: int | None, where: str, minimum: int,
+             maximum: int | None = None, why: str = "") -> int:
+    value = table.get(key, default)
+    accepted = "" if maximum is None else f" (accepted: {minimum}..{maximum}{', ' + why if why else ''})"
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise SpecError(f"'{key}' in {where} must be an integer >= {minimum}, got {value!r}{accepted}")
+    if maximum is not None and value > maximum:
+        raise SpecError(f"'{key}' in {where} must be an integer <= {maximum}, got {value!r}{accepted}")
+    return value
+
+
+def _positive_number(table: Mapping[str, Any], key: str, default: float, where: str,
+                     maximum: float = math.inf) -> float:
+    value = table.get(key, default)
+    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+            or value <= 0):
+        raise SpecError(f"'{key}' in {where} must be a positive finite number, got {value!r}")
+    if value > maximum:
+        raise SpecError(f"'{key}' in {where} must be at most {maximum:g}, got {value!r}")
+    return float(value)
+
+
+def _non_negative_number(table: Mapping[str, Any], key: str, default: float, where: str,
+                         maximum: float = math.inf, why: str = "") -> float:
+    value = table.get(key, default)
+    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+            or value < 0):
+        raise SpecError(f"'{key}' in {where} must be a finite number >= 0, got {value!r}")
+    if value > maximum:
+        raise SpecError(f"'{key}' in {where} must be in 0..{maximum:g}{' (' + why + ')' if why else ''}, "
+                        f"got {value!r}")
+    return float(value)
+
+
+def _positive_list(table: Mapping[str, Any], key: str, default: Any, where: str,
+                   unique: bool = True, maximum: int = MAX_ELEMENTS) -> list[int]:
+    value = table.get(key, default)
+    if isinstance(value, tuple):
+        value = list(value)
+    if (not isinstance(value, list) or not value
+            or any(not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= maximum for v in value)):
+        raise SpecError(f"'{key}' in {where} must be a non-empty list of positive integers <= {maximum}, "
+                        f"got {value!r}")
+    if unique and len(set(value)) != len(value):
+        raise SpecError(f"'{key}' in {where} lists a value twice: {value!r}")
+    return value
+
+
+def _str_list(table: Mapping[str, Any], key: str, default: Any, where: str) -> list[str]:
+    value = table.get(key, default)
+    if isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, list) or not value or any(not isinstance(v, str) or not v for v in value):
+        raise SpecError(f"'{key}' in {where} must be a non-empty list of names, got {value!r}")
+    if len(set(value)) != len(value):
+        raise SpecError(f"'{key}' in {where} lists a name twice: {value!r}")
+    return value
+
+
+def _variants(table: Mapping[str, Any], source: str) -> tuple[str, ...]:
+    """'all', or BACKEND:VARIANT names (checked against the backends once they are known)."""
+    if "variants" not in table:
+        return ()
+    names = _str_list(table, "variants", None, source)
+    for name in names:
+        backend, _, variant = name.partition(":")
+        if name != ALL_VARIANTS and not (_NAME.fullmatch(backend) and _NAME.fullmatch(variant)):
+            raise SpecError(f"variant {name!r} in {source} must be BACKEND:VARIANT (a backend's name and one of its "
+                            f"variants) or '{ALL_VARIANTS}'; `xbench backends` lists each backend's variants")
+    return tuple(names)
+
+
+def _choice(table: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str, where: str) -> str:
+    value = table.get(key, default)
+    if value not in choices:
+        raise SpecError(f"'{key}' in {where} must be one of {', '.join(choices)}, got {value!r}")
+    return value

@@ -1,0 +1,257 @@
+"""`report.md` and `report.html` for a run directory, built from its records alone."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from xbench.contract import implementation
+from xbench.report.document import Block, Bullets, Heading, Image, Paragraph, TableBlock, to_html, to_markdown
+from xbench.report.terminal import (
+    ALLREDUCE_HEADERS,
+    ALLREDUCE_NOTE,
+    Busbw,
+    allreduce_rows,
+    busbw_by_size,
+    cost_columns,
+    format_p,
+)
+from xbench.report.words import (
+    NUMERIC_COLUMNS,
+    READING_NOTES,
+    fastest_cells,
+    fastest_headers,
+    model_facts,
+    result_cells,
+    result_headers,
+    spread_text,
+)
+from xbench.results.allreduce import ok_results
+from xbench.results.records import (
+    ALLREDUCE_FILE,
+    RUN_FILE,
+    AllReduceRecord,
+    Record,
+    RunInfo,
+    StoredDeviceInfo,
+    VerificationOutcome,
+    read_records,
+    read_run,
+    write_atomic,
+)
+from xbench.results.summary import Row, fastest_rows, full_rows, rows_from_records
+
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+
+
+def write_report(run_dir: Path, html: bool = True, plots: bool = True) -> list[Path]:
+    """Write report.md (and report.html, plots) into `run_dir`; returns the files written."""
+    run_dir = Path(run_dir)
+    records = read_records(run_dir)
+    run = read_run(run_dir) if (run_dir / RUN_FILE).exists() else None  # results kept without it still report
+    rows = rows_from_records(records)
+    allreduce = read_records(run_dir, ALLREDUCE_FILE) if (run_dir / ALLREDUCE_FILE).exists() else []
+    images = draw_plots(rows, allreduce, run_dir) if plots else {}
+    blocks = build_report(records, run, rows, images, allreduce)
+    written = [run_dir / REPORT_MD]
+    write_atomic(written[0], to_markdown(blocks).encode("utf-8"))
+    if html:
+        written.append(write_atomic(run_dir / REPORT_HTML, to_html(blocks, title=_title(records, run)).encode("utf-8")))
+    return written + [image.path for group in images.values() for image in group]
+
+
+ALLREDUCE_KEY = "all-reduce"  # the images of the all-reduce section
+
+
+def draw_plots(rows: Sequence[Row], allreduce: Sequence[AllReduceRecord], run_dir: Path) -> dict[str, list[Image]]:
+    """Per model: throughput, speedup, scaling with device count (with three or more device
+    counts) and (with --breakdown) time-breakdown plots; and the all-reduce bandwidth plot
+    when the run measured it."""
+    from xbench.report.plots import (
+        breakdown_figure,
+        busbw_figure,
+        save,
+        scaling_figure,
+        speedup_figure,
+        throughput_figure,
+    )
+
+    images: dict[str, list[Image]] = {}
+    for model in _models(rows):
+        mine = [r for r in full_rows(rows) if r.model == model]
+        images[model] = []
+        for kind, draw in (("throughput", throughput_figure), ("speedup", speedup_figure),
+                           ("scaling", scaling_figure), ("breakdown", breakdown_figure)):
+            figure = draw(mine, model)
+            if figure is not None:
+                path = save(figure, run_dir / f"{kind}-{_safe(model)}.png")
+                images[model].append(Image(path, f"{kind} of model {model}"))
+    figure = busbw_figure(ok_results(allreduce))
+    images[ALLREDUCE_KEY] = [Image(save(figure, run_dir / "allreduce-busbw.png"), "all-reduce busbw")] if figure else []
+    return images
+
+
+
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def build_report(records: Sequence[Record], run: RunInfo | None,
+                 rows: Sequence[Row], images: Mapping[str, list[Image]],
+                 allreduce: Sequence[AllReduceRecord] = ()) -> list[Block]:
+    blocks: list[Block] = [Heading(_title(records, run), 1)]
+    if run:
+        blocks.append(Paragraph(f"Command: `{run.get('command', '?')}` — started {run.get('started_at', '?')}."))
+    blocks += environment_section(records)
+    blocks += verification_section(records)
+    busbw = busbw_by_size(allreduce)
+    for model in _models(rows):
+        blocks += model_section(model, [r for r in rows if r.model == model], images.get(model, []), busbw)
+    blocks += allreduce_section(allreduce, images.get(ALLREDUCE_KEY, []))
+    blocks += problems_section(rows)
+    blocks += reading_section(rows)
+    return blocks
+
+
+def environment_section(records: Sequence[Record]) -> list[Block]:
+    env = records[0]["environment"] if records else {}
+    gpus = env.get("gpus") or []
+    items = [
+        f"Host {env.get('host', '?')}, {env.get('os', '?')}, Python {env.get('python', '?')}, "
+        f"xbench {env.get('xbench', '?')}",
+        f"CPU: {env.get('cpu', '?')} ({env.get('cpu_count', '?')} logical cores), "
+        f"memory {env.get('memory_gib', '?')} GiB",
+        "GPUs: " + ("; ".join(f"{g.get('index')}: {g.get('name')}, driver {g.get('driver_version')}, "
+                              f"{g.get('memory.total')}" for g in gpus) if gpus else "none found by nvidia-smi"),
+    ]
+    matrix = ((env.get("gpu_topology") or {}).get("matrix")) or {}
+    if matrix.get("available"):
+        pairs = [f"{a}–{b}: {matrix['links'][a][b]}" for i, a in enumerate(matrix["gpus"])
+                 for b in matrix["gpus"][i + 1:]]
+        items.append("GPU links (nvidia-smi topo -m): " + ", ".join(pairs))
+    for backend, info in _devices_by_backend(records).items():
+        kind = ("simulated CPU devices (one CPU split; not a multi-GPU measurement)" if info["simulated"]
+                else f"{info['platform'].upper()}: {', '.join(info['device_names'])}")
+        items.append(f"Backend `{backend}`: {info['framework']} {info['framework_version']} on {kind}")
+    return [Heading("Environment"), Bullets(tuple(items))]
+
+
+def verification_section(records: Sequence[Record]) -> list[Block]:
+    outcome: dict[str, VerificationOutcome] = {}
+    for record in records:  # a record without one (xbench verify's own) says "unknown"
+        trial = record["trial"]
+        name = implementation(trial["backend"], trial["variant"], trial["program"])
+        outcome.setdefault(name, record.get("verification") or {"status": "unknown"})
+    items = []
+    for backend, result in outcome.items():
+        status = result.get("status", "unknown")
+        detail = {"passed": f"{result.get('checks', 0)} checks passed",
+                  "skipped": result.get("reason", ""),
+                  "unverifiable": result.get("reason", "")}.get(status, "; ".join(result.get("failed", [])))
+        items.append(f"`{backend}`: {status}" + (f" — {detail}" if detail else ""))
+    return [Heading("Identical work"),
+            Paragraph("Before timing, xbench checks that each backend starts from the same weights, computes "
+                      "the same gradients on 1 and N devices, and trains the same way (details in verify.json)."),
+            Bullets(tuple(items))]
+
+
+def model_section(model: str, rows: Sequence[Row], images: Sequence[Image], busbw: Busbw) -> list[Block]:
+    facts = model_facts(rows)
+    measured = [row for row in full_rows(rows) if row.throughput is not None]
+    blocks: list[Block] = [Heading(f"Model {model}" + (f" ({facts})" if facts else ""))]
+    if measured:
+        blocks.append(TableBlock(result_headers(rows), tuple(result_cells(row) for row in measured),
+                                 right_aligned=NUMERIC_COLUMNS))
+        blocks += fastest_section(model, rows)
+        blocks += replicates_section(model, [row for row in rows if row.throughput is not None])
+    else:
+        blocks.append(Paragraph("No trial of this model finished."))
+    costs = cost_columns(rows, busbw)
+    if costs is not None:
+        blocks += [Heading(f"Where the time goes, model {model}", 3),
+                   TableBlock(costs.headers, costs.rows, right_aligned=frozenset(range(1, len(costs.headers)))),
+                   Bullets(costs.notes)]
+    return blocks + list(images)
+
+
+def fastest_section(model: str, rows: Sequence[Row]) -> list[Block]:
+    found = fastest_rows(rows)
+    if not found:
+        return []
+    return [Heading(f"Fastest per configuration, model {model}", 3),
+            TableBlock(fastest_headers(rows), tuple(fastest_cells(f) for f in found),
+                       right_aligned=frozenset({0, 1, 3, 4, 6, 7, 8}))]
+
+
+REPLICATE_HEADERS = ("backend", "dev", "batch", "replicate means (samples/s)", "between / within sd",
+                     "ANOVA p", "windows", "stopped", "unstable")
+
+
+def replicates_section(model: str, rows: Sequence[Row]) -> list[Block]:
+    """Each configuration's replicates: their means, the two variance components (as relative
+    standard deviations), and the test behind the unstable label."""
+    lines = []
+    for row in rows:
+        t = row.measured
+        stopped = sorted({r.stopped for r in row.replicates if r.stopped})
+        lines.append((row.label + ("" if row.all_reduce else " (compute-only)"), str(row.devices),
+                      str(row.global_batch), ", ".join(f"{m:,.0f}" for m in t.means), spread_text(row),
+                      "" if t.anova_p != t.anova_p else format_p(t.anova_p).removeprefix("p="),
+                      str(t.windows), ", ".join(stopped), "yes" if t.unstable else ""))
+    return [Heading(f"Replicates, model {model}", 3),
+            TableBlock(REPLICATE_HEADERS, tuple(lines), right_aligned=frozenset({1, 2, 5, 6})),
+            Bullets(("between / within sd: the standard deviation between replicates (after the window noise in "
+                     "their means is taken out) and of windows within a replicate, both over the mean; stopped: "
+                     "why replicates ended their windows (repeats, target_ci: steady enough, window_budget_s).",))]
+
+
+def allreduce_section(records: Sequence[AllReduceRecord], images: Sequence[Image]) -> list[Block]:
+    if not ok_results(records):
+        return []
+    return [Heading("All-reduce"),
+            Paragraph("Each backend's own all-reduce (float32 SUM) of the models' gradient bytes and a sweep of "
+                      "sizes, timed like a training step."),
+            TableBlock(ALLREDUCE_HEADERS, tuple(allreduce_rows(records)), right_aligned=frozenset(range(2, 8))),
+            Bullets((ALLREDUCE_NOTE,)),
+            *images]
+
+
+def problems_section(rows: Sequence[Row]) -> list[Block]:
+    problems = tuple((r.trial_id, r.status, r.reason or "")
+                     for r in rows if r.throughput is None)
+    if not problems:
+        return []
+    return [Heading("Trials without a result"), TableBlock(("trial", "status", "reason"), problems)]
+
+
+def reading_section(rows: Sequence[Row]) -> list[Block]:
+    modes = " and ".join(sorted({r.scaling_mode for r in rows})) or "strong"
+    return [Heading("How to read this"), Bullets((
+        *READING_NOTES,
+        f"Scaling is {modes}: strong splits a fixed global batch across devices; weak keeps the per-device "
+        "batch.",
+    ))]
+
+
+def _title(records: Sequence[Record], run: RunInfo | None) -> str:
+    run_id = (run["run_id"] if run else None) or (records[0]["run_id"] if records else "?")
+    return f"xbench report: run {run_id}"
+
+
+def _models(rows: Sequence[Row]) -> list[str]:
+    return list(dict.fromkeys(r.model for r in rows))
+
+
+def _devices_by_backend(records: Sequence[Record]) -> dict[str, StoredDeviceInfo]:
+    """The widest device set each backend used."""
+    found: dict[str, StoredDeviceInfo] = {}
+    for record in records:
+        info = record.get("devices")
+        backend = record["trial"]["backend"]
+        if info and (backend not in found or len(info["device_names"]) > len(found[backend]["device_names"])):
+            found[backend] = info
+    return found
+

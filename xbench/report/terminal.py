@@ -1,0 +1,288 @@
+"""Tables for people: rich renderables built from result rows; the caller prints them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import JustifyMethod
+from rich.markup import escape
+from rich.table import Table
+
+from xbench.report.words import (
+    NUMERIC_COLUMNS,
+    RESULT_HEADERS,
+    fastest_cells,
+    fastest_headers,
+    model_facts,
+    rate_header,
+    result_cells,
+    result_headers,
+)
+from xbench.results.allreduce import format_size, ok_results, result_from_record
+from xbench.results.records import AllReduceRecord
+from xbench.results.summary import Row, energy_mj_per_sample, fastest_rows, full_rows, gpu_util_pct, memory_gib
+
+Busbw = Mapping[tuple[str, int, int], float]  # (backend, devices, bytes) -> busbw in bytes/s
+
+
+def busbw_by_size(allreduce_records: Sequence[AllReduceRecord]) -> dict[tuple[str, int, int], float]:
+    return {(r.backend, r.devices, r.nbytes): r.busbw for r in ok_results(allreduce_records)}
+
+
+ALLREDUCE_HEADERS = ("backend", "devices on", "dev", "size", "time µs", "±95%", "algbw GB/s", "busbw GB/s")
+ALLREDUCE_NOTE = ("time: median per operation, outliers removed; ±95%: t-interval half-width of the mean; "
+                  "algbw = bytes / time; busbw = algbw × 2(n−1)/n (nccl-tests)")
+
+
+def allreduce_rows(records: Sequence[AllReduceRecord]) -> list[tuple[str, ...]]:
+    """One line per all-reduce record, for the terminal and the report."""
+    lines: list[tuple[str, ...]] = []
+    for record in records:
+        head = (record["backend"], str(record.get("platform") or ""), str(record["devices"]),
+                format_size(record["nbytes"]))
+        if record["status"] != "ok":
+            lines.append((*head, record["status"], "", "", ""))
+            continue
+        r = result_from_record(record)
+        lines.append((*head, f"{r.time.median * 1e6:,.1f}", f"{r.time.ci_half_width * 1e6:,.1f}",
+                      f"{r.algbw / 1e9:,.2f}", f"{r.busbw / 1e9:,.2f}"))
+    return lines
+
+
+def model_tables(rows: Sequence[Row], busbw: Busbw | None = None) -> list[Table]:
+    """Per model, the throughput table and, when measured, a second table of where the time
+    goes: compute-only twins, exposed communication, all-reduce busbw, GPU telemetry."""
+    tables = []
+    for model in dict.fromkeys(row.model for row in rows):
+        mine = [r for r in rows if r.model == model]
+        tables.append(_model_table(model, mine))
+        costs = _cost_table(model, mine, busbw or {})
+        if costs is not None:
+            tables.append(costs)
+        fastest = _fastest_table(model, mine)
+        if fastest is not None:
+            tables.append(fastest)
+    return tables
+
+
+def _fastest_table(model: str, rows: list[Row]) -> Table | None:
+    """Per configuration, the fastest backend/variant/program and the fastest as written;
+    None when no configuration has two measured rows."""
+    found = fastest_rows(rows)
+    if not found:
+        return None
+    table = Table(title=f"model {model}: fastest per configuration", title_justify="left")
+    rate = rate_header(rows)
+    for header in fastest_headers(rows):
+        table.add_column(header, justify="right" if header in ("dev", "batch", rate, "±95%", "tuned gain")
+                         else "left", no_wrap=header != "not significantly slower")
+    for f in found:
+        table.add_row(*(escape(cell) for cell in fastest_cells(f)))
+    return table
+
+
+BREAKDOWN_NOTE = ("compute ms: the same step without the gradient all-reduce; comm ms: exposed communication "
+                  "= step ms - compute ms (negative: within noise); comm %: of the step; busbw: the backend's "
+                  "own all-reduce of the gradient's bytes (xbench allreduce)")
+TELEMETRY_NOTE = ("GPU util %: NVML's own samples of the timed windows, averaged over devices and replicates "
+                  "(where it kept none, an untimed second of training after them); mem GiB: the framework's own "
+                  "peak counter (its scope, trial or worker process, is in the record), else NVML's peak 'used'; "
+                  "mJ/sample: NVML energy over the timed windows per sample")
+
+
+@dataclass(frozen=True)
+class CostColumns:
+    """The 'where the time goes' table as plain strings, for the terminal and the report."""
+
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    notes: tuple[str, ...]
+
+
+def cost_columns(rows: Sequence[Row], busbw: Busbw) -> CostColumns | None:
+    """None when neither a breakdown nor telemetry was measured."""
+    breakdown = any(r.breakdown for r in rows)
+    telemetry = any(gpu_util_pct(r) is not None or memory_gib(r) is not None for r in rows)
+    if not (breakdown or telemetry):
+        return None
+    headers = ["backend", "dev", "batch", "step ms"]
+    headers += ["compute ms", "comm ms", "comm %", "busbw GB/s"] if breakdown else []
+    headers += ["GPU util %", "mem GiB", "mJ/sample"] if telemetry else []
+    cells = []
+    for row in full_rows(rows):
+        if row.throughput is None:
+            continue
+        line = [row.label, str(row.devices), str(row.global_batch), f"{row.step_ms:.3f}"]
+        line += [*_breakdown_cells(row), _busbw_cell(row, busbw)] if breakdown else []
+        line += _telemetry_cells(row) if telemetry else []
+        cells.append(tuple(line))
+    notes = (BREAKDOWN_NOTE,) * breakdown + (TELEMETRY_NOTE,) * telemetry
+    return CostColumns(tuple(headers), tuple(cells), notes)
+
+
+def _cost_table(model: str, rows: list[Row], busbw: Busbw) -> Table | None:
+    columns = cost_columns(rows, busbw)
+    if columns is None:
+        return None
+    table = Table(title=f"model {model}: where the time goes", title_justify="left",
+                  caption="\n".join(columns.notes), caption_justify="left")
+    for header in columns.headers:
+        table.add_column(header, justify="left" if header == "backend" else "right", no_wrap=True)
+    for line in columns.rows:
+        table.add_row(*line)
+    return table
+
+
+def _model_table(model: str, rows: list[Row]) -> Table:
+    facts = model_facts(rows)
+    title = f"model {model}" + (f" — {facts}" if facts else "")
+    # A column of nothing but "unknown" (every CPU run) would only squeeze the notes; the
+    # caption says why it is missing, and the report keeps it.
+    shown = [i for i, header in enumerate(RESULT_HEADERS) if header != "MFU" or any(r.peak for r in rows)]
+    caption = _caption(rows) + ("" if len(shown) == len(RESULT_HEADERS)
+                                else "\nMFU: unknown here (no peak for these devices; CPUs never have one)")
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    headers = result_headers(rows)
+    for index in shown:
+        table.add_column(headers[index], justify="right" if index in NUMERIC_COLUMNS else "left",
+                         no_wrap=RESULT_HEADERS[index] not in ("backend", "notes"))
+    for row in full_rows(rows):
+        cells = _cells(row)
+        table.add_row(*(cells[i] for i in shown))
+    return table
+
+
+def _telemetry_cells(row: Row) -> list[str]:
+    util, mem, energy = gpu_util_pct(row), memory_gib(row), energy_mj_per_sample(row)
+    return ["" if util is None else f"{util:.0f}", "" if mem is None else f"{mem:.2f}",
+            "" if energy is None else f"{energy:.3g}"]
+
+
+def _busbw_cell(row: Row, busbw: Busbw) -> str:
+    value = busbw.get((row.backend, row.devices, 4 * row.params)) if row.params else None
+    return f"{value / 1e9:.2f}" if value is not None and row.devices > 1 else ""
+
+
+def _breakdown_cells(row: Row) -> list[str]:
+    b = row.breakdown
+    if b is None:
+        return ["", "", ""] if row.devices > 1 else [f"{row.step_ms:.3f}" if row.step_ms else "", "0", "0%"]
+    return [f"{b.compute_ms:.3f}", f"{b.comm_ms:.3f}", f"{b.comm_fraction:.0%}"]
+
+
+VERDICT_STYLE = {"multi-device beneficial": "green", "single device preferred": "red"}
+
+
+def _cells(row: Row) -> list[str]:
+    if row.throughput is None:
+        head = [row.label, str(row.devices), str(row.global_batch)]
+        return [*head, f"[red]{row.status}[/]", *[""] * (len(RESULT_HEADERS) - 4)]
+    cells = [escape(cell) for cell in result_cells(row, brief=True)]
+    verdict_at, notes_at = RESULT_HEADERS.index("verdict"), RESULT_HEADERS.index("notes")
+    style = VERDICT_STYLE.get(cells[verdict_at])
+    if style:
+        cells[verdict_at] = f"[{style}]{cells[verdict_at]}[/]"
+    if row.unstable or row.throttled:
+        cells[notes_at] = f"[yellow]{cells[notes_at]}[/]"
+    return cells
+
+
+def format_p(p: float) -> str:
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
+def _caption(rows: list[Row]) -> str:
+    modes = " and ".join(sorted({r.scaling_mode for r in rows}))
+    lines = [
+        f"{modes} scaling; samples/s: mean of the replicates' means (reps: replicates, each a fresh worker "
+        "process); ±95%: t-interval over replicate means; speedup (95% interval) over the same backend and "
+        "variant's faster 1-device program (\"vs plain\": its plain single-device program); verdict from "
+        "Welch's test on replicate means; unstable: replicates disagree beyond "
+        "their windows; host-bound: the step measures dispatch, not arithmetic; MFU: model FLOPs utilisation "
+        "against the devices' dense peak at this precision (details in the report)",
+    ]
+    lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}"
+              for r in rows if r.throughput is None]
+    return "\n".join(lines)
+
+
+def devices_line(backend: str, info: Mapping[str, Any], launcher: str = "subprocess") -> str:
+    """What a backend runs on, e.g. 'jax (jax 0.10.2): simulated CPU devices ...'."""
+    version = f"{info['framework']} {info['framework_version']}"
+    how = "one process per device" if launcher == "spmd" else "one process drives all devices"
+    if info["simulated"]:
+        kind = "CPU processes" if launcher == "spmd" else "simulated CPU devices (one CPU split into"
+        limit = f"up to {info['available']}" + ("" if launcher == "spmd" else ")")
+        return f"{backend} ({version}, {how}): no GPU found; {kind} {limit}"
+    names = ", ".join(dict.fromkeys(n.split(" ", 1)[-1] for n in info["device_names"]))
+    return f"{backend} ({version}, {how}): {info['available']} {info['platform'].upper()}(s): {names}"
+
+
+def checks_table(checks: Sequence[Any]) -> Table:
+    """One row per verification check (see xbench.results.checks)."""
+    table = Table(title="xbench verify", title_justify="left")
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("check", "left"), ("compared", "left"), ("max abs err", "right"), ("max rel err", "right"),
+        ("rel err (norm)", "right"), ("tolerance", "right"), ("result", "left")]
+    for header, justify in columns:
+        table.add_column(header, justify=justify)
+    for c in checks:
+        table.add_row(c.check, c.subject, f"{c.max_abs:.2e}", f"{c.max_rel:.2e}", f"{c.norm_rel:.2e}",
+                      format_tolerance(c), "[green]pass[/]" if c.passed else "[red]FAIL[/]")
+    return table
+
+
+def format_tolerance(check: Any) -> str:
+    """A power of ten as written (1e-04), one widened by rounding floors with two digits."""
+    short = f"{check.tolerance:.0e}"
+    return short if float(short) == check.tolerance else f"{check.tolerance:.1e}"
+
+
+def floors_caption(floors: Mapping[tuple[str, str], float], no_floor: Mapping[tuple[str, str], str]) -> str | None:
+    """Each backend's rounding floor per model (its fp32 ten steps against its float64 ones),
+    which sets a ten-step tolerance where it is larger than the fixed one; None without any."""
+    from xbench.results.checks import FLOOR_FACTOR
+
+    per_model = {model: ", ".join(f"{name} {floor:.1e}" for (name, m), floor in sorted(floors.items()) if m == model)
+                 for model in sorted({model for _, model in floors})}
+    measured = "; ".join(f"{model}: {backends}" for model, backends in per_model.items())
+    parts = [f"rounding floors ||fp32 - float64|| of ten steps ({measured}); where both programs of an fp32 "
+             f"ten-step check have one (and float64 checks compared both), its tolerance is at least "
+             f"{FLOOR_FACTOR:g} x their sum"] if floors else []
+    parts += [f"{backend} has no floor for {model} ({why})" for (backend, model), why in sorted(no_floor.items())]
+    return "; ".join(parts) + "." if parts else None
+
+
+def precision_floors_caption(floors: Mapping[tuple[str, str, str], tuple[float, float]]) -> str | None:
+    """Each backend's low-precision floors per model (its as-written program in that precision
+    against its float64 run), which set the tolerances of the programs verified in that
+    precision; None without any."""
+    from xbench.results.checks import LOW_PRECISION_FACTOR
+
+    if not floors:
+        return None
+    measured = "; ".join(f"{model}: {backend} {precision} initial {start:.1e}, ten steps {steps:.1e}"
+                         for (backend, model, precision), (start, steps) in sorted(floors.items()))
+    return (f"low-precision floors ||low - float64|| of each backend's as-written program on 1 device ({measured}); "
+            f"a program that runs only in that precision is checked against its backend's float64 run within "
+            f"{LOW_PRECISION_FACTOR:g} x them.")
+
+
+def verify_caption(spec: Any, reference: str) -> str:
+    from xbench.results.checks import VERIFY_STEPS, verification_model
+
+    counts = sorted(set(spec.devices) | {1})
+    batches = ", ".join(f"{m.name} {verification_model(m, counts).batch_sizes[0]}" for m in spec.models)
+    from xbench.results.checks import verification_precision
+
+    float64 = [m.name for m in spec.models if verification_precision(m) == "fp64"]
+    per_device = [m.name for m in spec.models if m.kind.batch_statistics]
+    cnn = "".join([f" ({', '.join(float64)}: float64, smaller, tolerances 1e-8; see xbench/verify.py)"
+                   if float64 else "",
+                   f" ({', '.join(per_device)}: N devices against the reference backend on N)" if per_device else ""])
+    return (f"dropout off, strict fp32{cnn}, global batch: {batches}; {VERIFY_STEPS} Adam steps "
+            f"(lr {spec.learning_rate:g}) from the core's weights (seed {spec.seed}); reference backend: "
+            f"{reference}. rel err (norm) = ||a-b|| / ||b|| decides; max rel err divides by "
+            "max(|b|, 1e-3 max|b|).")

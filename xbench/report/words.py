@@ -1,0 +1,231 @@
+"""The one place that turns a result row into the words and numbers people read.
+
+The terminal table, the Markdown/HTML report and the CSV export all take their cells, verdicts
+and labels from here, so they can never say different things about the same configuration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from xbench import stats
+from xbench.contract import PLAIN
+from xbench.results.summary import (
+    BENEFICIAL_SPEEDUP,
+    HOST_BOUND_GPU_UTIL_PCT,
+    SINGLE_PREFERRED_BELOW,
+    Fastest,
+    Row,
+    gpu_util_pct,
+    mfu,
+    verdict,
+)
+
+RESULT_HEADERS = ("backend", "dev", "batch", "samples/s", "±95%", "step ms", "MFU", "1st call s", "speedup",
+                  "eff.", "verdict", "reps", "notes")
+NUMERIC_COLUMNS = frozenset(range(1, 10)) | {11}
+
+
+def result_cells(row: Row, brief: bool = False) -> tuple[str, ...]:
+    """A measured row's cells, in RESULT_HEADERS order; `brief`: the notes as short tags, for
+    a terminal's narrow last column (the report says them in full)."""
+    t = row.throughput
+    assert t is not None, "rows without a measurement go to the problems list"
+    return (row.label, str(row.devices), str(row.global_batch), *rate_cells(row),
+            f"{row.step_ms:.3f}", mfu_text(row), f"{row.first_call_s:.2f}", speedup_text(row),
+            f"{row.scaling.efficiency:.0%}" if row.scaling and row.devices > 1 else "", verdict(row),
+            replicates_text(row),
+            ", ".join(brief_notes(row)) if brief else "; ".join(notes(row)))
+
+
+def rate_cells(row: Row) -> tuple[str, str]:
+    """The mean throughput and its 95 % half-width in the model's unit (tokens/s for a
+    transformer: samples/s times its context)."""
+    t, k = row.measured, row.units_per_sample
+    half = "n/a" if math.isnan(t.ci_half_width) else f"{t.ci_half_width * k:,.0f}"
+    return f"{t.mean * k:,.0f}", half
+
+
+def rate_header(rows: Sequence[Row]) -> str:
+    """e.g. "tokens/s": the unit of a model's rows (one model, one unit)."""
+    return f"{rows[0].unit if rows else 'samples'}/s"
+
+
+def result_headers(rows: Sequence[Row]) -> tuple[str, ...]:
+    return tuple(rate_header(rows) if h == "samples/s" else h for h in RESULT_HEADERS)
+
+
+def fastest_headers(rows: Sequence[Row]) -> tuple[str, ...]:
+    return tuple(rate_header(rows) if h == "samples/s" else h for h in FASTEST_HEADERS)
+
+
+def model_facts(rows: Sequence[Row]) -> str:
+    """What a model table's title says of the work: e.g. "54,403 parameters, 0.298 MFLOP per
+    training sample; MFU against 494.7 TFLOP/s per device (H200 SXM, tf32, tensor cores)"."""
+    params = next((r.params for r in rows if r.params), None)
+    flops = next((r.flops_per_sample for r in rows if r.flops_per_sample), None)
+    facts = [f"{params:,} parameters"] if params else []
+    per = rows[0].units_per_sample if rows else 1
+    if flops and per > 1:
+        facts.append(f"{flops_text(flops / per)} per training {rows[0].unit.rstrip('s')}, "
+                     f"{per:,} {rows[0].unit} per sample")
+    elif flops:
+        facts.append(f"{flops_text(flops)} per training sample")
+    peaks = sorted({(r.peak.device, r.peak.flops, r.peak.unit) for r in rows if r.peak is not None})
+    precisions = sorted({r.precision for r in rows if r.peak is not None})
+    text = ", ".join(facts)
+    if peaks:
+        text += "; MFU against " + ", ".join(f"{flops / 1e12:g} TFLOP/s per device ({device}, "
+                                             f"{'/'.join(precisions)}, {unit})" for device, flops, unit in peaks)
+    return text
+
+
+def flops_text(flops: float) -> str:
+    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if flops >= scale:
+            return f"{flops / scale:.3g} {unit}"
+    return f"{flops:.0f} FLOP"
+
+
+def mfu_text(row: Row) -> str:
+    """e.g. "12.3%": model FLOPs utilisation at the mean throughput; "unknown" where xbench has
+    no peak for the device (every CPU)."""
+    found = mfu(row)
+    if found is None:
+        return "unknown"
+    if found[0] < 0.0001:
+        return "<0.01%"
+    return f"{found[0]:.1%}" if found[0] >= 0.001 else f"{found[0]:.2%}"
+
+
+def speedup_text(row: Row) -> str:
+    """e.g. "0.87× (0.80–0.95)": the speedup and its 95 % interval, and which 1-device program
+    it is taken against where that is not the data-parallel one on N devices."""
+    s = row.scaling
+    if s is None:
+        return "1.00×" if row.devices == 1 else ""
+    interval = "" if math.isnan(s.ci_low) else f" ({s.ci_low:.2f}–{s.ci_high:.2f})"
+    against = f" vs {row.baseline}" if row.baseline == PLAIN or row.devices == 1 else ""
+    return f"{s.speedup:.2f}×{interval}{against}"
+
+
+FASTEST_HEADERS = ("dev", "batch", "fastest", "samples/s", "±95%", "fastest as written", "samples/s", "±95%",
+                   "tuned gain", "not significantly slower")
+
+
+def fastest_cells(f: Fastest) -> tuple[str, ...]:
+    """A configuration's fastest backend/variant/program, and the fastest as written beside it."""
+    best, written = f.best, f.as_written
+    if f.gain is None:
+        gain = "—" if written is best else ""
+    else:
+        interval = "" if math.isnan(f.gain.ci_low) else f" ({f.gain.ci_low:.2f}–{f.gain.ci_high:.2f})"
+        gain = f"{f.gain.ratio:.2f}×{interval}"
+    written_cells = (written.label, *rate_cells(written)) \
+        if written is not None and written.throughput is not None else ("", "", "")
+    return (str(f.devices), str(f.global_batch), best.label, *rate_cells(best), *written_cells, gain,
+            _tied_text(f))
+
+
+def _tied_text(f: Fastest) -> str:
+    """The rows not significantly slower, and those one replicate leaves untested."""
+    untested = f"untested (1 replicate): {', '.join(f.untested)}" if f.untested else ""
+    return "; ".join(part for part in (", ".join(f.tied), untested) if part)
+
+
+def replicates_text(row: Row) -> str:
+    """Measured replicates, and how many the run asked for when some failed or are missing
+    (an interrupted run): "3" or "2/3"."""
+    measured = len(row.replicates) - len(row.failed_replicates)
+    planned = max(row.planned, len(row.replicates))
+    return str(measured) if measured == planned else f"{measured}/{planned}"
+
+
+def notes(row: Row) -> list[str]:
+    """What a reader must know before trusting the row's numbers."""
+    return [full for full, _ in _labels(row)]
+
+
+def brief_notes(row: Row) -> list[str]:
+    """The same labels as `notes`, as short tags."""
+    return [brief for _, brief in _labels(row)]
+
+
+def _labels(row: Row) -> list[tuple[str, str]]:
+    """Each note in full (report, export) and as a short tag (terminal), side by side so that
+    the two can never list different labels."""
+    found = []
+    t = row.throughput
+    if t is not None and t.unstable:
+        found.append((f"unstable: replicates ±{t.spread:.0%}", f"unstable ±{t.spread:.0%}"))
+    if row.host_bound:
+        util = gpu_util_pct(row)
+        busy = util is not None and util < HOST_BOUND_GPU_UTIL_PCT
+        found.append((f"host-bound: {row.host_bound}", f"host-bound (GPU {util:.0f}%)" if busy
+                      else "host-bound (flat step)"))
+    if row.throttled:
+        throttled = sorted({f"r{r.index}" for r in row.replicates if r.throttled})
+        found.append(("throttled: " + ", ".join(row.throttled), f"throttled {','.join(throttled)}"))
+    found += [(f"r{r.index} {r.status}",) * 2 for r in row.failed_replicates]
+    if row.planned > len(row.replicates):
+        missing = row.planned - len(row.replicates)
+        found.append((f"{missing} replicate(s) not run", f"{missing} rep(s) not run"))
+    if t is not None and t.removed:
+        found.append((f"{t.removed} outlier window(s)", f"{t.removed} outlier(s)"))
+    return found
+
+
+def spread_text(row: Row) -> str:
+    """Between- and within-replicate spread as relative standard deviations, e.g. "12.0 % / 0.8 %"."""
+    t = row.throughput
+    if t is None or math.isnan(t.between_var) or t.mean == 0:
+        return ""
+    within = "" if math.isnan(t.within_var) else f"{math.sqrt(t.within_var) / t.mean:.1%}"
+    return f"{math.sqrt(t.between_var) / t.mean:.1%} / {within}"
+
+
+READING_NOTES = (
+    "A replicate is one fresh worker process (a fresh start of the framework and fresh compilation, "
+    "unless the run shares a compilation cache) that times the configuration's windows; a run measures "
+    "every configuration in several replicates, in a shuffled order. The processes, not the windows, "
+    "are the independent samples: each process decides once what all its windows share (kernels, "
+    "autotuning, memory and thread placement).",
+    "samples/s is the mean of the replicates' mean throughputs (each over timed windows of many steps "
+    "ending with a device sync, windows with |modified z-score| > "
+    f"{stats.OUTLIER_THRESHOLD} dropped within their replicate); ±95% is the half-width of the Student-t "
+    "interval over the replicate means (df = replicates − 1): it holds the configuration's true mean (the "
+    "mean over many processes) 95 % of the time; a rerun's own mean, itself uncertain, falls in it somewhat "
+    "less often (about 91 % with 3 replicates, if nothing but processes varies). step ms is the global batch "
+    "over the median throughput; 1st call s is the slowest replicate's first call (compilation), excluded from "
+    "throughput.",
+    "speedup is the N-device mean over the same backend and variant's 1-device mean with the same work per "
+    "step, with its 95 % interval (delta method on the replicate means, Welch's degrees of freedom); eff. = "
+    "speedup / devices. The 1-device mean is the faster of the backend's two 1-device programs: the "
+    "data-parallel program with one replica, and the plain program a user writes for one device (no "
+    "distribution at all; shown as \"plain\"); \"vs plain\" marks a speedup taken against the plain one. "
+    "When both 1-device programs ran, the slower one shows its ratio to the faster (\"0.70× vs plain\": what "
+    "going data-parallel costs on one device), and its verdict says so when the difference is significant.",
+    "Variants: \"as-written\" is each program as the framework's docs teach it; a named variant (shown as "
+    "backend+variant; `xbench backends` lists them) turns on what a performance engineer would, and passes the same "
+    "verification. Fastest per configuration: the row with the highest mean, the fastest as-written row beside "
+    "it, the tuned gain (ratio of means with its 95 % interval), and the rows whose difference from the "
+    "fastest is not significant (Welch's test on replicate means; a row with one replicate cannot be tested and "
+    "is listed as untested).",
+    "MFU (model FLOPs utilisation): samples/s × the model's FLOPs per sample of a training step ÷ (devices × "
+    "each device's dense peak at the run's precision: fp32 on the CUDA cores, tf32 and bf16 on the tensor "
+    "cores, from the vendor's datasheet; `xbench.results.peaks`). FLOPs per sample count the matmuls of the forward "
+    "pass, the weight gradients and the input gradients of every layer but the first, a multiply-add as 2; "
+    "element-wise work (biases, activations, dropout, loss, optimizer) is left out. \"unknown\": the device is "
+    "not in xbench's table of peaks (CPUs never are).",
+    f"verdict: multi-device beneficial when speedup ≥ {BENEFICIAL_SPEEDUP:.2f} and Welch's test on the "
+    f"replicate means finds the difference significant (p < {stats.SIGNIFICANCE}); single device "
+    f"preferred when speedup < {SINGLE_PREFERRED_BELOW:.2f} and significant; marginal otherwise.",
+    f"unstable: the replicates disagree beyond what their windows explain (one-way ANOVA p < "
+    f"{stats.UNSTABLE_P}) by more than {stats.UNSTABLE_SPREAD:.0%} (the standard deviation of replicate "
+    "means over their mean, shown): the number depends on the process that measured it, so trust the "
+    "interval, not any single run. host-bound: the GPU was busy for less than half of the timed windows, "
+    "or the step time hardly grew while the batch grew 4× or more: the step measures the host's dispatch "
+    "(Python, the framework, kernel launches), not the devices' arithmetic. throttled: NVML reported "
+    "power or thermal clock limits during a replicate's windows.",
+)

@@ -1,0 +1,84 @@
+"""The all-reduce microbenchmark: each backend's own collective on float32 buffers.
+
+Bandwidths follow nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n, the rate each
+link must carry in a ring all-reduce, comparable across device counts (0 on one device).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xbench import stats
+from xbench.contract import backend_label
+from xbench.results.records import AllReduceRecord
+
+_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+SWEEP = (2**12, 2**18, 2**24)  # 4 KiB, 256 KiB, 16 MiB; with gradient sizes in --breakdown
+GPU_SWEEP = (2**28, 2**30)  # 256 MiB and 1 GiB where real GPUs are
+
+
+def parse_size(text: str) -> int:
+    """'1GiB', '64MiB', '4KiB', '217612' -> bytes (a multiple of 4: float32 elements)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*", text, flags=re.IGNORECASE)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use e.g. 4KiB, 64MiB, 1GiB or bytes)")
+    nbytes = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
+    if nbytes < 4:
+        raise ValueError(f"size {text!r} is smaller than one float32")
+    return nbytes - nbytes % 4
+
+
+def format_size(nbytes: int) -> str:
+    """Exact binary units where they fit (4 KiB, 1.5 GiB), else bytes (217,612 B)."""
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        value = nbytes / factor
+        if value >= 1 and (value * 4).is_integer():
+            return f"{value:g} {unit}"
+    return f"{nbytes:,} B"
+
+
+def bus_factor(devices: int) -> float:
+    return 2 * (devices - 1) / devices
+
+
+@dataclass(frozen=True)
+class AllReduceResult:
+    backend: str
+    devices: int
+    nbytes: int
+    time: stats.Summary  # seconds per all-reduce, outliers removed
+    launcher: str = "subprocess"
+
+    @property
+    def label(self) -> str:
+        return backend_label(self.backend, self.launcher)
+
+    @property
+    def algbw(self) -> float:
+        """Bytes per second at the median time."""
+        return self.nbytes / self.time.median
+
+    @property
+    def busbw(self) -> float:
+        return self.algbw * bus_factor(self.devices)
+
+
+def result_from_record(record: AllReduceRecord) -> AllReduceResult:
+    """An ok record's result (a failed size has no timing: ValueError)."""
+    timing = record["timing"]
+    if timing is None:
+        raise ValueError(f"the all-reduce of {record['nbytes']} bytes has no timing ({record['status']})")
+    per_op = [window / timing["steps_per_window"] for window in timing["window_s"]]  # seconds per all-reduce
+    return AllReduceResult(record["backend"], record["devices"], record["nbytes"], stats.summarize(per_op),
+                           record.get("launcher", "subprocess"))
+
+
+def ok_results(records: Sequence[AllReduceRecord]) -> list[AllReduceResult]:
+    return [result_from_record(r) for r in records if r["status"] == "ok"]
+
+
+def sizes_for(gradient_bytes: Sequence[int], gpu: bool) -> list[int]:
+    """The models' gradient sizes and a sweep, ascending, without repeats."""
+    return sorted({*gradient_bytes, *SWEEP, *(GPU_SWEEP if gpu else ())})

@@ -1,0 +1,169 @@
+"""`xbench recommend`'s answers from fitted step models (`xbench.results.step_model`): throughput per
+backend and device count, a verdict per backend, and where more devices start to pay."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from xbench.results.step_model import Fit, FitError, Prediction, flops_for, predict
+
+MULTI, SINGLE, MEASURE = "more devices", "one device", "measure"
+
+
+@dataclass(frozen=True)
+class Question:
+    """A model (parameters and training FLOPs per sample; FLOPs None: from the family's measured
+    sizes), its family, the global batches, and the most devices available."""
+
+    params: float
+    flops: float | None
+    family: str
+    batches: tuple[int, ...]
+    devices: int
+    unit: str = "samples"  # what throughput is counted in (a preset's unit: tokens, images)
+    units_per_sample: int = 1
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """For one backend at one global batch: the device count to use, and why."""
+
+    fit: Fit
+    global_batch: int
+    choice: str  # MULTI, SINGLE or MEASURE
+    best: Prediction  # the prediction behind the choice
+    why: str
+    fastest: Prediction  # the highest predicted throughput over the device counts
+
+    @property
+    def chosen(self) -> Prediction:
+        """What the verdict recommends running: the multi-device prediction, else one device's
+        (for "measure": the faster central estimate)."""
+        return self.fastest if self.choice == MEASURE else self.best
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    """The smallest model (parameters) at which `devices` devices beat one, at a global batch:
+    the central estimate and the ends of its interval (None: not within the fitted sizes)."""
+
+    fit: Fit
+    global_batch: int
+    devices: int
+    params: float | None
+    earliest: float | None  # where the speedup's upper end first passes 1
+    surely: float | None  # where its lower end does
+
+
+def device_counts(available: int) -> list[int]:
+    """1, the powers of two below `available`, and `available`."""
+    if available < 1:
+        raise FitError("--devices must be at least 1")
+    counts = {1, available}
+    p = 2
+    while p < available:
+        counts.add(p)
+        p *= 2
+    return sorted(counts)
+
+
+def matching(fits: Sequence[Fit], family: str, precision: str | None, backends: Sequence[str] | None) -> list[Fit]:
+    return [f for f in fits if f.key.family == family and (precision is None or f.key.precision == precision)
+            and (not backends or f.key.backend in backends)]
+
+
+def model_flops(fit: Fit, question: Question) -> float:
+    return question.flops if question.flops else flops_for(fit, question.params)
+
+
+def predictions(fit: Fit, question: Question, batch: int) -> list[Prediction]:
+    """The fit's predictions at each device count that splits the batch evenly and whose
+    per-device batch lies in the fitted range; FitError when there is none."""
+    flops = model_flops(fit, question)
+    found, problems = [], []
+    for p in device_counts(question.devices):
+        if batch % p:
+            continue
+        try:
+            found.append(predict(fit, question.params, flops, batch, p))
+        except FitError as err:
+            problems.append(str(err))
+    if not found:
+        raise FitError(problems[0] if problems else f"batch {batch} does not split over any device count")
+    return found
+
+
+def verdict(fit: Fit, question: Question, batch: int, found: Sequence[Prediction] | None = None) -> Verdict:
+    """More devices when some count's speedup interval lies above 1 (the fastest such count);
+    one device when every count's lies below; otherwise measure. `found`: the predictions
+    already made (`predictions`)."""
+    found = list(found) if found is not None else predictions(fit, question, batch)
+    fastest = max(found, key=lambda p: p.throughput)
+    if not fit.layout.multi:
+        return Verdict(fit, batch, SINGLE, found[0], "the fit measured one device only; to weigh more, sweep on a "
+                       "machine with them (xbench sweep --devices 1,N)", fastest)
+    single = next((p for p in found if p.devices == 1), None)
+    if single is None:  # the batch is beyond what one device was measured at
+        return Verdict(fit, batch, MULTI, fastest, f"{fastest.devices} devices: batch {batch} on one device is "
+                       f"beyond the fitted per-device batches ({fit.batch_range[0]}-{fit.batch_range[1]})", fastest)
+    multi = [p for p in found if p.devices > 1 and p.speedup is not None]
+    better = [p for p in multi if _interval(p)[1] > 1]
+    if better:
+        best = max(better, key=lambda p: p.throughput)
+        return Verdict(fit, batch, MULTI, best, f"{best.devices} devices: {_speedup(best)}", fastest)
+    if multi and all(_interval(p)[2] < 1 for p in multi):
+        best = max(multi, key=lambda p: _interval(p)[0])
+        return Verdict(fit, batch, SINGLE, single, f"{best.devices} devices would run at {_speedup(best)}", fastest)
+    if not multi:
+        return Verdict(fit, batch, SINGLE, single, f"no device count up to {question.devices} splits batch {batch} "
+                       "into per-device batches the fit covers", fastest)
+    best = max(multi, key=lambda p: _interval(p)[0])
+    return Verdict(fit, batch, MEASURE, best, f"{best.devices} devices: {_speedup(best)}, the interval straddles 1x",
+                   fastest)
+
+
+def _interval(p: Prediction) -> tuple[float, float, float]:
+    """The speedup (central, low, high) of a prediction that has one: on several devices,
+    at a global batch one device was measured at."""
+    if p.speedup is None:
+        raise ValueError(f"no speedup predicted on {p.devices} device(s) at batch {p.global_batch}")
+    return p.speedup
+
+
+def _speedup(p: Prediction) -> str:
+    central, low, high = _interval(p)
+    return f"{central:.2f}x [{low:.2f}, {high:.2f}]"
+
+
+def break_even(fit: Fit, global_batch: int, devices: int = 2, points: int = 120) -> BreakEven:
+    """Scan the fitted model sizes (log grid) at this batch for where `devices` beat one."""
+    low, high = fit.params_range
+    sizes = np.geomspace(low, high, points)
+    central, lows, highs = [], [], []
+    for params in sizes:
+        s = _interval(predict(fit, params, flops_for(fit, params), global_batch, devices))
+        central.append(s[0])
+        lows.append(s[1])
+        highs.append(s[2])
+    return BreakEven(fit, global_batch, devices, _first_above(sizes, central), _first_above(sizes, highs),
+                     _first_above(sizes, lows))
+
+
+def _first_above(sizes: np.ndarray, values: Sequence[float]) -> float | None:
+    """The smallest size from which every value stays above 1."""
+    above = np.asarray(values) > 1
+    if not above[-1]:
+        return None
+    last_below = np.flatnonzero(~above)
+    return float(sizes[0] if last_below.size == 0 else sizes[last_below[-1] + 1])
+
+
+def break_even_batches(fit: Fit, devices: int) -> list[int]:
+    """Powers of two at which both one device and `devices` stay in the fitted batch range."""
+    low, high = fit.batch_range
+    start = 2 ** math.ceil(math.log2(low * devices))
+    return [b for b in (start * 2 ** k for k in range(40)) if b <= high][:8]

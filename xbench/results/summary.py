@@ -1,0 +1,439 @@
+"""From records to result rows: one row per configuration, its replicates combined.
+
+A record is one replicate (one fresh worker process) of a configuration. A row combines them:
+two-level statistics over the replicates' timing windows (`stats.replicated_summary`: the
+interval is over replicate means), speedup against 1 device from replicate means, and the
+labels a reader needs before trusting a number: unstable (replicates disagree beyond what their
+windows explain), host-bound (the step measures dispatch, not arithmetic), throttled.
+
+Pure functions over records (`xbench.results.records.Record`), computed on demand from the raw windows stored in the
+records, so nothing cached can go stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from xbench import stats
+from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, backend_label, implementation, trial_id
+from xbench.models.model_spec import ModelSpec
+from xbench.results.peaks import Peak, peak_for
+from xbench.results.records import Record, StoredModel, Telemetry
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where a multi-device step's time goes: its compute-only twin (the same step without
+    the gradient all-reduce) against the full step, both at the median throughput."""
+
+    compute_ms: float
+    comm_ms: float  # exposed communication: full step - compute-only step
+    comm_fraction: float  # of the full step
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """One replicate's share of a row: what its record says."""
+
+    index: int
+    status: str
+    reason: str | None
+    windows: tuple[float, ...] = ()  # samples/s per timed window
+    first_call_s: float | None = None
+    telemetry: Telemetry | None = None
+    throttled: tuple[str, ...] = ()  # why this replicate counts as throttled (empty: it does not)
+    stopped: str | None = None  # why its timed windows ended (xbench.worker.measure.stop_reason)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One configuration as tables show it, its replicates combined."""
+
+    backend: str
+    model: str
+    devices: int
+    global_batch: int
+    per_device_batch: int
+    scaling_mode: str  # "strong" or "weak"
+    status: str  # "ok" when at least one replicate measured, else the last replicate's status
+    reason: str | None
+    params: int | None
+    replicates: tuple[Replicate, ...]
+    throughput: stats.Replicated | None  # samples/s, two levels: windows within replicates
+    step_ms: float | None  # global batch / median throughput
+    first_call_s: float | None  # the slowest first call: compilation without a warm cache
+    scaling: stats.Scaling | None
+    all_reduce: bool = True  # False for a compute-only twin (--breakdown)
+    breakdown: Breakdown | None = None
+    launcher: str = "subprocess"  # "spmd": one process per device
+    ranks: int = 1  # processes whose window times the step time is the maximum of
+    host_bound: str | None = None  # why the step measures host dispatch rather than arithmetic
+    planned: int = 0  # replicates the run's spec asked for (records may hold fewer: an interrupted run)
+    variant: str = AS_WRITTEN
+    program: str = DATA_PARALLEL  # "plain": the single-device program without distribution
+    baseline: str | None = None  # the 1-device program the speedup is taken against
+    flops_per_sample: int | None = None  # model FLOPs of a training step per sample
+    peak: Peak | None = None  # each device's dense peak at the trial's precision; None: unknown
+    precision: str = "fp32"
+    unit: str = "samples"  # what a sample holds, as tables count throughput: "tokens", "images"
+    units_per_sample: int = 1  # e.g. a sequence's tokens
+
+    @property
+    def trial_id(self) -> str:
+        """The configuration's id (its replicates' ids add "/r<k>")."""
+        return trial_id(self.backend, self.model, self.devices, self.global_batch, self.launcher, self.all_reduce,
+                        self.variant, self.program)
+
+    @property
+    def implementation(self) -> str:
+        return implementation(self.backend, self.variant, self.program)
+
+    @property
+    def label(self) -> str:
+        return backend_label(self.implementation, self.launcher)
+
+    @property
+    def measured(self) -> stats.Replicated:
+        """The throughput of a row the caller knows was measured (ValueError otherwise)."""
+        if self.throughput is None:
+            raise ValueError(f"{self.trial_id} has no measurement ({self.status})")
+        return self.throughput
+
+    @property
+    def means(self) -> tuple[float, ...]:
+        """Each measured replicate's mean throughput: the sample behind intervals and tests."""
+        return self.throughput.means if self.throughput else ()
+
+    @property
+    def failed_replicates(self) -> tuple[Replicate, ...]:
+        return tuple(r for r in self.replicates if r.status != "ok")
+
+    @property
+    def throttled(self) -> tuple[str, ...]:
+        return tuple(f"r{r.index}: {why}" for r in self.replicates for why in r.throttled)
+
+    @property
+    def unstable(self) -> bool:
+        return bool(self.throughput and self.throughput.unstable)
+
+
+def throughput_samples(record: Record) -> np.ndarray:
+    """Samples/s for each timed window of an ok record."""
+    timing = record["timing"]
+    step_s = np.asarray(timing["window_s"], dtype=float) / timing["steps_per_window"]
+    return record["trial"]["global_batch"] / step_s
+
+
+def rows_from_records(records: Sequence[Record]) -> list[Row]:
+    """One row per configuration, in reading order (`_display_order`)."""
+    groups: dict[str, list[Record]] = {}
+    for record in records:
+        groups.setdefault(_config_key(record), []).append(record)
+    rows = sorted((_row(group) for group in groups.values()), key=_display_order(records))
+    rows = [_with_breakdown(_with_scaling(row, rows), rows) for row in rows]
+    return [replace(row, host_bound=host_bound_reason(row, rows)) for row in rows]
+
+
+def _display_order(records: Sequence[Record]):
+    """Rows in a reading order, whatever the (shuffled) order the trials ran in: models from
+    the smallest, backends by name, then launcher, devices, batch, and the full step before
+    its compute-only twin."""
+    sizes = {r["trial"]["model"]["name"]: _model_size(r["trial"]["model"]) for r in records}
+    return lambda row: (sizes[row.model], row.model, row.backend, row.variant != AS_WRITTEN, row.variant,
+                        row.launcher, row.devices, row.program != PLAIN, row.global_batch, not row.all_reduce)
+
+
+def _model_size(model: StoredModel) -> int:
+    try:
+        return ModelSpec.from_dict(model).params
+    except (KeyError, TypeError, ValueError):
+        return 0
+
+
+def _model_facts(model: StoredModel) -> dict[str, Any]:
+    """What the model's family says of a stored model: FLOPs per sample and the throughput
+    unit; nothing where its family is not installed here (a plugin's)."""
+    try:
+        spec = ModelSpec.from_dict(model)
+        return {"flops_per_sample": spec.training_flops_per_sample, "unit": spec.unit,
+                "units_per_sample": spec.units_per_sample}
+    except (KeyError, TypeError, ValueError):
+        return {}
+
+
+def _device_peak(records: Sequence[Record], precision: str) -> Peak | None:
+    """The peak of the devices a measured replicate ran on (simulated devices have none)."""
+    for record in records:
+        devices = record.get("devices")
+        if record["status"] == "ok" and devices and devices.get("platform") == "gpu" and not devices.get("simulated"):
+            names = devices.get("device_names") or ()
+            return peak_for(names[0], precision) if names else None
+    return None
+
+
+def mfu(row: Row) -> tuple[float, float, float] | None:
+    """Model FLOPs utilisation: the mean, and the ends of the throughput's 95 % interval, as
+    fractions of the devices' peak; None where the peak is unknown."""
+    t = row.throughput
+    if t is None or row.peak is None or not row.flops_per_sample:
+        return None
+    scale = row.flops_per_sample / (row.devices * row.peak.flops)
+    return t.mean * scale, t.ci_low * scale, t.ci_high * scale
+
+
+def full_rows(rows: Sequence[Row]) -> list[Row]:
+    """The rows of real training steps (compute-only twins only feed the breakdown)."""
+    return [row for row in rows if row.all_reduce]
+
+
+def _config_key(record: Record) -> str:
+    trial = record["trial"]
+    return trial_id(trial["backend"], trial["model"]["name"], trial["devices"], trial["global_batch"],
+                    trial.get("launcher", "subprocess"), trial.get("all_reduce", True),
+                    trial.get("variant", AS_WRITTEN), trial.get("program", DATA_PARALLEL))
+
+
+def _replicate(record: Record) -> Replicate:
+    index = record["trial"].get("replicate", 0)
+    if record["status"] != "ok":
+        return Replicate(index, record["status"], record.get("reason"))
+    confounders = record.get("replicate")
+    throttled = tuple(confounders.get("throttle_reasons") or ()) if confounders else ()
+    return Replicate(index, "ok", None, tuple(throughput_samples(record)), record["timing"]["first_call_s"],
+                     record.get("telemetry"), throttled, record["timing"].get("stopped"))
+
+
+def _row(records: Sequence[Record]) -> Row:
+    trial = records[0]["trial"]
+    replicates = tuple(sorted((_replicate(r) for r in records), key=lambda r: r.index))
+    measured = [r for r in replicates if r.status == "ok"]
+    last = records[-1]
+    common = dict(
+        backend=trial["backend"],
+        model=trial["model"]["name"],
+        devices=trial["devices"],
+        global_batch=trial["global_batch"],
+        per_device_batch=trial["global_batch"] // trial["devices"],
+        scaling_mode=trial["scaling"],
+        all_reduce=trial.get("all_reduce", True),
+        launcher=trial.get("launcher", "subprocess"),
+        variant=trial.get("variant", AS_WRITTEN),
+        program=trial.get("program", DATA_PARALLEL),
+        params=next((r["work"]["params"] for r in records if r.get("work")), None),
+        replicates=replicates,
+        scaling=None,
+        planned=max(len(replicates), (trial.get("protocol") or {}).get("replicates") or 0),
+        peak=_device_peak(records, trial["precision"]),
+        precision=trial["precision"],
+        **_model_facts(trial["model"]),
+    )
+    if not measured:
+        return Row(**common, status=last["status"], reason=last.get("reason"), throughput=None, step_ms=None,
+                   first_call_s=None)
+    summary = stats.replicated_summary([r.windows for r in measured])
+    ranks = max(len(r["timing"].get("ranks") or ()) for r in records if r["status"] == "ok") or 1
+    return Row(**common, status="ok", reason=None, throughput=summary,
+               step_ms=1e3 * trial["global_batch"] / summary.median,
+               first_call_s=max(r.first_call_s for r in measured if r.first_call_s is not None), ranks=ranks)
+
+
+def _with_scaling(row: Row, rows: list[Row]) -> Row:
+    """Attach speedup against the same backend and variant on 1 device with the same work per
+    step (the same global batch under strong scaling, the same per-device batch under weak):
+    the faster of its 1-device programs, data-parallel with one replica or plain, so that
+    going data-parallel is charged its own cost. A 1-device row slower than its sibling
+    program gets its ratio to it (what that program costs on one device); the faster one is
+    the baseline. The sample on each side is the replicate means."""
+    if row.throughput is None or not row.all_reduce:
+        return row
+    bases = [base for base in full_rows(rows) if base.devices == 1 and base.throughput is not None
+             and base.trial_id != row.trial_id and _same_work(base, row)
+             and (base.backend, base.variant, base.model, base.launcher)
+             == (row.backend, row.variant, row.model, row.launcher)]
+    if not bases:
+        return row
+    base = max(bases, key=lambda b: b.measured.mean)
+    if row.devices == 1 and base.measured.mean <= row.throughput.mean:
+        return row
+    return replace(row, scaling=stats.scaling(row.means, base.means, row.devices), baseline=base.program)
+
+
+def _same_work(base: Row, row: Row) -> bool:
+    if row.scaling_mode == "strong":
+        return base.global_batch == row.global_batch
+    return base.per_device_batch == row.per_device_batch
+
+
+def _with_breakdown(row: Row, rows: list[Row]) -> Row:
+    if row.step_ms is None or not row.all_reduce:  # a measured row has a step time
+        return row
+    for twin in rows:
+        if (not twin.all_reduce and twin.step_ms is not None
+                and (twin.backend, twin.variant, twin.program, twin.model, twin.devices, twin.global_batch,
+                     twin.launcher)
+                == (row.backend, row.variant, row.program, row.model, row.devices, row.global_batch, row.launcher)):
+            comm = row.step_ms - twin.step_ms
+            return replace(row, breakdown=Breakdown(twin.step_ms, comm, comm / row.step_ms))
+    return row
+
+
+# Host-bound: the GPU computed for less than this share of the timed windows, or the step time
+# grew by less than FLAT_STEP_GROWTH while the batch grew FLAT_BATCH_SPAN-fold or more.
+HOST_BOUND_GPU_UTIL_PCT = 50.0
+FLAT_STEP_GROWTH = 1.25
+FLAT_BATCH_SPAN = 4
+
+
+def host_bound_reason(row: Row, rows: Sequence[Row]) -> str | None:
+    """Why this row's step time measures the host (Python, the framework's dispatch, launch
+    latency) rather than the devices' arithmetic, or None. Such a number is real (a user's own
+    loop pays it too) but says nothing about the devices or the model's size."""
+    if row.throughput is None:
+        return None
+    util = gpu_util_pct(row)
+    if util is not None and util < HOST_BOUND_GPU_UTIL_PCT:
+        return f"GPU busy {util:.0f} % of the time"
+    flat = _flat_span(row, rows)
+    if flat is not None:
+        return f"step time flat from batch {flat[0]} to {flat[1]}"
+    return None
+
+
+def _flat_span(row: Row, rows: Sequence[Row]) -> tuple[int, int] | None:
+    """The batch range over which this row's group (same backend, model, devices, kind of
+    step) keeps a step time within FLAT_STEP_GROWTH of its smallest batch's, when that range
+    spans FLAT_BATCH_SPAN or more and holds this row."""
+    group = sorted(((r, r.step_ms) for r in rows if r.step_ms is not None and _same_group(r, row)),
+                   key=lambda timed: timed[0].global_batch)
+    if len(group) < 2:
+        return None
+    smallest, smallest_ms = group[0]
+    flat = [r for r, step_ms in group if step_ms <= FLAT_STEP_GROWTH * smallest_ms]
+    widest = max(r.global_batch for r in flat)
+    if widest < FLAT_BATCH_SPAN * smallest.global_batch or row not in flat:
+        return None
+    return smallest.global_batch, widest
+
+
+def _same_group(a: Row, b: Row) -> bool:
+    return ((a.implementation, a.model, a.devices, a.launcher, a.all_reduce, a.scaling_mode)
+            == (b.implementation, b.model, b.devices, b.launcher, b.all_reduce, b.scaling_mode))
+
+
+# Verdict thresholds on speedup (the seed study's), applied only when the speedup's interval
+# excludes 1 (Welch's test on replicate means); otherwise the difference is not established.
+BENEFICIAL_SPEEDUP = 1.10
+SINGLE_PREFERRED_BELOW = 0.95
+
+
+def verdict(row: Row) -> str:
+    """multi-device beneficial / marginal / single device preferred, or why there is none."""
+    if row.throughput is None:
+        return row.status
+    if row.devices == 1:
+        slower = row.scaling is not None and row.scaling.significant
+        return f"slower than {row.baseline}" if slower else "baseline"
+    if row.scaling is None:
+        return "no 1-device result"
+    s = row.scaling
+    if s.significant and s.speedup >= BENEFICIAL_SPEEDUP:
+        return "multi-device beneficial"
+    if s.significant and s.speedup < SINGLE_PREFERRED_BELOW:
+        return "single device preferred"
+    return "marginal"
+
+
+def _telemetry(row: Row) -> list[Telemetry]:
+    """The telemetry of each replicate that has some."""
+    return [r.telemetry for r in row.replicates if r.telemetry]
+
+
+def _measured_telemetry(row: Row) -> list[Telemetry]:
+    """Each measured replicate's telemetry over its timed windows, or (where the driver had
+    no sample of them) over the untimed stretch after them."""
+    found = []
+    for telemetry in _telemetry(row):
+        if any(d.get("util_mean_pct") is not None for d in telemetry.get("devices") or []):
+            found.append(telemetry)
+        elif telemetry.get("after_windows"):
+            found.append(telemetry["after_windows"])
+    return found
+
+
+def _present(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None]
+
+
+def gpu_util_pct(row: Row) -> float | None:
+    """Mean NVML utilisation over the devices and replicates."""
+    values = _present(d.get("util_mean_pct") for t in _measured_telemetry(row) for d in t.get("devices") or [])
+    return sum(values) / len(values) if values else None
+
+
+def memory_gib(row: Row) -> float | None:
+    """The framework's own peak where it has one (pitfall 6), else NVML's peak 'used'."""
+    telemetry = _telemetry(row)
+    peaks = _framework_peaks(telemetry)
+    if peaks:
+        return max(peaks) / 2**30
+    used = [mib for mib in _present(d.get("nvml_memory_max_mib") for t in telemetry for d in t.get("devices") or [])
+            if mib]
+    return max(used) / 1024 if used else None
+
+
+def _framework_peaks(telemetry: Iterable[Telemetry]) -> list[int]:
+    peaks: list[int] = []
+    for t in telemetry:
+        memory = t.get("framework_memory")
+        if memory:
+            peaks += memory.get("peak_bytes") or []
+    return peaks
+
+
+def energy_mj_per_sample(row: Row) -> float | None:
+    """Mean over replicates of NVML energy per sample."""
+    values = _present(t.get("energy_per_sample_j") for t in _telemetry(row))
+    if not values:
+        values = [v for v in _present(t.get("energy_per_sample_j") for t in _measured_telemetry(row)) if v]
+    return 1e3 * sum(values) / len(values) if values else None
+
+
+@dataclass(frozen=True)
+class Fastest:
+    """One configuration (model, devices, global batch) across backends, variants and
+    programs: the fastest row, the fastest row as written, and what tuning gained."""
+
+    model: str
+    devices: int
+    global_batch: int
+    best: Row
+    as_written: Row | None  # the fastest row of a backend's as-written variant
+    gain: stats.Ratio | None  # best over as_written, from replicate means; None when best is as written
+    tied: tuple[str, ...]  # rows whose mean the best's does not significantly exceed (Welch)
+    untested: tuple[str, ...] = ()  # rows that Welch's test cannot compare (a side with one replicate)
+
+
+def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
+    """Per configuration with at least two measured rows, in reading order."""
+    groups: dict[tuple, list[Row]] = {}
+    for row in full_rows(rows):
+        if row.throughput is not None:
+            groups.setdefault((row.model, row.devices, row.global_batch), []).append(row)
+    found = []
+    for (model, devices, batch), group in groups.items():
+        if len(group) < 2:
+            continue
+        ranked = sorted(group, key=lambda r: r.measured.mean, reverse=True)
+        best = ranked[0]
+        written = next((r for r in ranked if r.variant == AS_WRITTEN), None)
+        gain = None if written is None or written is best else stats.ratio_interval(best.means, written.means)
+        testable = len(best.means) >= 2
+        untested = tuple(r.label for r in ranked[1:] if not testable or len(r.means) < 2)
+        tied = tuple(r.label for r in ranked[1:] if r.label not in untested
+                     and not stats.ratio_interval(best.means, r.means).p_value < stats.SIGNIFICANCE)
+        found.append(Fastest(model, devices, batch, best, written, gain, tied, untested))
+    return found

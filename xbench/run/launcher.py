@@ -1,0 +1,588 @@
+"""Launchers: worker processes for each (backend, device count, launcher) group.
+
+`subprocess`: one worker process drives all of a group's devices. `spmd`: one worker process
+per device, started together as a gang with torchrun-style variables (see xbench.run.cluster).
+
+A worker runs its group's trials in turn: the launcher sends it a `Job` and reads its events
+(both typed in `xbench.wire`). It waits on the worker's event stream (a blocking read in a
+thread, so no CPU is spent while trials are timed), enforces each trial's timeout, and turns
+every outcome into a record: a crash, a timeout or an event it cannot read costs only the
+trial in flight; the rest of the group continues in a fresh worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+from xbench.contract import COMPILE_CACHE_VARIABLE, Process, Trial
+from xbench.errors import XbenchError
+from xbench.results.records import Record
+from xbench.run.cluster import Launch, job_ports
+from xbench.run.plan import Group
+from xbench.wire import (
+    AllReduce,
+    Done,
+    Event,
+    Job,
+    Ready,
+    Result,
+    SetupFailed,
+    Start,
+    Unavailable,
+    Window,
+    WireError,
+    decode_event,
+)
+from xbench.wire import utc_now as _now
+
+STARTUP_TIMEOUT_S = 300.0  # importing a framework and finding devices
+LOG_FILE = "workers.log"
+WORKER_COMMAND = (sys.executable, "-m", "xbench.worker")
+
+# What a member's reader thread hands over: an event, a line that is no valid event (the
+# error says why), or None once the member has exited.
+Arrival = Event | WireError | None
+
+
+class Listener(Protocol):
+    """Progress callbacks; the CLI draws a progress bar from them."""
+
+    def trial_started(self, trial: Trial) -> None: ...
+    def window_done(self, trial: Trial, done: int) -> None: ...
+    def trial_finished(self, trial: Trial, record: Record) -> None: ...
+
+
+class _Silent:
+    def trial_started(self, trial: Trial) -> None: ...
+    def window_done(self, trial: Trial, done: int) -> None: ...
+    def trial_finished(self, trial: Trial, record: Record) -> None: ...
+
+
+@dataclass
+class Context:
+    """What every record of a run shares, and where worker output goes."""
+
+    run_id: str
+    run_dir: Path
+    environment: dict[str, Any]
+    write: Callable[[Record], None]
+    listener: Listener = field(default_factory=_Silent)
+    startup_timeout_s: float = STARTUP_TIMEOUT_S
+    arrays_dir: Path | None = None  # set: capture verification arrays here (Job mode "verify"), not timings
+    annotate: Callable[[Trial], dict[str, Any]] = lambda trial: {}  # extra record fields
+    launch: Launch = field(default_factory=Launch)  # spmd node geometry
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of every worker
+    cancel: threading.Event = field(default_factory=threading.Event)  # set: start no more workers
+
+
+def run_groups(groups: list[Group], ctx: Context, parallel: int = 1) -> list[Record]:
+    """Run every group, up to `parallel` at once (only for work that is not timed); return
+    all records (each also written through `ctx.write`), in the groups' order."""
+    if parallel <= 1 or len(groups) <= 1:
+        return [record for group in groups for record in run_group(group, ctx)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=min(parallel, len(groups)))
+    futures = [pool.submit(run_group, group, ctx) for group in groups]
+    try:
+        records = [record for future in futures for record in future.result()]
+    except BaseException:  # Ctrl-C: no new gang starts, every running one stops
+        ctx.cancel.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        with _LIVE_LOCK:
+            live = list(_LIVE)
+        for gang in live:
+            gang.stop()
+        raise
+    pool.shutdown()
+    return records
+
+
+def run_group(group: Group, ctx: Context) -> list[Record]:
+    records: list[Record] = []
+    pending = list(group.trials)
+    while pending and not ctx.cancel.is_set():
+        # Nodes of a multi-node job derive its ports from this number, so it must not depend
+        # on anything but the plan: the first pending trial's place in it.
+        gang = start_gang(group, pending, ctx, job_index=group.positions[len(group.trials) - len(pending)])
+        if ctx.cancel.is_set():  # interrupted while it started: the interrupt may have missed it
+            gang.stop()
+            break
+        try:
+            finished = gang.drive(pending, ctx)
+        finally:
+            gang.stop()
+        records.extend(finished)
+        pending = pending[len(finished):]
+    return records
+
+
+def start_gang(group: Group, trials: list[Trial], ctx: Context, job_index: int = 0) -> Gang:
+    """The processes for a group's `trials`: one worker, or one per local rank (spmd)."""
+    job = Job(group.target, group.devices, trials[0].platform, mode="time" if ctx.arrays_dir is None else "verify",
+              trials=tuple(trials), arrays_dir=ctx.arrays_dir)
+    label = f"{group.backend} on {group.devices} device(s), replicate {trials[0].replicate}"
+    if group.launcher != "spmd":
+        return Gang.start([(job, dict(ctx.env))], ctx.run_dir / LOG_FILE, label)
+    jobs = [(rank_job, {**ctx.env, **env}) for rank_job, env in spmd_jobs(job, group.devices, ctx.launch, job_index)]
+    return Gang.start(jobs, ctx.run_dir / LOG_FILE, f"{label}, spmd")
+
+
+def spmd_jobs(job: Job, world: int, launch: Launch, job_index: int) -> list[tuple[Job, dict[str, str]]]:
+    """One job per rank on this node, with the torchrun-style variables in its environment."""
+    local = launch.local_ranks(world)
+    coordinator, hosts = job_ports(launch, job_index, world)
+    host, port = coordinator.rsplit(":", 1)
+    jobs = []
+    for local_rank in range(local):
+        process = Process(rank=launch.node_rank * local + local_rank, world_size=world, local_rank=local_rank,
+                          local_world_size=local, node_rank=launch.node_rank, nnodes=launch.nnodes,
+                          coordinator=coordinator, hosts=hosts)
+        env = {"RANK": str(process.rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
+               "LOCAL_WORLD_SIZE": str(local), "GROUP_RANK": str(launch.node_rank), "MASTER_ADDR": host,
+               "MASTER_PORT": port}
+        jobs.append((dataclasses.replace(job, process=process), env))
+    return jobs
+
+
+class Worker:
+    """One running worker process and the thread that reads its events into a queue shared
+    with the rest of its gang, tagged with its index."""
+
+    def __init__(self, index: int, process: subprocess.Popen, events: queue.Queue[tuple[int, Arrival]]) -> None:
+        self.index = index
+        self.process = process
+        self.events = events
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    @classmethod
+    def start(cls, index: int, job: Job, env: Mapping[str, str], log: Any,
+              events: queue.Queue[tuple[int, Arrival]]) -> Worker:
+        process = subprocess.Popen(
+            WORKER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            env={**worker_environment(), **env}, start_new_session=True,
+        )
+        stdin = process.stdin
+        assert stdin is not None  # asked for with PIPE
+        stdin.write(job.to_json().encode())
+        stdin.close()
+        return cls(index, process, events)
+
+    def _read(self) -> None:
+        stream = self.process.stdout
+        assert stream is not None  # asked for with PIPE
+        with stream:
+            for line in stream:
+                arrival = _arrival(line)
+                if arrival is not None:
+                    self.events.put((self.index, arrival))
+        self.events.put((self.index, None))
+
+    def kill(self) -> None:
+        """Kill the worker and anything it started (it leads its own process group)."""
+        try:  # also when the leader has exited: its children may live on
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self) -> None:
+        self.kill()
+        self.process.wait()
+        self.reader.join(timeout=10)
+
+
+def _arrival(line: bytes) -> Event | WireError | None:
+    """What one line of a worker's output says, or None for a line that says nothing: one cut
+    off by the worker's death (its exit explains it), or output that is no JSON object (a
+    sitecustomize banner before the worker claimed its stdout). A JSON object that is no
+    valid event is a broken promise of the worker: the trial in flight fails with the reason."""
+    if not line.endswith(b"\n") or not line.lstrip().startswith(b"{"):
+        return None
+    try:
+        return decode_event(line)
+    except WireError as err:
+        return err
+
+
+_LIVE: set[Gang] = set()  # gangs started and not yet stopped (several at once only when not timing)
+_LIVE_LOCK = threading.Lock()
+_LOG_NUMBERS = itertools.count()  # each gang member writes a log file of its own
+
+
+class Gang:
+    """The worker processes of one job, started together and stopped together: one process
+    (subprocess launcher) or one per local rank (spmd). Member 0 speaks for the job; every
+    member must report each trial, and the first one to fail fails the trial. Members of an
+    spmd job write their output to a file each (so a crash is explained by that rank's own
+    last words), appended to the run's log when the gang stops."""
+
+    def __init__(self, workers: list[Worker], events: queue.Queue[tuple[int, Arrival]], log_path: Path,
+                 logs: list[tuple[Path, int]], ranks: list[int | None]) -> None:
+        self.workers = workers
+        self.events = events
+        self.log_path = log_path
+        self.logs = logs  # each member's log file and where its output starts
+        self.ranks = ranks
+        self.backlog: collections.deque[tuple[int, Arrival]] = collections.deque()  # read early, not yet handled
+        self.finished: set[int] = set()  # members that said "done": their exit is expected
+        self.ahead: list[tuple[int, Arrival]] = []  # a fast member's events for a later trial
+        self.exited: set[int] = set()  # members that exited without "done" after reporting a trial
+        self.stopped = False
+
+    @classmethod
+    def start(cls, jobs: list[tuple[Job, dict[str, str]]], log_path: Path, label: str) -> Gang:
+        events: queue.Queue[tuple[int, Arrival]] = queue.Queue()
+        ranks = [job.process.rank if job.process is not None else None for job, _ in jobs]
+        # Each member writes a file of its own (gangs may run side by side), appended to the
+        # run's log when the gang stops, so a crash is explained by that member's own output.
+        number = next(_LOG_NUMBERS)
+        paths = [log_path.with_name(f"{log_path.name}.{os.getpid()}-{number}-{i}") for i in range(len(jobs))]
+        workers, logs = [], []
+        try:
+            for index, ((job, env), path) in enumerate(zip(jobs, paths)):
+                with open(path, "ab") as log:
+                    logs.append((path, log.seek(0, os.SEEK_END)))
+                    workers.append(Worker.start(index, job, env, log, events))
+        except BaseException:
+            for worker in workers:
+                worker.stop()
+            raise
+        pids = ", ".join(str(w.process.pid) for w in workers)
+        _append_log(log_path, f"=== {label}, worker pid(s) {pids}, {_now()}\n".encode())
+        gang = cls(workers, events, log_path, logs, ranks)
+        with _LIVE_LOCK:
+            _LIVE.add(gang)
+        return gang
+
+    @property
+    def spmd(self) -> bool:
+        return self.ranks[0] is not None
+
+    def next_event(self, deadline: float) -> tuple[int, Arrival] | None:
+        """(member, what it sent) (see `Arrival`); None past the deadline."""
+        if self.backlog:
+            return self.backlog.popleft()
+        try:
+            return self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return None
+
+    def drive(self, trials: list[Trial], ctx: Context) -> list[Record]:
+        """Collect records for `trials` in order until they are done or the gang fails.
+
+        Returns the records made; a prefix of `trials`. Records for a failed setup cover all
+        trials, so the caller never restarts a gang that cannot start.
+        """
+        ready = self._await_ready(ctx.startup_timeout_s)
+        if "device_info" not in ready:
+            records = [self._unstarted_record(t, ready, ctx) for t in trials]
+            if ready.get("timed_out") and ctx.launch.multi_node:
+                # Every later job would wait as long for the same absent node: stop the run.
+                raise XbenchError(f"no worker of this node ({ctx.launch.node_rank} of {ctx.launch.nnodes}) started "
+                                  f"within {ctx.startup_timeout_s:g} s (--startup-timeout): another node is missing "
+                                  "or failed; run the same xbench command on every node, then --resume")
+            return records
+        done: list[Record] = []
+        for trial in trials:
+            record = self._trial_record(trial, ready["device_info"], ctx)
+            done.append(record)
+            ctx.write(record)
+            ctx.listener.trial_finished(trial, record)
+            # A failed rank may leave the others inside a collective: start afresh, as after
+            # anything that stopped the gang (a timeout, an event it could not read).
+            if record["status"] in ("timeout", "crashed") or self.stopped or (self.spmd and record["status"] != "ok"):
+                break
+        return done
+
+    def _await_ready(self, timeout_s: float) -> dict[str, Any]:
+        """{"device_info": member 0's} once every member is ready, else what went wrong."""
+        deadline, waiting = time.monotonic() + timeout_s, set(range(len(self.workers)))
+        infos: dict[int, dict[str, Any]] = {}
+        early = []  # a ready member's later events, while others still start
+        while waiting:
+            item = self.next_event(deadline)
+            if item is None:
+                self.stop()
+                return {"status": "failed", "timed_out": True,
+                        "reason": f"worker did not start within {timeout_s:g} s (--startup-timeout)"}
+            index, event = item
+            if index not in waiting:
+                early.append(item)
+                continue
+            if event is None:
+                return {"status": "failed", "reason": f"worker failed to start: {self._exit_reason(index)}"}
+            if isinstance(event, WireError):
+                return {"status": "failed", "reason": self._who(index) + _unreadable(event)}
+            if isinstance(event, Unavailable):
+                return {"status": "skipped", "reason": self._who(index) + event.reason}
+            if isinstance(event, SetupFailed):
+                return {"status": "failed", "reason": f"backend setup failed: {self._who(index)}{event.reason}"}
+            if isinstance(event, Ready):
+                waiting.discard(index)
+                infos[index] = event.device_info
+        self.backlog.extend(early)
+        # Member 0 speaks for the job; each rank names only its own device.
+        names = [name for i in sorted(infos) for name in infos[i]["device_names"]]
+        return {"device_info": {**infos[0], "device_names": names}}
+
+    def _trial_record(self, trial: Trial, devices: dict[str, Any], ctx: Context) -> Record:
+        started = _now()
+        ctx.listener.trial_started(trial)
+        self.backlog.extendleft(reversed(self.ahead))
+        self.ahead = []
+        if self.exited:
+            index = min(self.exited)
+            return _record(trial, ctx, "crashed", self._who(index) + self._exit_reason(index), devices, started)
+        deadline = time.monotonic() + ctx.startup_timeout_s + trial.protocol.trial_timeout_s
+        results: dict[int, Result] = {}
+        while True:
+            item = self.next_event(deadline)
+            if item is None:
+                self.stop()
+                reason = f"timed out after {trial.protocol.trial_timeout_s:g} s (protocol.trial_timeout_s)"
+                return _record(trial, ctx, "timeout", reason, devices, started)
+            index, event = item
+            if event is None and index in self.finished:
+                continue  # said "done" after its last trial, then exited
+            if event is None and index in results:
+                self.exited.add(index)  # reported this trial, then died: the next trial fails at once
+                continue
+            if event is None:
+                return _record(trial, ctx, "crashed", self._who(index) + self._exit_reason(index), devices, started)
+            if isinstance(event, WireError):
+                self.stop()  # what else it says cannot be trusted either
+                return _record(trial, ctx, "failed", self._who(index) + _unreadable(event), devices, started)
+            if isinstance(event, (Start, Window, Result)) and event.trial != trial.id:
+                self.ahead.append(item)  # this member already works on a later trial
+                continue
+            if isinstance(event, Done):
+                self.finished.add(index)
+            elif isinstance(event, Start) and index == 0:
+                deadline = time.monotonic() + trial.protocol.trial_timeout_s
+            elif isinstance(event, Window) and index == 0:
+                ctx.listener.window_done(trial, event.done)
+            elif isinstance(event, Result):
+                if event.status != "ok" and self.spmd:
+                    return _record(trial, ctx, event.status, self._who(index) + str(event.reason), devices, started)
+                results[index] = event
+                if len(results) == len(self.workers):
+                    first = results[0]
+                    return _record(trial, ctx, first.status, first.reason, devices, started, first.measured())
+
+    def _who(self, index: int) -> str:
+        return f"rank {self.ranks[index]}: " if self.spmd else ""
+
+    def _unstarted_record(self, trial: Trial, ready: dict[str, Any], ctx: Context) -> Record:
+        record = _record(trial, ctx, ready["status"], ready["reason"], None, _now())
+        ctx.write(record)
+        ctx.listener.trial_finished(trial, record)
+        return record
+
+    def _exit_reason(self, index: int) -> str:
+        code = self.workers[index].process.wait()
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return f"worker {how}; last output: {self._last_log_line(index)}"
+
+    def _last_log_line(self, index: int) -> str:
+        path, offset = self.logs[index]
+        try:
+            with open(path, "rb") as log:
+                log.seek(offset)
+                lines = log.read().decode(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        meaningful = [line.strip() for line in lines if line.strip() and not line.startswith("=== ")]
+        return meaningful[-1][:300] if meaningful else "(none)"
+
+    def stop(self) -> None:
+        """End every member and anything they started: all killed first, then reaped, so an
+        interruption while waiting cannot leave a later rank alive. Member logs go into the
+        run's log."""
+        for worker in self.workers:
+            worker.kill()
+        for worker in self.workers:
+            worker.stop()
+        if not self.stopped:
+            self._collect_logs()
+        self.stopped = True
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+
+    def _collect_logs(self) -> None:
+        for rank, (path, _) in zip(self.ranks, self.logs):
+            try:
+                text = path.read_bytes()
+            except OSError:
+                continue
+            _append_log(self.log_path, (f"--- rank {rank}\n".encode() if self.spmd else b"") + text)
+            path.unlink(missing_ok=True)
+
+
+def adopt_member_logs(run_dir: Path) -> None:
+    """Member logs left by a run killed before its gangs stopped (SIGKILL) go into the run's
+    log, so that a resumed run leaves no stray file and loses none of their lines."""
+    log_path = Path(run_dir) / LOG_FILE
+    for path in sorted(Path(run_dir).glob(f"{LOG_FILE}.*")):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        _append_log(log_path, f"--- {path.name}, left by an interrupted run\n".encode() + data)
+        path.unlink(missing_ok=True)
+
+
+def _append_log(path: Path, data: bytes) -> None:
+    """Add to the run's log. The log explains failures but is not a result: a full disk costs
+    its lines, never the run (the records' own writer reports what is lost)."""
+    try:
+        with open(path, "ab") as log:
+            log.write(data)
+    except OSError:
+        pass
+
+
+def _unreadable(err: WireError) -> str:
+    return f"worker sent an event xbench cannot read: {err}"
+
+
+def skipped_record(trial: Trial, ctx: Context, reason: str) -> Record:
+    """The record of a trial that was not run, and why."""
+    return _record(trial, ctx, "skipped", reason, None, _now())
+
+
+# Set by torchrun for xbench itself; a worker must see only what its own launcher sets
+# (torch's TORCHELASTIC_USE_AGENT_STORE would make rank 0 wait for a store nobody hosts).
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+
+def worker_environment() -> dict[str, str]:
+    """xbench's own environment for a worker, less what only xbench's launcher may set: the
+    launch variables and the run's compilation cache (a run without one has none)."""
+    private = (*LAUNCH_VARIABLES, COMPILE_CACHE_VARIABLE)
+    env = {k: v for k, v in os.environ.items() if k not in private and not k.startswith("TORCHELASTIC_")}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep framework chatter out of the log
+    env["PYTHONUNBUFFERED"] = "1"
+    env["XBENCH_PARENT_PID"] = str(os.getpid())  # the worker dies with it (see xbench.worker.main._die_with_parent)
+    return env
+
+
+def _record(trial: Trial, ctx: Context, status: str, reason: str | None, devices: dict | None,
+            started: str, extra: Mapping[str, Any] | None = None) -> Record:
+    # A Record as the schema in xbench.results.records declares it; its parts come from the
+    # trial, the worker's events and `annotate`, which are typed where they are made.
+    return cast(Record, {
+        "run_id": ctx.run_id,
+        "trial_id": trial.id,
+        "status": status,
+        "reason": reason,
+        "trial": trial.to_dict(),
+        "devices": devices,
+        "environment": ctx.environment,
+        "started_at": started,
+        "finished_at": _now(),
+        **ctx.annotate(trial),
+        **(extra or {}),
+    })
+
+
+
+
+def describe(target: str, platform: str, log_path: Path,
+             timeout_s: float = STARTUP_TIMEOUT_S) -> dict[str, Any]:
+    """What a backend's worker sees on one device: {"device_info": ...} or {"reason": ...}."""
+    gang = Gang.start([(Job(target, 1, platform), {})], log_path, label=f"describe {target}")
+    try:
+        ready = gang._await_ready(timeout_s)
+        return ready if "device_info" in ready else {"reason": ready["reason"]}
+    finally:
+        gang.stop()
+
+
+def allreduce_events(target: str, devices: int, platform: str, sizes: list[int], options: dict[str, Any],
+                     log_path: Path, timeout_s: float, launcher: str = "subprocess",
+                     launch: Launch | None = None, startup_timeout_s: float = STARTUP_TIMEOUT_S
+                     ) -> list[dict[str, Any]]:
+    """Run the all-reduce microbenchmark in one job; one result per size, with the fields of
+    an `AllReduce` event (status ok, failed, or why the job could not run it). With spmd,
+    member 0's events carry the gathered timing, and the first size any rank fails ends the
+    job (the ranks' collectives no longer match)."""
+    job = Job(target, devices, platform, mode="allreduce", sizes=tuple(sizes), options=options)
+    jobs = spmd_jobs(job, devices, launch or Launch("spmd"), 0) if launcher == "spmd" else [(job, {})]
+    gang = Gang.start(jobs, log_path, label=f"all-reduce {target} on {devices}")
+    try:
+        return _AllReduceReader(gang, sizes, timeout_s, startup_timeout_s).read()
+    finally:
+        gang.stop()
+
+
+class _AllReduceReader:
+    """Turns a gang's all-reduce events into one result per size."""
+
+    GRACE_S = 10.0  # after a rank fails: time for member 0 to report the sizes before it
+
+    def __init__(self, gang: Gang, sizes: list[int], timeout_s: float, startup_timeout_s: float) -> None:
+        self.gang, self.sizes, self.timeout_s, self.startup_timeout_s = gang, sizes, timeout_s, startup_timeout_s
+        self.order = {n: i for i, n in enumerate(sizes)}
+        self.results: list[dict[str, Any]] = []
+        self.finished: set[int] = set()  # members that said "done" (and may exit before member 0)
+        self.failure: dict[str, Any] | None = None  # the first size a rank failed (spmd)
+        self.failed_rank: int | None = None  # and that rank
+
+    def read(self) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + self.startup_timeout_s + self.timeout_s
+        while True:
+            item = self.gang.next_event(deadline)
+            if item is None or (item[1] is None and item[0] not in self.finished):  # timed out, or exited early
+                if self.failure is not None:
+                    return self._after_failure(self.failure)
+                why = f"timed out after {self.timeout_s:g} s" if item is None else self.gang._exit_reason(item[0])
+                return self._rest_failed(why)
+            index, event = item
+            who = self.gang._who(index)
+            if event is None:
+                continue  # said "done", then exited
+            if isinstance(event, WireError):
+                return self._rest_failed(who + _unreadable(event))
+            if isinstance(event, (Unavailable, SetupFailed)):
+                status = "skipped" if isinstance(event, Unavailable) else "failed"
+                return [_size_result(n, status, who + event.reason) for n in self.sizes]
+            if isinstance(event, AllReduce) and event.status != "ok" and self.gang.spmd and self.failure is None:
+                self.failure = _size_result(event.nbytes, event.status, who + str(event.reason))
+                self.failed_rank = self.gang.ranks[index]
+                deadline = min(deadline, time.monotonic() + self.GRACE_S)
+            elif isinstance(event, AllReduce) and index == 0:
+                if self.failure is not None and self.order[event.nbytes] >= self.order[self.failure["nbytes"]]:
+                    return self._after_failure(self.failure)
+                self.results.append(dataclasses.asdict(event))
+            elif isinstance(event, Done):
+                self.finished.add(index)
+                if index == 0:
+                    return self._after_failure(self.failure) if self.failure is not None else self.results
+
+    def _after_failure(self, failed: dict[str, Any]) -> list[dict[str, Any]]:
+        self.results = [r for r in self.results if r["nbytes"] != failed["nbytes"]] + [failed]
+        return self._rest_failed(f"not run: rank {self.failed_rank}: failed at {failed['nbytes']} bytes")
+
+    def _rest_failed(self, why: str) -> list[dict[str, Any]]:
+        done = {r["nbytes"] for r in self.results}
+        return self.results + [_size_result(n, "failed", why) for n in self.sizes if n not in done]
+
+
+def _size_result(nbytes: int, status: str, reason: str, timing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One size's result, as an `AllReduce` event has it (the launcher adds "skipped")."""
+    return {"nbytes": nbytes, "status": status, "reason": reason, "timing": timing}

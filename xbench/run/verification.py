@@ -1,0 +1,272 @@
+"""Run verification through worker processes and gather the checks (see xbench.results.checks)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xbench.contract import Trial, backend_of_implementation
+from xbench.experiment import Spec
+from xbench.results.checks import (
+    Check,
+    Key,
+    compared_in_float64,
+    distrust_float64,
+    failed_backends,
+    is_precision_reference,
+    is_referee,
+    lost_comparisons,
+    precision_checks,
+    precision_floors,
+    referee_checks,
+    rounding_floors,
+    run_checks,
+    verification_precision,
+)
+from xbench.results.records import Record
+from xbench.run import launcher
+from xbench.run.cluster import Launch
+from xbench.run.plan import Lineup, group_trials
+from xbench.run.registry import BackendEntry
+from xbench.run.verify_plan import is_low_precision, verification_trials
+from xbench.wire import Reference, load_reference
+
+MISSING = "missing"  # the status of a planned trial that left no record
+
+
+@dataclass(frozen=True)
+class Verification:
+    # Backends are named with their variant and program here ("torch+compile", "jax plain"):
+    # each is verified, and blamed, on its own.
+    checks: tuple[Check, ...]
+    # trial id -> why it produced no verified result: it failed, crashed (a killed worker),
+    # timed out or left no record, or the results it was to be compared with did (see `verdict`)
+    problems: dict[str, str]
+    problem_backends: frozenset[str]  # the owners of `problems`
+    unverifiable: dict[str, str]  # backend -> which capability it lacks, or that nothing compared it
+    owners: dict[str, str] = field(default_factory=dict)  # trial id of a problem -> its backend
+    floors: dict[tuple[str, str], float] = field(default_factory=dict)  # (implementation, model) -> rounding floor
+    no_floor: dict[tuple[str, str], str] = field(default_factory=dict)  # (implementation, model) -> why none
+    # (backend, model, precision) -> (initial, ten steps) floors of its as-written program in a
+    # low precision against float64 (see xbench.results.checks.LOW_PRECISION_FACTOR)
+    precision_floors: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> set[str]:
+        """Backends a failed check or a failed verification trial implicates."""
+        return failed_backends(self.checks) | set(self.problem_backends)
+
+    def outcome(self, backend: str) -> dict[str, Any]:
+        """The verification summary stored in each of the backend's (implementation's)
+        records: "passed" only where checks ran and none failed; "failed" where a check failed
+        or a result it needed is missing (`problems`); "unverifiable" where it could not run
+        or nothing compared its results."""
+        mine = [c for c in self.checks if backend in c.backends]
+        if backend not in self.failed and (backend in self.unverifiable or not mine):
+            why = self.unverifiable.get(backend, "no verification check compared its results")
+            return {"status": "unverifiable", "reason": why, "checks": len(mine), "failed": []}
+        return {
+            "status": "failed" if backend in self.failed else "passed",
+            "checks": len(mine),
+            "failed": [f"{c.check} ({c.subject}): rel {c.norm_rel:.2e} > {c.tolerance:.1e}"
+                       + (f" (floor {c.floor:.1e})" if c.floor is not None else "")
+                       for c in mine if not c.passed]
+                      + [f"{tid}: {why}" for tid, why in self.problems.items() if self.owners.get(tid) == backend],
+        }
+
+
+def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], work_dir: Path,
+           environment: dict[str, Any], listener: launcher.Listener | None = None,
+           log_dir: Path | None = None, launch: Launch | None = None,
+           launchers: Mapping[str, str] | None = None, parallel: int = 1,
+           lineups: Mapping[str, Lineup] | None = None,
+           startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> Verification:
+    """Run every backend's reference steps on 1 and each of `devices` devices, then check.
+
+    Arrays go to `work_dir` (tens of MB for large models: use a temporary directory);
+    worker output goes to `log_dir`/workers.log (default `work_dir`). Up to `parallel` worker
+    processes run at once (nothing here is timed)."""
+    names = [e.name for e in entries]
+    trials = verification_trials(spec, names, devices, launchers, lineups)
+    records: list[Record] = []
+    ctx = launcher.Context(run_id="verify", run_dir=log_dir or work_dir, environment=environment,
+                           write=records.append, arrays_dir=Path(work_dir),
+                           launch=launch or Launch(), startup_timeout_s=startup_timeout_s)
+    if listener is not None:
+        ctx.listener = listener
+    launcher.run_groups(group_trials(trials, {e.name: e.target for e in entries}), ctx, parallel)
+    return verdict(spec, names, trials, records)
+
+
+def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: Sequence[Record]
+            ) -> Verification:
+    """The checks over the records of the planned verification `trials`, and each program's
+    standing. The outcome is computed from what ran: a planned trial without an ok record
+    (failed, crashed, killed, timed out, or no record at all) is a problem of its program; so
+    is a result whose checks lost what they compare it with, and a program that nothing
+    compared is never "passed"."""
+    runs = _sorted_records(records, trials)
+    reference = next((n for n in names if n not in runs.unverifiable), names[0])
+    per_device = {m.name for m in spec.models if m.kind.batch_statistics}
+    float64 = {m.name for m in spec.models if verification_precision(m) == "fp64"}
+    floors, rejected = rounding_floors(runs.refs, runs.referees)
+    float64_checks = referee_checks({key: runs.referees[key] for key in floors}, reference)
+    checks = run_checks(runs.refs, reference_backend=reference, per_device_statistics=per_device,
+                        float64=float64, floors=floors, compared=compared_in_float64(float64_checks))
+    # A low-precision program shares its backend's model code: where the backend's own program
+    # failed a check, the float64 run it would be measured against is no yardstick.
+    failing = failed_backends(checks + float64_checks)
+    exact, no_exact = _float64_runs(runs, floors, rejected, float64, per_device, failing)
+    low_floors, low_rejected = precision_floors(runs.precision_refs, exact)
+    low_checks, unchecked = precision_checks(runs.programs, exact, low_floors,
+                                             {**runs.no_precision_ref, **low_rejected}, no_exact, float64, per_device)
+    checks += float64_checks + low_checks
+    problems, owners = dict(runs.problems), dict(runs.owners)
+    for low_key, why in unchecked.items():
+        problems[runs.trial_ids[low_key]], owners[runs.trial_ids[low_key]] = why, low_key[0]
+    untested, unpartnered = lost_comparisons(runs.expected, runs.refs, reference, per_device)
+    for key, lost in untested.items():
+        problems[runs.trial_ids[key]], owners[runs.trial_ids[key]] = runs.lost(lost), key[0]
+    unverifiable = dict(runs.unverifiable)
+    checked = {name for c in checks for name in c.backends}
+    for name in dict.fromkeys(key[0] for key in [*runs.refs, *runs.programs]):
+        if name in checked or name in owners.values() or name in unverifiable:
+            continue
+        mine = [key for key in runs.refs if key[0] == name and key in unpartnered]
+        if mine:  # only the results that would have been compared with it are missing
+            tid = runs.trial_ids[mine[0]]
+            problems[tid], owners[tid] = runs.lost([item for key in mine for item in unpartnered[key]]), name
+        else:
+            unverifiable[name] = "nothing to compare it with (one program on one device: no other result of its models)"
+    no_floor = {key: why for key, why in {**runs.no_referee, **rejected}.items() if key[0] not in runs.unverifiable}
+    return Verification(tuple(checks), problems, frozenset(owners.values()), unverifiable, owners, floors, no_floor,
+                        low_floors)
+
+
+def _float64_runs(runs: _Runs, floors: Mapping[tuple[str, str], float], rejected: Mapping[tuple[str, str], str],
+                  float64: Collection[str], per_device: Collection[str], failing: Collection[str] = ()
+                  ) -> tuple[dict[tuple[str, int, str], Reference], dict[tuple[str, int, str], str]]:
+    """For each low-precision program's backend: its trusted float64 run of the as-written
+    data-parallel program, (backend, devices, model) -> run (on 1 device, or each device count
+    of a family verified in float64 that normalises per device), and -> why there is none."""
+    found: dict[tuple[str, int, str], Reference] = {}
+    why_not: dict[tuple[str, int, str], str] = {}
+    for name, devices, model, _ in runs.programs:
+        backend = backend_of_implementation(name)
+        key = (backend, devices if model in per_device else 1, model)
+        if key in found or key in why_not:
+            continue
+        if backend in failing:
+            why_not[key] = f"{backend}, whose model it shares, failed its own checks"
+            continue
+        if model in float64:  # verified in float64: the run itself
+            run = runs.refs.get(key)
+            untrusted = distrust_float64(run) if run is not None else None
+            why = (f"{backend}'s float64 run {runs.status(key)}" if run is None
+                   else f"{backend}'s float64 run is not trusted: {untrusted}" if untrusted else None)
+        elif key[1] != 1:
+            run, why = None, f"{backend} has no float64 run of {model} on d{key[1]} ({model} normalises per device)"
+        else:
+            run = runs.referees.get((backend, model))
+            if run is None:
+                why = f"{backend}'s float64 run {runs.status((backend, model))}"
+            elif (backend, model) in rejected:
+                why = f"{backend}'s float64 run is not trusted: {rejected[(backend, model)]}"
+            elif (backend, model) not in floors:
+                why = f"{backend}'s fp32 run, where its float64 run must start, {runs.status(key)}"
+            else:
+                why = None
+        if why:
+            why_not[key] = why
+        elif run is not None:  # always so without a why
+            found[key] = run
+    return found, why_not
+
+
+@dataclass
+class _Runs:
+    """The verification records sorted: fp32 (or the family's precision) references, float64
+    referees, low-precision programs and their backends' reference runs, and what failed or
+    could not run."""
+
+    refs: dict = field(default_factory=dict)  # (implementation, devices, model) -> Reference
+    referees: dict = field(default_factory=dict)  # (implementation, model) -> its float64 Reference
+    no_referee: dict = field(default_factory=dict)  # (implementation, model) -> why its float64 run failed
+    programs: dict = field(default_factory=dict)  # (implementation, devices, model, precision) -> Reference
+    precision_refs: dict = field(default_factory=dict)  # (backend, model, precision) -> its as-written run there
+    no_precision_ref: dict = field(default_factory=dict)  # (backend, model, precision) -> why it has none
+    problems: dict = field(default_factory=dict)  # trial id -> why it produced no reference
+    owners: dict = field(default_factory=dict)  # trial id of a problem -> its implementation
+    unverifiable: dict = field(default_factory=dict)  # implementation -> the capability it lacks
+    expected: set = field(default_factory=set)  # keys of `refs` whose trials ran or should have
+    trial_ids: dict = field(default_factory=dict)  # a key of refs, referees or programs -> its trial id
+    statuses: dict = field(default_factory=dict)  # trial id -> "status: reason" of one without a result
+
+    def status(self, key: tuple) -> str:
+        """What became of the trial of `key`, for a message."""
+        tid = self.trial_ids.get(key)
+        return "was not planned" if tid is None else f"{tid} has no result ({self.statuses.get(tid, 'none')})"
+
+    def lost(self, items: Sequence[tuple[str, Key]]) -> str:
+        """Why a result is not verified: the results its checks needed are missing."""
+        by_key: dict[Key, list[str]] = {}
+        for check, key in items:
+            by_key.setdefault(key, []).append(check)
+        return "not verified: " + "; ".join(
+            f"{key[0]} d{key[1]} has no result ({self.trial_ids.get(key)} {self.statuses.get(self.trial_ids.get(key))})"
+            f", so {' and '.join(repr(c) for c in dict.fromkeys(checks))} did not run"
+            for key, checks in by_key.items())
+
+
+def _sorted_records(records: Sequence[Record], planned: Sequence[Trial] = ()) -> _Runs:
+    """The records of the `planned` trials (default: those of `records`) by role; a planned
+    trial without a record counts as one that produced nothing ("missing")."""
+    runs, ran = _Runs(), set()
+    unsupported: dict[str, str] = {}  # implementation -> why it ran none of its trials
+    by_id = {record["trial_id"]: record for record in records}
+    for trial in planned or [Trial.from_dict(record["trial"]) for record in records]:
+        record = by_id.get(trial.id) or {"status": MISSING, "reason": "its worker ended without reporting it"}
+        name, status, model = trial.implementation, record["status"], trial.model.name
+        reason = f"{status}: {record['reason']}"
+        stored = {"precision": trial.precision, "replicate": trial.replicate}
+        if status != "ok":
+            runs.statuses[trial.id] = reason
+        if is_referee(stored):
+            runs.trial_ids[(name, model)] = trial.id
+            if status == "ok":
+                runs.referees[(name, model)] = load_reference(Path(record["arrays"]))
+            elif status in ("crashed", "timeout", MISSING):  # a killed worker is a failure, not a missing floor
+                runs.problems[trial.id], runs.owners[trial.id] = reason, name
+            elif status != "skipped":
+                runs.no_referee[(name, model)] = reason
+        elif is_precision_reference(stored):
+            precision_key = (trial.backend, model, trial.precision)
+            runs.trial_ids[precision_key] = trial.id
+            if status == "ok":
+                runs.precision_refs[precision_key] = load_reference(Path(record["arrays"]))
+            else:  # the programs it serves are not verified (`precision_checks`), whoever owns them
+                runs.no_precision_ref[precision_key] = f"its {trial.precision} run {trial.id} has no result ({reason})"
+        else:
+            low = is_low_precision(trial)
+            key = (name, trial.devices, model, trial.precision) if low else (name, trial.devices, model)
+            runs.trial_ids[key] = trial.id
+            if status not in ("skipped", "unsupported") and not low:
+                runs.expected.add(key)
+            if status == "ok":
+                (runs.programs if low else runs.refs)[key] = load_reference(Path(record["arrays"]))
+            elif status == "unsupported":
+                unsupported.setdefault(name, record["reason"] or "unsupported")
+            elif status != "skipped":  # skipped: devices this machine lacks (their timing is skipped too)
+                runs.problems[trial.id], runs.owners[trial.id] = reason, name
+            if status != "unsupported":
+                ran.add(name)
+    # A variant that runs for some models only (cuDNN attention, channels-last) is verified on
+    # those; it is unverifiable only where it runs for none.
+    runs.unverifiable.update({name: why for name, why in unsupported.items() if name not in ran})
+    return runs
+
+
+def checks_as_dicts(checks: Sequence[Check]) -> list[dict[str, Any]]:
+    return [{**asdict(c), "passed": c.passed} for c in checks]

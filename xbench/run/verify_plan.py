@@ -1,0 +1,111 @@
+"""The trials `xbench verify` runs: every program on 1..N devices in strict precision, their
+float64 referees, and the low-precision reference runs (see `xbench.results.checks`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from xbench.contract import AS_WRITTEN, DATA_PARALLEL, TimingProtocol, Trial, Variant
+from xbench.experiment import Spec
+from xbench.models.model_spec import ModelSpec
+from xbench.results.checks import (
+    PRECISION_REFERENCE_REPLICATES,
+    REFEREE_PRECISION,
+    REFEREE_REPLICATE,
+    VERIFY_BATCHES,
+    VERIFY_STEPS,
+    verification_model,
+    verification_precision,
+)
+from xbench.run.plan import Lineup
+
+
+def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[int],
+                        launchers: Mapping[str, str] | None = None,
+                        lineups: Mapping[str, Lineup] | None = None) -> list[Trial]:
+    """One trial per backend x variant x program x device count (1 always included; the plain
+    program on 1 only) x model: dropout off, strict fp32 (a variant that runs only in lower
+    precisions: the first it lists, `program_precision`), a global batch that every device
+    count divides; one step per call, or two calls of `VERIFY_STEPS // 2` fused steps for a
+    variant that fuses steps; each backend started by its launcher in `launchers` (default
+    subprocess), with the variants and programs in `lineups` (default: as written,
+    data-parallel). Then the float64 referees (`referee_trials`) and, for low-precision
+    programs, their backends' reference runs in that precision (`precision_reference_trials`)."""
+    counts = sorted(set(devices) | {1})
+    protocol = TimingProtocol(warmup_steps=0, steps=VERIFY_STEPS, repeats=2, steps_per_call=1,
+                        trial_timeout_s=spec.protocol.trial_timeout_s)
+    models = [verification_model(m, counts) for m in spec.models]
+    trials = []
+    for backend in backends:
+        lineup = (lineups or {}).get(backend, Lineup())
+        for variant in lineup.variants:
+            fused = replace(protocol, steps_per_call=VERIFY_STEPS // 2) if variant.steps_per_call else protocol
+            trials += [
+                Trial(backend=backend, model=model, devices=n, global_batch=model.batch_sizes[0], scaling="strong",
+                      precision=program_precision(variant, model), platform=spec.platform,
+                      learning_rate=spec.learning_rate, seed=spec.seed,
+                      samples=model.batch_sizes[0] * VERIFY_BATCHES, protocol=fused,
+                      options=dict(spec.options.get(backend, {})),
+                      launcher=(launchers or {}).get(backend, "subprocess"), variant=variant.name, program=program)
+                for n in counts for program in lineup.verified_programs(n) for model in models
+            ]
+    trials += _as_written_for_low_precision(trials, protocol)
+    return trials + referee_trials(trials) + precision_reference_trials(trials)
+
+
+def program_precision(variant: Variant, model: ModelSpec) -> str:
+    """The precision verify runs a variant's programs in: the model's `verification_precision`,
+    unless the variant runs only in others (`Variant.precisions`): then the first of those
+    that is a spec precision (see LOW_PRECISION_FACTOR)."""
+    precision = verification_precision(model)
+    listed = variant.precisions
+    if not listed or precision in listed:
+        return precision
+    return next((p for p in listed if p in PRECISION_REFERENCE_REPLICATES), precision)
+
+
+def is_low_precision(trial: Trial) -> bool:
+    """Whether a planned verification trial is a program verified in a lower precision than
+    its model's (checked against float64 by `precision_checks`)."""
+    return trial.precision != verification_precision(trial.model) and trial.replicate == 0
+
+
+def _as_written_for_low_precision(trials: Sequence[Trial], protocol: TimingProtocol) -> list[Trial]:
+    """The as-written data-parallel trial on 1 device, in the model's verification precision,
+    of each backend and model that has low-precision programs, where the lineup left it out:
+    its float64 run (or, for a family verified in float64, itself) is their R_f64."""
+    have = {(t.backend, t.model, t.launcher) for t in trials
+            if (t.variant, t.program, t.devices, t.precision) == (AS_WRITTEN, DATA_PARALLEL, 1,
+                                                                  verification_precision(t.model))}
+    added: dict[tuple[str, ModelSpec, str], Trial] = {}
+    for t in trials:
+        if is_low_precision(t) and (t.backend, t.model, t.launcher) not in have:
+            added.setdefault((t.backend, t.model, t.launcher), replace(
+                t, devices=1, precision=verification_precision(t.model), variant=AS_WRITTEN, program=DATA_PARALLEL,
+                protocol=protocol))
+    return list(added.values())
+
+
+def referee_trials(trials: Sequence[Trial]) -> list[Trial]:
+    """For each program and variant on 1 device, of each model verified in fp32: the same
+    trial in float64, whose distance from the fp32 run is the program's rounding floor (see
+    FLOOR_FACTOR). A program that cannot run float64 just has no floor."""
+    return [replace(t, precision=REFEREE_PRECISION, replicate=REFEREE_REPLICATE) for t in trials
+            if t.devices == 1 and t.precision == "fp32" and verification_precision(t.model) == "fp32"]
+
+
+def precision_reference_trials(trials: Sequence[Trial]) -> list[Trial]:
+    """For each backend, model and low precision that a program is verified in
+    (`is_low_precision`): the backend's as-written data-parallel program on 1 device in that
+    precision, whose distance from its float64 run is the precision's floor (see
+    LOW_PRECISION_FACTOR). Its replicate number is the precision's own
+    (`PRECISION_REFERENCE_REPLICATES`), so that its id collides with no other trial's."""
+    found: dict[tuple[str, ModelSpec, str, str], Trial] = {}
+    for t in trials:
+        if is_low_precision(t):
+            key = (t.backend, t.model, t.launcher, t.precision)
+            found.setdefault(key, replace(t, devices=1, variant=AS_WRITTEN, program=DATA_PARALLEL,
+                                          replicate=PRECISION_REFERENCE_REPLICATES[t.precision],
+                                          protocol=replace(t.protocol, steps_per_call=1)))
+    return list(found.values())
