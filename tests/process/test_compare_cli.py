@@ -86,7 +86,7 @@ def test_devices_from_a_config_beyond_the_machine_are_skipped(fake_backends, run
     (("--backends", "missing"), "backend 'missing' cannot run here: missingframework not installed"),
     (("--backends", "numpy", "--model", "xl"), "unknown model 'xl'"),
     (("--backends", "numpy", "--steps", "0"),
-     "'steps' in [protocol] of the built-in defaults must be an integer >= 1, got 0"),
+     "'steps' in [protocol] of the built-in defaults with the command line's options must be an integer >= 1, got 0"),
     (("--backends", "numpy", "--repeats", "-3"), "'repeats'"),
     (("--backends", "numpy", "--batch-sizes", "33", "--devices", "1,2"), "not divisible by 2 devices"),
     (("--backends", "numpy", "--devices", "1,16"), "16 devices asked, but backend 'numpy' has 4"),

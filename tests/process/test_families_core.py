@@ -249,3 +249,25 @@ def test_a_plugin_family_is_a_family_like_the_built_in_ones(plugin_families):
 def test_plugin_presets_are_listed_with_broken_plugins(plugin_families, run_cli):
     code, out, _ = run_cli("models")
     assert code == 0 and "linear-small" in out and "failed to load" in out
+
+
+def test_a_family_plugin_that_exits_or_hangs_is_broken_not_the_end_of_xbench(monkeypatch, run_cli):
+    """Issue 28, H: family plugins load as backends do, isolated and within the timeout."""
+    from importlib.metadata import EntryPoint
+
+    import xbench.models as models
+    from xbench.plugins import TIMEOUT_VARIABLE
+
+    points = [EntryPoint("exits", "tests.support.plugin_family:Exits", models.FAMILY_GROUP),
+              EntryPoint("hangs", "tests.support.plugin_family:Hangs", models.FAMILY_GROUP)]
+    monkeypatch.setattr(models, "entry_points", lambda group: points if group == models.FAMILY_GROUP else [])
+    monkeypatch.setenv(TIMEOUT_VARIABLE, "0.5")
+    models._discover.cache_clear()
+    try:
+        code, out, err = run_cli("models")
+        broken = models.broken_families()
+    finally:
+        models._discover.cache_clear()
+    assert code == 0 and "gpt2-small" in out, err
+    assert broken == {"exits": "SystemExit: 5",
+                      "hangs": f"plugin did not answer within 0.5 s ({TIMEOUT_VARIABLE})"}

@@ -197,12 +197,14 @@ def test_schema_3_records_become_replicate_0(tmp_path):
 # -- bad input ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
-    (("--replicates", "0"), "'replicates' in [protocol] of the built-in defaults must be an integer >= 2, got 0"),
+    (("--replicates", "0"), "'replicates' in [protocol] of the built-in defaults with the command line's options "
+                            "must be an integer >= 2, got 0"),
     (("--replicates", "-3"), "must be an integer >= 2, got -3"),
     (("--replicates", "1"), "must be an integer >= 2, got 1"),
     (("--replicates", "2.5"), "Invalid value for '--replicates'"),
-    (("--window-budget", "0.2"), "'window_budget_s' (0.2) in [protocol] of the built-in defaults cannot hold one "
-                                 "replicate: 5 windows of at least min_window_s (0.1 s) need 0.5 s"),
+    (("--window-budget", "0.2"), "'window_budget_s' (0.2) in [protocol] of the built-in defaults with the command "
+                                 "line's options cannot hold one replicate: 5 windows of at least min_window_s "
+                                 "(0.1 s) need 0.5 s"),
     (("--target-ci", "-0.1"), "'target_ci'"),
     (("--order-seed", "-1"), "'order_seed'"),
     (("--order-seed", str(2**40)), "must be an integer <= 2147483647"),

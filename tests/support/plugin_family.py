@@ -44,3 +44,19 @@ class Linear:
 class Broken:
     def __init__(self):
         raise RuntimeError("this family cannot load")
+
+
+class Exits:
+    """A family plugin that ends the process it loads in (issue 28, H)."""
+
+    def __init__(self):
+        raise SystemExit(5)
+
+
+class Hangs:
+    """A family plugin that never finishes loading (issue 28, H)."""
+
+    def __init__(self):
+        import threading
+
+        threading.Event().wait()

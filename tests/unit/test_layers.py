@@ -14,13 +14,14 @@ PACKAGE = ROOT / "xbench"
 MAY_IMPORT = {
     "errors": set(),
     "stats": set(),
-    "models": {"errors", "stats"},
+    "plugins": {"errors"},
+    "models": {"plugins", "errors", "stats"},
     "contract": {"models", "stats", "errors"},
     "wire": {"contract", "models", "stats", "errors"},
     "experiment": {"contract", "models", "stats", "errors"},
     "worker": {"wire", "contract", "stats", "errors"},
     "results": {"experiment", "wire", "contract", "models", "stats", "errors"},
-    "run": {"results", "experiment", "wire", "contract", "models", "stats", "errors"},
+    "run": {"results", "experiment", "wire", "contract", "models", "plugins", "stats", "errors"},
     "report": {"results", "experiment", "contract", "models", "stats", "errors"},
     "cli": {"report", "run", "results", "experiment", "wire", "contract", "models", "stats", "errors"},
 }

@@ -102,3 +102,14 @@ def test_the_old_contract_names_are_still_exported():
            "implementation_of", "launchers_of", "probe_distributions", "programs_of", "replicate_id", "trial_id",
            "variants_of")
     assert [name for name in old if name not in contract.__all__ or not hasattr(contract, name)] == []
+
+
+def test_a_plugin_cannot_replace_a_built_in_backend_whatever_the_order():
+    """Issue 28, I: installed packages come in no set order; the built-in jax keeps its name."""
+    built_in = entry_point("jax", "xbench_backends.jax.pmap:JaxPmapBackend")
+    impostor = entry_point("jax", "tests.support.fakes:NumpyBackend")
+    for points in ([impostor, built_in], [built_in, impostor]):
+        with pytest.warns(RuntimeWarning, match="'jax' from tests.support.fakes:NumpyBackend is ignored: 'jax' is a "
+                                                "built-in backend"):
+            unique = registry.unique_points(points)
+        assert unique["jax"].value == built_in.value

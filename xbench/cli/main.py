@@ -25,6 +25,7 @@ from xbench.cli import (
     sweep_cmd,
     verify_cmd,
 )
+from xbench.cli.consoles import guarded_stdout
 from xbench.errors import Interrupted, XbenchError
 from xbench.results.records import ResultsNotWritten
 
@@ -87,6 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     errors = Console(stderr=True, highlight=False)
     args = expand_variadic(list(sys.argv[1:] if argv is None else argv))
     take_interrupts()
+    with guarded_stdout() as stdout:
+        code = _run_command(args, errors)
+    if stdout.lost is not None:
+        errors.print(f"[red]error:[/] could not write to standard output ({escape(stdout.lost)}); "
+                     "the files xbench writes (records, reports) are not affected", soft_wrap=True)
+        return max(code, NOT_WRITTEN) if code != INTERRUPTED else code
+    return code
+
+
+def _run_command(args: list[str], errors: Console) -> int:
+    """The command's exit code, every error a user can act on as one line."""
     try:
         code = app(args=args, prog_name="xbench", standalone_mode=False)
     except ResultsNotWritten as err:
@@ -102,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         errors.print("interrupted")
         return INTERRUPTED
     except _CLICK_ERROR as err:
-        errors.print(f"[red]error:[/] {escape(err.format_message())}", soft_wrap=True)
+        message = err.format_message()
+        if not message.strip():  # bare `xbench`: the parser printed the help, which says it all
+            return BAD_INPUT
+        errors.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
         return BAD_INPUT
     if code == INTERRUPTED:  # typer turns a Ctrl-C that reaches it into this exit code, silently
         errors.print("interrupted")

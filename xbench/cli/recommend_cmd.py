@@ -122,6 +122,8 @@ def _fit_sets(runs: list[Path] | None, places: list[Path] | None) -> list[Stored
     if missing:
         raise XbenchError(f"--fits {missing[0]}: no such file or directory")
     found, problems = find_fits(places or [DEFAULT_FITS])
+    if problems and not found:  # say which file could not be read, not that there is none
+        raise XbenchError(problems[0])
     for problem in problems:
         status_console().print(f"[yellow]left out[/]: {problem}")
     here = this_machine()

@@ -43,16 +43,17 @@ def run_dir_option(out: str | None) -> Path | None:
     return Path(out)
 
 
-def run_plan(plan: comparison.Comparison, no_verify: bool, resumed: bool = False) -> int:
+def run_plan(plan: comparison.Comparison, no_verify: bool, resumed: bool = False, command: str = "compare") -> int:
     """Print what runs where, call the orchestrator under a progress display, print the tables;
-    the run directory is released however this ends. Returns the command's exit code."""
+    the run directory is released however this ends. Returns the command's exit code;
+    `command` is the one that finishes an interrupted run with --resume."""
     try:
-        return _run_locked(plan, no_verify, resumed)
+        return _run_locked(plan, no_verify, resumed, command)
     finally:
         plan.release()
 
 
-def _run_locked(plan: comparison.Comparison, no_verify: bool, resumed: bool) -> int:
+def _run_locked(plan: comparison.Comparison, no_verify: bool, resumed: bool, command: str) -> int:
     err = status_console()
     for name, info in plan.devices.items():
         err.print(devices_line(name, info, plan.launchers.get(name, "subprocess")))
@@ -66,7 +67,7 @@ def _run_locked(plan: comparison.Comparison, no_verify: bool, resumed: bool) -> 
         with ProgressObserver(err, comparison.trial_count(plan, done), protocol.repeats) as observer:
             outcome = comparison.run(plan, observer, no_verify=no_verify, resumed=resumed)
     except KeyboardInterrupt:
-        raise Interrupted(_interrupted_message(plan.run_dir)) from None
+        raise Interrupted(_interrupted_message(plan.run_dir, command)) from None
     return _finish(err, plan, outcome)
 
 
@@ -97,15 +98,16 @@ def _finish(err: Console, plan: comparison.Comparison, outcome: comparison.Outco
     return 0
 
 
-def _interrupted_message(run_dir: Path) -> str:
+def _interrupted_message(run_dir: Path, command: str) -> str:
+    """What was kept, and the command (`compare` or `sweep`) that finishes the run."""
     records = run_dir / RECORDS_FILE
     kept = sum(1 for _ in iter_records(records)) if records.exists() else 0
     if kept:
         return (f"interrupted; {kept} finished trial record(s) kept in {records}; "
-                f"`xbench compare --resume {run_dir}` runs the rest")
+                f"`xbench {command} --resume {run_dir}` runs the rest")
     if (run_dir / RUN_FILE).exists():
         return (f"interrupted before any trial finished; nothing was measured yet; "
-                f"`xbench compare --resume {run_dir}` starts it again")
+                f"`xbench {command} --resume {run_dir}` starts it again")
     return "interrupted before the run started; nothing was written"
 
 

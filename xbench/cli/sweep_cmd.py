@@ -67,7 +67,7 @@ def sweep(
     with err.status("finding devices for each backend…"):
         plan = comparison.prepare(spec, run_dir_option(out), strict_devices=devices is not None, breakdown=True)
     err.print(_announce(plan, platform))
-    code = run_plan(plan, no_verify)
+    code = run_plan(plan, no_verify, command="sweep")
     _fit_and_save(plan.run_dir)
     return code
 
@@ -76,7 +76,7 @@ def _resume(run_dir: Path, no_verify: bool, given: dict) -> int:
     check_resume_alone(given)
     plan = comparison.resume(run_dir)
     if comparison.trial_count(plan, finished_trials(run_dir)):
-        code = run_plan(plan, no_verify, resumed=True)  # releases the run directory
+        code = run_plan(plan, no_verify, resumed=True, command="sweep")  # releases the run directory
     else:
         plan.release()
         code = 0

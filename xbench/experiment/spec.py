@@ -97,7 +97,7 @@ def load_raw(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {key: value for key, value in DEFAULT_RAW.items()}
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # editors that add a byte-order mark
     except OSError as err:
         raise SpecError(f"cannot read config {path}: {err.strerror}") from None
     except UnicodeDecodeError:
@@ -112,7 +112,23 @@ def load_spec(path: Path | None = None, overrides: Mapping[str, Any] | None = No
     """Load a spec file, apply command-line overrides, validate, and freeze."""
     raw = load_raw(path)
     source = str(path) if path is not None else "the built-in defaults"
-    return build_spec(apply_overrides(raw, overrides or {}), source)
+    if not overrides:
+        return build_spec(raw, source)
+    try:
+        return build_spec(apply_overrides(raw, overrides), source)
+    except SpecError:
+        if not _valid(raw, source):
+            raise  # the file's own fault, named as the file's
+    # The file alone is fine: the command line's options made the fault, so say so.
+    return build_spec(apply_overrides(raw, overrides), f"{source} with the command line's options")
+
+
+def _valid(raw: Mapping[str, Any], source: str) -> bool:
+    try:
+        build_spec(raw, source)
+    except SpecError:
+        return False
+    return True
 
 
 def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -476,7 +492,7 @@ def _positive_list(table: Mapping[str, Any], key: str, default: Any, where: str,
         raise SpecError(f"'{key}' in {where} must be a non-empty list of positive integers <= {maximum}, "
                         f"got {value!r}")
     if unique and len(set(value)) != len(value):
-        raise SpecError(f"'{key}' in {where} lists a value twice: {value!r}")
+        raise SpecError(f"'{key}' in {where} lists a value twice: {_brief(value)}")
     return value
 
 

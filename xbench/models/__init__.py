@@ -14,10 +14,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
+
+from xbench.plugins import TIMEOUT_VARIABLE, call_all, described, plugin_timeout
 
 FAMILY_GROUP = "xbench.families"
 
@@ -118,15 +120,26 @@ def builtin_families() -> dict[str, Family]:
 def _discover() -> tuple[dict[str, Family], dict[str, str]]:
     """Built-in families, then plugins' (a plugin cannot replace a built-in name), and the
     plugins that failed to load, with why (a broken plugin must not take the rest down)."""
-    found, broken = builtin_families(), {}
-    for point in entry_points(group=FAMILY_GROUP):
-        if point.name in found:
-            continue
-        try:
-            found[point.name] = point.load()()
-        except Exception as err:
-            broken[point.name] = f"{type(err).__name__}: {err}"
+    found = builtin_families()
+    broken: dict[str, str] = {}
+    points = {p.name: p for p in entry_points(group=FAMILY_GROUP) if p.name not in found}
+    if not points:
+        return found, broken
+    timeout = plugin_timeout()
+    # A family plugin that exits, raises or hangs is broken, never the end of xbench.
+    calls = call_all({name: functools.partial(_instantiate, point) for name, point in points.items()}, timeout)
+    for name, call in calls.items():
+        if not call.done.is_set():
+            broken[name] = f"plugin did not answer within {timeout:g} s ({TIMEOUT_VARIABLE})"
+        elif call.error is not None:
+            broken[name] = described(call.error)
+        else:
+            found[name] = call.value
     return found, broken
+
+
+def _instantiate(point: EntryPoint) -> Family:
+    return point.load()()
 
 
 def families() -> dict[str, Family]:

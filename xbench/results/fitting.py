@@ -22,7 +22,9 @@ from xbench.results.records import (
     read_records,
     write_json,
 )
-from xbench.results.step_model import Fit, FitError, FitKey, Layout, Observation, alpha_beta, fit, predict_log
+from xbench.results.step_model import (
+    Fit, FitError, FitKey, Layout, Observation, alpha_beta, fit, fit_problem, predict_log,
+)
 from xbench.results.summary import rows_from_records
 from xbench.wire import utc_now
 
@@ -205,10 +207,17 @@ def read_fits(path: Path) -> StoredFits:
         raw = json.loads(Path(path).read_text())
         if raw.get("schema") != FIT_SCHEMA:
             raise FitError(f"{path}: fit schema {raw.get('schema')} is not {FIT_SCHEMA}; refit with xbench sweep")
-        return StoredFits(Path(path), raw["machine"], raw["created"], tuple(fit_from_dict(f) for f in raw["fits"]))
+        stored = StoredFits(Path(path), str(raw["machine"]), str(raw["created"]),
+                            tuple(fit_from_dict(f) for f in raw["fits"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise FitError(f"{path} is not a readable fit ({type(err).__name__}: {err}); "
                        "delete it or refit with xbench sweep") from None
+    for one in stored.fits:
+        problem = fit_problem(one)
+        if problem:
+            raise FitError(f"{path}: the fit of {one.key.backend} {problem}; the file was edited or damaged: "
+                           "delete it or refit with xbench sweep")
+    return stored
 
 
 # ----------------------------------------------------------------------------- validation

@@ -27,9 +27,10 @@ disk. Validation (`_record_problem`) checks only what readers cannot do without.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal, TypedDict, TypeGuard, cast, overload
 
@@ -447,9 +448,22 @@ def read_records(run_dir: Path, name: str = RECORDS_FILE) -> list[Record] | list
     raw = list(_valid_records(path))
     if not raw:
         raise XbenchError(f"{path} holds no records; the run finished no trial")
+    if name == RECORDS_FILE and (Path(run_dir) / RUN_FILE).exists():  # all-reduce records carry no run id
+        check_same_run(read_run(run_dir)["run_id"], (r.get("run_id") for r in raw), path)
     if name == ALLREDUCE_FILE:
         return [cast(AllReduceRecord, record) for record in raw]
     return latest_per_trial([cast(Record, record) for record in raw])
+
+
+def check_same_run(run_id: str, record_run_ids: Iterable[Any], records_path: Path,
+                   fix: str = "keep one run per directory") -> None:
+    """A run directory holds one run: a record of another run (a file copied in, two runs
+    appended to one file) would be counted as this run's, or replace one of its trials."""
+    others = sorted({str(r) for r in record_run_ids if r != run_id})
+    if others:
+        shown = ", ".join(_brief(o, 40) for o in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise XbenchError(f"{records_path} holds records of run(s) {shown}, but {RUN_FILE} is run {run_id}: "
+                          f"the directory mixes runs; {fix}")
 
 
 def latest_per_trial(records: list[Record]) -> list[Record]:
@@ -553,11 +567,12 @@ def _record_problem(record: Mapping[str, Any]) -> str | None:
     trial = record["trial"]
     if not isinstance(trial, dict):
         return "has a trial that is not a table"
-    for key, ok in (("backend", lambda v: isinstance(v, str) and v), ("devices", lambda v: _is_int(v) and v > 0),
-                    ("global_batch", lambda v: _is_int(v) and v > 0),
+    for key, ok in (("backend", lambda v: isinstance(v, str) and v),
+                    ("devices", lambda v: _is_int(v) and 0 < v <= MOST_DEVICES),
+                    ("global_batch", lambda v: _is_int(v) and 0 < v <= MOST_SAMPLES),
                     ("model", lambda v: isinstance(v, dict) and isinstance(v.get("name"), str))):
         if not ok(trial.get(key)):
-            return f"has trial.{key} {trial.get(key)!r}"
+            return f"has trial.{key} {_brief(trial.get(key))}"
     if not isinstance(record.get("trial_id"), str) or not record["trial_id"]:
         return f"lacks a trial_id (has {record.get('trial_id')!r})"
     if record.get("status") not in STATUSES:
@@ -567,26 +582,52 @@ def _record_problem(record: Mapping[str, Any]) -> str | None:
     return None
 
 
+# What a measurement can be. No timer measures a window shorter than a nanosecond, no trial
+# runs a week, and a step count must survive the float arithmetic of the statistics (2**53):
+# anything outside is damage (a hand edit, a broken disk), and would overflow or divide by
+# almost nothing downstream.
+SHORTEST_S = 1e-9
+LONGEST_S = 7 * 24 * 3600.0
+MOST_STEPS = 2**53
+MOST_DEVICES = 65_536
+MOST_SAMPLES = 2**31 - 1
+
+
+def _seconds(value: Any, shortest: float = SHORTEST_S) -> bool:
+    return _is_number(value) and math.isfinite(value) and shortest <= value <= LONGEST_S
+
+
 def _timing_problem(timing: Any) -> str | None:
     if not isinstance(timing, dict):
         return "is ok but lacks its timing"
     windows = timing.get("window_s")
-    if not isinstance(windows, list) or not windows or not all(_is_number(w) and w > 0 for w in windows):
-        return "has timing.window_s that is not a list of positive seconds"
-    if not _is_int(timing.get("steps_per_window")) or timing["steps_per_window"] < 1:
-        return f"has timing.steps_per_window {timing.get('steps_per_window')!r}"
-    if not _is_number(timing.get("first_call_s")):
-        return f"has timing.first_call_s {timing.get('first_call_s')!r}"
+    if not isinstance(windows, list) or not windows or not all(_seconds(w) for w in windows):
+        return (f"has timing.window_s that is not a list of seconds between {SHORTEST_S:g} and "
+                f"{LONGEST_S:g}: {_brief(windows)}")
+    steps = timing.get("steps_per_window")
+    if not _is_int(steps) or not 1 <= steps <= MOST_STEPS:
+        return f"has timing.steps_per_window {_brief(steps)}"
+    if not _seconds(timing.get("first_call_s"), shortest=0.0):
+        return f"has timing.first_call_s {_brief(timing.get('first_call_s'))}"
     return None
 
 
+def _brief(value: Any, limit: int = 60) -> str:
+    """A value for a one-line error, cut short (a damaged file may hold anything)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def _allreduce_problem(record: Mapping[str, Any]) -> str | None:
-    for key, ok in (("backend", lambda v: isinstance(v, str) and v), ("devices", lambda v: _is_int(v) and v > 0),
-                    ("nbytes", lambda v: _is_int(v) and v > 0), ("status", lambda v: v in STATUSES)):
+    for key, ok in (("backend", lambda v: isinstance(v, str) and v),
+                    ("devices", lambda v: _is_int(v) and 0 < v <= MOST_DEVICES),
+                    ("nbytes", lambda v: _is_int(v) and 0 < v <= MOST_STEPS), ("status", lambda v: v in STATUSES)):
         if key not in record:
             return f"lacks {key}"
         if not ok(record[key]):
-            return f"has {key} {record[key]!r}"
+            return f"has {key} {_brief(record[key])}"
+    if record["status"] == "ok":
+        return _timing_problem(record.get("timing"))
     return None
 
 
@@ -622,7 +663,32 @@ def _run_problem(run: Any) -> str | None:
                                               ("breakdown", bool))
     for key, kind in optional:
         if key in run and not isinstance(run[key], kind):
-            return f"has {key} {run[key]!r}"
+            return f"has {key} {_brief(run[key])}"
+    if not isinstance(run["spec"].get("protocol"), dict):  # every release recorded the protocol
+        return f"has spec.protocol {_brief(run['spec'].get('protocol'))}, not a table"
+    return _launch_problem(run.get("launch", {}))
+
+
+def _launch_problem(launch: Mapping[str, Any]) -> str | None:
+    """run.json's launch table, as `xbench.run.cluster.Launch.to_dict` writes it (plus the
+    launcher each backend started with)."""
+    def count(least: int) -> Callable[[Any], bool]:
+        return lambda v: _is_int(v) and least <= v <= MOST_DEVICES
+
+    kinds: dict[str, Callable[[Any], bool]] = {
+        "launcher": lambda v: isinstance(v, str), "source": lambda v: isinstance(v, str),
+        "nproc_per_node": lambda v: v is None or count(1)(v), "nnodes": count(1), "node_rank": count(0),
+        "coordinator": lambda v: v is None or isinstance(v, str),
+        "hosts": lambda v: isinstance(v, list) and all(isinstance(h, str) for h in v),
+        "backends": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+    }
+    for key, value in launch.items():
+        if key not in kinds:
+            return f"has launch.{_brief(key, 30)}, which xbench never writes"
+        if not kinds[key](value):
+            return f"has launch.{key} {_brief(value)}"
+    if launch.get("node_rank", 0) >= launch.get("nnodes", 1):
+        return f"has launch.node_rank {launch['node_rank']} of {launch.get('nnodes', 1)} nodes"
     return None
 
 

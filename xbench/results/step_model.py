@@ -305,6 +305,32 @@ def _bounds(layout: Layout, which: int) -> np.ndarray:
     return np.array([*logs, SIZE_EXPONENT[which], *comm])
 
 
+def fit_problem(fit: Fit) -> str | None:
+    """Why a stored fit cannot be one the fitter made, or None: every parameter vector (the
+    fit's and its bootstrap's) within the bounds the fitter searches, finite numbers elsewhere.
+    A hand-edited or damaged fit.json would otherwise answer with NaN or complex numbers."""
+    if not (math.isfinite(fit.layout.flops_ref) and fit.layout.flops_ref > 0):
+        return f"has flops_ref {fit.layout.flops_ref!r}"
+    if not fit.layout.devices or any(not isinstance(p, int) or p < 1 for p in fit.layout.devices):
+        return f"has devices {list(fit.layout.devices)!r}"
+    low, high = _bounds(fit.layout, 0), _bounds(fit.layout, 1)
+    for name, theta in (("theta", fit.theta), *(("a bootstrap theta", b) for b in fit.bootstrap)):
+        vector = np.asarray(theta, dtype=float)
+        if vector.shape != low.shape or not np.all(np.isfinite(vector)):
+            return f"has {name} of {vector.size} values, not {low.size} finite ones"
+        if np.any(vector < low - 1e-9) or np.any(vector > high + 1e-9):
+            return f"has {name} outside the fitter's bounds"
+    ranges: tuple[tuple[str, Sequence[float]], ...] = (
+        ("residual_sd", (fit.residual_sd,)), ("params_range", fit.params_range), ("batch_range", fit.batch_range),
+        ("size_law", fit.size_law))
+    for name, values in ranges:
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            return f"has {name} {list(values)!r}"
+    if fit.residual_sd < 0 or min(fit.params_range) <= 0 or min(fit.batch_range) <= 0:
+        return "has a negative spread or a range below 1"
+    return None
+
+
 def _least_squares(obs: Sequence[Observation], layout: Layout, start: np.ndarray,
                    targets: np.ndarray | None = None) -> np.ndarray:
     from scipy.optimize import least_squares

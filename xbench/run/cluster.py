@@ -72,6 +72,10 @@ def resolve_launch(launcher: str = "auto", nproc_per_node: int | None = None, nn
             found = _from_environment(env)
         except MalformedEnvironment:
             raise  # it might hide a multi-node job, which one process must not run in
+        except SeveralTasksPerNode:
+            # An allocation of several nodes would run on this one alone; one node's batch
+            # script sees its allocation's task count but runs once, and may go on.
+            found = {"nnodes": _env_int(env, "SLURM_NNODES", 1, minimum=1), "source": "SLURM"}
         except XbenchError:  # a layout spmd could not use says nothing against one process
             found = {}
         if found.get("nnodes", 1) > 1:
@@ -138,8 +142,7 @@ MAX_ENV_INT = 10**18  # node counts, ranks and job ids are far smaller; longer d
 
 def _malformed(name: str, value: str, expected: str) -> MalformedEnvironment:
     """The error for variable `name` set to `value`; `expected` says what it should hold."""
-    shown = repr(value) if len(value) <= 60 else f"{value[:60]!r}... ({len(value)} characters)"
-    return MalformedEnvironment(f"environment variable {name}={shown} {expected}; correct or unset it")
+    return MalformedEnvironment(f"environment variable {name}={_brief_value(value)} {expected}; correct or unset it")
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int = MAX_ENV_INT) -> int:
@@ -173,12 +176,21 @@ def _hosts_only(env: Mapping[str, str]) -> dict:
     return {"hosts": hosts}
 
 
+class SeveralTasksPerNode(XbenchError):
+    """SLURM started several xbench processes per node, whatever the launcher."""
+
+
+def _brief_value(value: str) -> str:
+    return repr(value) if len(value) <= 60 else f"{value[:60]!r}... ({len(value)} characters)"
+
+
 def _from_slurm(env: Mapping[str, str]) -> dict:
     tasks_per_node = env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0].strip()
     if tasks_per_node not in ("", "1"):
-        raise XbenchError(f"SLURM_NTASKS_PER_NODE is {env['SLURM_NTASKS_PER_NODE']!r}: under SLURM run one "
-                          "xbench per node (srun --ntasks-per-node=1); xbench starts --nproc-per-node ranks "
-                          "on each node itself")
+        raise SeveralTasksPerNode(
+            f"SLURM_NTASKS_PER_NODE is {_brief_value(env['SLURM_NTASKS_PER_NODE'])}: under SLURM run one xbench "
+            "per node (srun --ntasks-per-node=1); xbench starts its worker processes (--nproc-per-node ranks "
+            "with --launcher spmd) itself, and several copies would time each other's work")
     # The step's nodes (an `srun -N1` inside a bigger allocation is a one-node job).
     variable, nodelist = _slurm_nodelist(env)
     hosts = expand_nodelist(nodelist, variable)

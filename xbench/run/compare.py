@@ -44,6 +44,7 @@ from xbench.results.records import (
     RecordWriter,
     ResultsNotWritten,
     RunInfo,
+    check_same_run,
     finished_trials,
     iter_records,
     prepare_run_dir,
@@ -56,7 +57,7 @@ from xbench.run.cluster import Launch
 from xbench.run.environment import command_line, host_environment
 from xbench.run.plan import AS_WRITTEN_VARIANT, Lineup, group_trials, plan_trials
 from xbench.run.registry import BackendEntry, discover, resolve
-from xbench.run.rundir import RunDirLock, check_new_run_dir, check_same_run, discard_run_files, present_run_files
+from xbench.run.rundir import RunDirLock, check_new_run_dir, discard_run_files, present_run_files
 from xbench.run.verification import Verification, checks_as_dicts, verify
 
 VERIFY_FILE = "verify.json"
@@ -305,7 +306,11 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, break
 def claim_new_run_dir(comparison: Comparison, run_dir: Path | None) -> Comparison:
     """Create (or take an empty) run directory, results/<run id> by default, and lock it; a
     one-line error when another run holds it or it already holds a run."""
-    created = run_dir is None or not run_dir.exists()
+    try:
+        created = run_dir is None or not run_dir.exists()
+    except OSError as err:  # a name too long, a path through a file: the system's own words
+        raise XbenchError(f"cannot use {_shown_path(run_dir)} as a run directory: {err.strerror or err}; "
+                          "choose another --out") from None
     run_dir = prepare_run_dir(run_dir or default_run_dir(comparison.run_id))
     lock = RunDirLock(run_dir)
     claimed = replace(comparison, run_dir=run_dir, lock=lock, created=created)
@@ -317,6 +322,12 @@ def claim_new_run_dir(comparison: Comparison, run_dir: Path | None) -> Compariso
         claimed.release()
         raise
     return claimed
+
+
+def _shown_path(path: Path | None, limit: int = 120) -> str:
+    """A path for a one-line error, its middle cut out when it is long."""
+    text = str(path)
+    return text if len(text) <= limit else f"{text[:limit // 2]}…{text[-limit // 2:]} ({len(text)} characters)"
 
 
 def resolved(spec: Spec, devices: Mapping[str, Mapping[str, Any]], launch: Launch) -> Spec:
@@ -381,7 +392,8 @@ def _resumed(run_dir: Path, lock: RunDirLock, startup_timeout_s: float) -> Compa
         raise XbenchError(f"--resume: {source} is damaged ({type(err).__name__}: {err})") from None
     records = run_dir / RECORDS_FILE
     if records.exists():
-        check_same_run(saved["run_id"], (r.get("run_id") for r in iter_records(records)), records)
+        check_same_run(saved["run_id"], (r.get("run_id") for r in iter_records(records)), records,
+                       fix="resume a directory that holds one run")
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
         ready = ready_backends(spec, Path(tmp), strict_devices=False, launch=launch,
                                startup_timeout_s=startup_timeout_s)

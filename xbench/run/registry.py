@@ -18,23 +18,20 @@ ends with the process. Only KeyboardInterrupt gets through.
 from __future__ import annotations
 
 import functools
-import math
-import os
 import threading
 import time
 import warnings
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, ValuesView
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from xbench.contract import Availability, Backend, missing_methods
-from xbench.errors import BackendError, XbenchError
-from xbench.experiment import MAX_SECONDS
+from xbench.errors import BackendError
+from xbench.plugins import TIMEOUT_VARIABLE as TIMEOUT_VARIABLE  # re-exported: tests and docs name it here
+from xbench.plugins import clipped, described, plugin_timeout
 
 GROUP = "xbench.backends"
-TIMEOUT_VARIABLE = "XBENCH_PROBE_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -105,10 +102,24 @@ def refresh() -> None:
     discover.cache_clear()
 
 
+BUILT_IN_PACKAGE = "xbench_backends."  # where the built-in backends live (pyproject.toml)
+
+
+def is_built_in(point: EntryPoint) -> bool:
+    return point.value.startswith(BUILT_IN_PACKAGE)
+
+
 def unique_points(points: list[EntryPoint]) -> dict[str, EntryPoint]:
-    """Entry points by name, sorted; a name registered twice keeps its first registration."""
+    """Entry points by name, sorted. A built-in backend's name belongs to it whatever order the
+    installed packages come in (a plugin cannot replace `jax`, as none can replace a built-in
+    model family); otherwise a name registered twice keeps its first registration."""
     unique: dict[str, EntryPoint] = {}
-    for point in points:
+    for point in sorted(points, key=lambda p: not is_built_in(p)):  # stable: built-ins first
+        if point.name in unique and is_built_in(unique[point.name]):
+            warnings.warn(
+                f"xbench backend {point.name!r} from {point.value} is ignored: {point.name!r} is a built-in "
+                "backend; register the plugin under another name", RuntimeWarning, stacklevel=3)
+            continue
         if point.name in unique:
             warnings.warn(
                 f"xbench backend {point.name!r} is registered twice ({unique[point.name].value} "
@@ -125,17 +136,7 @@ def load_entries(points: list[EntryPoint]) -> dict[str, BackendEntry]:
 
 def probe_timeout() -> float:
     """Seconds the plugins being loaded may take to load and probe (see the module docstring)."""
-    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
-    if not text:
-        return DEFAULT_TIMEOUT_S
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not 0 < seconds <= MAX_SECONDS:  # also refuses nan; past a week, waits overflow the clock
-        raise XbenchError(f"{TIMEOUT_VARIABLE} must be a positive number of seconds up to {MAX_SECONDS:g}, "
-                          f"got {text!r}")
-    return seconds
+    return plugin_timeout()
 
 
 def load_points(points: list[EntryPoint]) -> dict[str, BackendEntry]:
@@ -191,24 +192,21 @@ def _entry(attempt: _Attempt, timeout: float) -> BackendEntry:
     if isinstance(error, KeyboardInterrupt):
         raise error  # the user's, even when it arrived in the plugin's thread
     if error is not None and attempt.stage != "probe":
-        return _unavailable(point, f"plugin failed to load: {_describe(error)}", warn=True)
+        return _unavailable(point, f"plugin failed to load: {described(error)}", warn=True)
     if error is not None:
-        return _unavailable(point, f"probe failed: {_describe(error)}")
+        return _unavailable(point, f"probe failed: {described(error)}")
     if not isinstance(attempt.availability, Availability):
         return _unavailable(point, f"probe returned {type(attempt.availability).__name__}, not an Availability")
-    return BackendEntry(point.name, point.value, attempt.backend, attempt.availability)
+    availability = attempt.availability
+    if availability.reason:  # a plugin's words, shown in one-line errors: one line, of sane length
+        availability = replace(availability, reason=clipped(availability.reason))
+    return BackendEntry(point.name, point.value, attempt.backend, availability)
 
 
 def _unavailable(point: EntryPoint, reason: str, warn: bool = False) -> BackendEntry:
     if warn:  # a plugin that cannot even load is worth a warning; a failed probe is routine
         warnings.warn(f"xbench backend {point.name!r}: {reason}", RuntimeWarning, stacklevel=4)
     return BackendEntry(point.name, point.value, None, Availability(False, reason=reason))
-
-
-def _describe(error: BaseException) -> str:
-    """`Type: message` on one line, e.g. "SystemExit: 3"."""
-    message = " ".join(str(error).split())
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 def instantiate(cls: type, name: str) -> Backend:

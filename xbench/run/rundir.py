@@ -128,10 +128,3 @@ def check_new_run_dir(run_dir: Path) -> None:
         raise XbenchError(f"{run_dir} already holds a run ({', '.join(found)}); finish it with "
                           f"`xbench compare --resume {run_dir}`, or choose a new --out directory")
 
-
-def check_same_run(run_id: str, record_run_ids: Iterable[Any], records_path: Path) -> None:
-    """--resume appends to one run only: records of another run mean the directory was mixed."""
-    others = sorted({str(r) for r in record_run_ids if r != run_id})
-    if others:
-        raise XbenchError(f"{records_path} holds records of run(s) {', '.join(others)}, but run.json is run "
-                          f"{run_id}: the directory mixes runs; resume a directory that holds one run")
