@@ -279,7 +279,7 @@ def verify_caption(spec: Any, reference: str) -> str:
 
     float64 = [m.name for m in spec.models if verification_precision(m) == "fp64"]
     per_device = [m.name for m in spec.models if m.kind.batch_statistics]
-    cnn = "".join([f" ({', '.join(float64)}: float64, smaller, tolerances 1e-8; see xbench/verify.py)"
+    cnn = "".join([f" ({', '.join(float64)}: float64, smaller, tolerances 1e-8; see xbench/results/checks.py)"
                    if float64 else "",
                    f" ({', '.join(per_device)}: N devices against the reference backend on N)" if per_device else ""])
     return (f"dropout off, strict fp32{cnn}, global batch: {batches}; {VERIFY_STEPS} Adam steps "
