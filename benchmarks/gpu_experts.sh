@@ -7,15 +7,8 @@
 #   benchmarks/gpu_experts.sh compare MODEL    families.toml, --variants all, 1 device, bf16
 #   benchmarks/gpu_experts.sh resume RUN_DIR   continue a compare cut short (its run dir carried back)
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/xbench-gpu}
-mkdir -p "$out/run"
-trap 'tar -C "$out" -czf "$out/results.tgz" run && rm -rf "$out/run"' EXIT
-
-python3 -m pip install -q --no-deps --no-build-isolation --no-index . >"$out/run/install.log" 2>&1 \
-  || { tail -20 "$out/run/install.log"; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,power.limit --format=csv >"$out/run/gpu.csv"
-python3 -m pip list 2>/dev/null | grep -iE '^(jax|jaxlib|flax|optax|torch|triton|numpy) ' >"$out/run/versions.txt"
+export NCCL_NVLS_ENABLE=0
+source "$(dirname "$0")/_gpu_setup.sh"
 
 what=${1:?usage: $0 gpt2|resnet-mlp|compare MODEL|resume RUN_DIR}
 case "$what" in

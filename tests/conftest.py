@@ -26,6 +26,24 @@ FAKES = [
 ]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def planned_replicates_only():
+    """Runs in tests time their planned replicates only (no adaptive rounds, which would run
+    noisy fakes to the default time budget); the tests of adaptive replicates pass
+    --time-budget. Workers and subprocesses inherit it."""
+    import os
+
+    from xbench.experiment.spec import TIME_BUDGET_VARIABLE
+
+    saved = os.environ.get(TIME_BUDGET_VARIABLE)
+    os.environ[TIME_BUDGET_VARIABLE] = "0"
+    yield
+    if saved is None:
+        os.environ.pop(TIME_BUDGET_VARIABLE, None)
+    else:
+        os.environ[TIME_BUDGET_VARIABLE] = saved
+
+
 @pytest.fixture
 def fake_backends(monkeypatch):
     """The installed backends plus test fakes; workers can import `tests.support.fakes`."""

@@ -11,12 +11,13 @@ holds (`nnx.Dropout(rngs=...)`), advanced by NNX at each call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from xbench.contract import PreparedInfo, Trial, Work
+from xbench_backends.extra_work import ExtraWork
 from xbench_backends.jax.layers import float64_scope, in_precision
 from xbench_backends.jax.steps import optimizer
 
@@ -32,6 +33,7 @@ class NnxPrepared:
     xs: Any
     ys: Any
     float64: bool = False
+    extra: ExtraWork = field(default_factory=ExtraWork)  # the extra_work option's calls
 
 
 def build(trial: Trial, work: Work, device, parts, objective):
@@ -69,7 +71,7 @@ def run(prepared: NnxPrepared, steps: int) -> None:
     step, model, opt, xs, ys = prepared.step, prepared.model, prepared.optimizer, prepared.xs, prepared.ys
     loss = None
     with float64_scope(prepared.float64):
-        for _ in range(steps):
+        for _ in range(steps + prepared.extra.owed(steps)):  # + the extra_work option's calls
             loss = step(model, opt, xs, ys)
         jax.block_until_ready(loss)  # the step's one executable wrote the model's new state too
 

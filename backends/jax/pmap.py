@@ -21,13 +21,16 @@ program is the same, over the global devices. Every process holds the same numpy
 `device_put` places only its own shards; read-backs take the local shard or gather.
 
 The step programs this shares with `jax-shardmap` and `jax-auto` are in `steps`.
+
+One option (`--option jax.extra_work=F`, the same for `jax-shardmap` and `jax-auto`): a planted
+slowdown: `run` makes a fraction F more calls of the step than it counts (`xbench_backends.extra_work`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, ClassVar
 
@@ -49,6 +52,8 @@ from xbench.contract import (
     hash_weights,
     probe_distributions,
 )
+from xbench_backends import extra_work
+from xbench_backends.extra_work import ExtraWork
 from xbench_backends.jax import nnx_program
 from xbench_backends.jax.families import FAMILIES, JNP, JaxModel, build, canonical_arrays, refusal
 from xbench_backends.jax.layers import FLOAT64, compute_dtype_name, float64_scope, in_precision
@@ -94,6 +99,7 @@ class JaxPrepared:
     in_order: Any = None  # a tree shaped like the params -> its leaves in canonical order
     stacked: bool = True  # state and outputs carry a leading device axis (pmap); False: plain
     float64: bool = False  # an "fp64" trial: every call runs in x64 mode (`layers.float64_scope`)
+    extra: ExtraWork = field(default_factory=ExtraWork)  # the extra_work option's calls
 
 
 class JaxPmapBackend:
@@ -109,6 +115,9 @@ class JaxPmapBackend:
 
     def probe(self) -> Availability:
         return probe_distributions("jax", ("jax", "jaxlib", "flax", "optax"), self.install_hint)
+
+    def validate_options(self, options: dict[str, Any]) -> None:
+        extra_work.validate(options, self.name)
 
     def setup(self, devices: int, platform: str) -> DeviceInfo:
         # Allocate as needed instead of 75 % of each GPU up front, so NVML's "used" means
@@ -207,6 +216,7 @@ class JaxPmapBackend:
             else:
                 prepared = self._prepare_plain(trial, work, model)
         prepared.float64 = trial.precision == FLOAT64
+        prepared.extra = ExtraWork.of(trial.options)
         return prepared
 
     def program_refusal(self, trial: Trial) -> str | None:
@@ -295,8 +305,9 @@ class JaxPmapBackend:
         # Locals, not attribute lookups, inside the loop: it is the user's loop being timed.
         step, state, xs, ys = prepared.step, prepared.state, prepared.xs, prepared.ys
         wait = prepared.info.sync_every_call
+        calls = steps // prepared.steps_per_call
         with float64_scope(prepared.float64):  # entered once per call, outside the timed loop
-            for _ in range(steps // prepared.steps_per_call):
+            for _ in range(calls + prepared.extra.owed(calls)):  # + the extra_work option's calls
                 state, loss = step(state, xs, ys)
                 if wait:
                     loss.block_until_ready()

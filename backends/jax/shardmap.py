@@ -14,12 +14,13 @@ jax falls back to `jax.experimental.shard_map` and `lax.pvary` (untested here).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from xbench.contract import DATA_PARALLEL, PreparedInfo, Trial, Unsupported, Work, hash_weights
+from xbench_backends.extra_work import ExtraWork
 from xbench_backends.jax.families import JaxModel, build, refusal
 from xbench_backends.jax.layers import FLOAT64, float64_scope, in_precision
 from xbench_backends.jax.pmap import FUNCTIONAL, VARIANTS, JaxPmapBackend, precision_info, program_notes
@@ -48,6 +49,7 @@ class MeshPrepared:
     steps_per_call: int
     in_order: Any  # a tree shaped like the params -> its leaves in canonical order
     float64: bool = False  # an "fp64" trial: every call runs in x64 mode (`layers.float64_scope`)
+    extra: ExtraWork = field(default_factory=ExtraWork)  # the extra_work option's calls (`run` is jax's)
 
 
 class _MeshBackend(JaxPmapBackend):
@@ -89,7 +91,8 @@ class _MeshBackend(JaxPmapBackend):
                 notes=(*program_notes(trial, self.runner), *program_notes_, *model.notes),
                 settings=kernel_settings(),
             )
-        return MeshPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, model.in_order, float64)
+        return MeshPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, model.in_order, float64,
+                            ExtraWork.of(trial.options))
 
     def model(self, trial: Trial, work: Work) -> JaxModel:
         return build(trial, work, self.devices[0])

@@ -18,6 +18,9 @@ Eager PyTorch has no fused multi-step call: `steps_per_call` steps run as a Pyth
 The module imports no torch at import time (`probe` runs in the xbench process). Each family's
 model, its loss, its data placement and its weights read back in the core's canonical layout
 are in its module (`mlp`, `transformer`, `cnn`, `lstm`; the dispatch in `families`).
+
+One option (`--option torch.extra_work=F`): a planted slowdown: `run` makes a fraction F more
+training steps than it counts (`xbench_backends.extra_work`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import socket
 import sys
 import tempfile
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -56,6 +59,8 @@ from xbench.contract import (
     hash_weights,
     probe_distributions,
 )
+from xbench_backends import extra_work
+from xbench_backends.extra_work import ExtraWork
 from xbench_backends.torch import families as model_families
 
 SIMULATED_DEVICE_LIMIT = 8  # as in the jax backend: CPU "devices" are processes sharing one host
@@ -124,6 +129,7 @@ class TorchPrepared:
     all_reduce: bool
     device: Any
     step: int = 0  # the step counter: step i uses batch i % batches
+    extra: ExtraWork = field(default_factory=ExtraWork)  # the extra_work option's steps
 
 
 @dataclass
@@ -149,8 +155,7 @@ class TorchDdpBackend:
         return probe_distributions("torch", ("torch",), self.install_hint)
 
     def validate_options(self, options: dict[str, Any]) -> None:
-        for key in options:
-            raise ValueError(f"unknown option {key!r}; the torch backend takes no options")
+        extra_work.validate(options, self.name)
 
     # -- joining the job ---------------------------------------------------------------------
 
@@ -337,12 +342,12 @@ class TorchDdpBackend:
             ),
         )
         return TorchPrepared(info, forward, ddp, model, built.canonical, optimizer, xs_d, ys_d, trial.all_reduce,
-                             device)
+                             device, extra=ExtraWork.of(trial.options))
 
     def run(self, prepared: TorchPrepared, steps: int) -> None:
         import torch
 
-        for _ in range(steps):
+        for _ in range(steps + prepared.extra.owed(steps)):  # + the extra_work option's steps
             _train_step(prepared)
         if prepared.device.type == "cuda":
             torch.cuda.synchronize(prepared.device)

@@ -252,9 +252,9 @@ def test_unchanged_reruns_pass_the_gate_and_a_real_10_percent_slowdown_fails_it(
                                                     run_records(1001 + 2 * s, slower=7, replicates=replicates)
                                                     ).regressions(0.05)] == [7] for s in range(20))
 
-    # A configuration whose processes agree within 1 %: with 3 replicates a side Welch's test has
-    # 2-4 degrees of freedom, so Holm over 30 configurations catches most 10 % slowdowns, not
-    # all (16 of these 20); with 5 replicates, every one.
+    # Configurations whose processes agree within 1 % (records without devices: no run-level
+    # variation): with their spread pooled over 30 configurations, Holm over 30 catches most
+    # 10 % slowdowns at 3 replicates a side and every one at 5.
     assert caught(3) >= 14 and caught(5) == 20
 
 
@@ -317,7 +317,7 @@ def test_diff_refuses_runs_without_replicates_instead_of_passing_them(run_cli):
 
     old = str(ROOT / "results" / "2026-11-22-h200x2-jax-quick")
     code, _, err = run_cli("diff", old, old)
-    assert code == 2 and "has 2 or more replicates in both runs" in err and "Traceback" not in err
+    assert code == 2 and "has a spread in both runs (2 or more replicates)" in err and "Traceback" not in err
 
 
 def test_a_batch_inside_a_flat_range_but_not_flat_itself_is_not_host_bound():

@@ -43,7 +43,7 @@ def test_report_tables_hold_every_measured_trial(report_dir):
         assert verdict(row) in text
     assert "`tf`: passed" in text and "`jax`: passed" in text
     assert "simulated CPU devices" in text
-    assert "speedup ≥ 1.10" in text  # the verdict thresholds are stated
+    assert "multi-device beneficial (≥ 1.10)" in text  # the verdict thresholds are stated
 
 
 @pytest.mark.slow
@@ -96,7 +96,9 @@ def test_diff_flags_a_slower_run_and_exits_1(fake_backends, run_cli, tmp_path):
     assert code == 1 and "significant slowdown" in err
     assert out.count("│ regression") == 4  # all four configurations
     code, out, err = run_cli("diff", str(a), str(a))
-    assert code == 0 and "│ regression" not in out and "│ n.s." in out
+    # Simulated CPU devices carry the default run-to-run variation (3 %): a 5 % change between
+    # two single runs is below what any number of replicates could show.
+    assert code == 0 and "│ regression" not in out and out.count("│ machine too noisy to tell") == 4
 
 
 def test_diff_and_export_errors(run_cli, tmp_path):
@@ -123,4 +125,5 @@ def test_export_csv_and_parquet(fake_backends, run_cli, tmp_path):
     for frame in (csv, parquet):
         assert len(frame) == len(rows) == 4
         assert list(frame["samples_per_s_mean"]) == pytest.approx([r.throughput.mean for r in rows])
-        assert set(frame["verdict"]) <= {"baseline", "marginal", "multi-device beneficial", "single device preferred"}
+        assert set(frame["verdict"]) <= {"baseline", "about even", "inconclusive", "multi-device beneficial",
+                                         "single device preferred"}

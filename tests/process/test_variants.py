@@ -168,7 +168,8 @@ def test_the_fastest_row_per_configuration_with_the_fastest_as_written_beside_it
 
 
 def test_a_row_with_one_replicate_is_untested_not_tied():
-    """Welch's test needs two replicate means a side: one replicate shows nothing either way."""
+    """A row with one replicate and no other configuration of its program to borrow a spread
+    from has no interval: it shows nothing either way."""
     records = [variant_record(32, 1, r, 1e-3, backend="x", noise=0.001, seed=r) for r in range(3)]
     records.append(variant_record(32, 1, 0, 1.01e-3, backend="y", noise=0.001, seed=9))
     [best] = fastest_rows(rows_from_records(records))

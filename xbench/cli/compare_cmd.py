@@ -66,6 +66,18 @@ def compare(
              "window).")] = None,
     window_budget: Annotated[Optional[float], typer.Option(
         help="Seconds of timed windows per replicate at most.")] = None,
+    interval_target: Annotated[Optional[float], typer.Option(
+        help="Add replicates, round by round, to configurations whose 95% interval is wider than this fraction of "
+             "the mean (default 0.05 on GPUs, 0.10 on CPUs; 0: the planned replicates only).")] = None,
+    time_budget: Annotated[Optional[float], typer.Option(
+        help="Seconds of timing after which no further round of replicates starts (default: 120 on CPUs, 150 on "
+             "GPUs, or $XBENCH_TIME_BUDGET_S; the planned replicates always run).")] = None,
+    max_replicates: Annotated[Optional[int], typer.Option(
+        help="Replicates per configuration at most, adaptive ones included (default 12).")] = None,
+    run_variation: Annotated[Optional[float], typer.Option(
+        help="Relative sd of a configuration's mean between runs on this machine (from benchmarks/repeatability.py); "
+             "widens host-bound rows' intervals, and every row's on simulated CPU devices, to cover a rerun (default "
+             "0.10 on GPUs, 0.03 on CPUs).")] = None,
     compile_cache: Annotated[Optional[CompileCache], typer.Option(
         help="run: the replicates of this run share compiled programs; off: each compiles afresh.")] = None,
     order_seed: Annotated[Optional[int], typer.Option(
@@ -106,6 +118,8 @@ def compare(
         "repeats": repeats, "steps": steps, "warmup_steps": warmup_steps, "steps_per_call": steps_per_call,
         "trial_timeout_s": trial_timeout, "min_window_s": min_window, "replicates": replicates,
         "target_ci": target_ci, "window_budget_s": window_budget, "compile_cache": value(compile_cache),
+        "interval_target": interval_target, "time_budget_s": time_budget, "max_replicates": max_replicates,
+        "run_variation": run_variation,
         "order_seed": order_seed, "seed": seed, "samples": samples, "options": backend_options(option),
         "variants": names(variants), "single_device": value(single_device),
     }

@@ -13,18 +13,24 @@ from rich.table import Table
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.stored_runs import note_torn_records
 from xbench.errors import XbenchError
-from xbench.results.diff import Diff, diff_runs
+from xbench.results.control import Movement, movements, read_controls
+from xbench.results.diff import TOO_NOISY, UNDERPOWERED, Diff, diff_runs
 from xbench.results.records import read_records
 from xbench.stats import SIGNIFICANCE
 
-HEADERS = ("model", "backend", "dev", "batch", "A samples/s", "B samples/s", "B/A", "95% CI", "p", "p adj.", "reps",
-           "change")
+HEADERS = ("model", "backend", "dev", "batch", "A samples/s", "B samples/s", "B/A", "95% CI", "p adj.", "detects",
+           "reps", "change")
+UNDERPOWERED_EXIT = 4
 
 
 def diff(
     a: Annotated[Path, typer.Argument(help="The baseline run directory.")],
     b: Annotated[Path, typer.Argument(help="The run to compare with it.")],
     threshold: Annotated[str, typer.Option(help="Slowdown that counts as a regression, e.g. 5% or 0.05.")] = "5%",
+    fail_underpowered: Annotated[bool, typer.Option(
+        "--fail-underpowered",
+        help=f"Exit {UNDERPOWERED_EXIT} when a configuration could not have detected a change of the threshold's "
+             "size (too few replicates, or a machine too noisy between runs; for CI: no silent pass).")] = False,
 ) -> int:
     """Compare B with A per configuration; exit 1 when B is significantly slower beyond the threshold."""
     limit = parse_threshold(threshold)
@@ -34,24 +40,49 @@ def diff(
     data_console().print(diff_table(result, a, b, limit))
     err = status_console()
     _print_differences(err, result)
+    _print_machine(err, movements(read_controls(a), read_controls(b)))
     _check_comparable(err, result)
     regressions = result.regressions(limit)
     changed = [row for row in result.rows if row.change(limit) in ("regression", "improvement")]
-    err.print(f"{len(changed)} of {len(result.rows)} configuration(s) changed significantly beyond {limit:.1%}")
+    shown = f"{100 * limit:.3g}%"
+    err.print(f"{len(changed)} of {len(result.rows)} configuration(s) changed significantly beyond {shown}")
     if regressions:
-        err.print(f"[red]{len(regressions)} significant slowdown(s) beyond {limit:.1%}[/]")
+        err.print(f"[red]{len(regressions)} significant slowdown(s) beyond {shown}[/]")
         return 1
-    err.print(f"no significant slowdown beyond {limit:.1%}")
-    return 0
+    _say_power(err, result, limit)
+    underpowered = result.underpowered(limit)
+    among = " among the configurations that could detect one" if underpowered else ""
+    err.print(f"no significant slowdown beyond {shown}{among}")
+    return UNDERPOWERED_EXIT if underpowered and fail_underpowered else 0
+
+
+def _say_power(err: Console, result: Diff, limit: float) -> None:
+    """Which configurations could not have detected a change of the threshold's size, and what
+    would decide them."""
+    shown = f"{100 * limit:.3g}%"
+    few = [row for row in result.rows if row.change(limit) == UNDERPOWERED]
+    noisy = [row for row in result.rows if row.change(limit) == TOO_NOISY]
+    if few:
+        err.print(f"[yellow]{len(few)} configuration(s) could not detect a change of {shown} (detects: the smallest "
+                  "change each would find significant 80% of the time): more replicates in both runs "
+                  "(--replicates, or a longer --time-budget) would decide them[/]")
+    if noisy:
+        floor = min(row.floor for row in noisy)
+        err.print(f"[yellow]{len(noisy)} configuration(s) could not detect a change of {shown} whatever their "
+                  f"replicates: this machine's run-to-run variation (run_variation in the runs' spec) alone hides "
+                  f"changes below {100 * floor:.3g}%; compare with a larger --threshold, or on a quieter machine[/]")
 
 
 def diff_table(result: Diff, a: Path, b: Path, limit: float) -> Table:
     """One row per configuration both runs measured: their throughputs, the ratio and its tests."""
     table = Table(title=f"xbench diff: B = {b} over A = {a}", title_justify="left",
-                  caption=f"B/A: ratio of mean throughputs with its 95% interval; p: Welch's t-test on the "
-                          f"replicate means (reps: A/B replicates); p adj.: after Holm's correction over the "
-                          f"{len(result.rows)} configurations; regression: p adj. < {SIGNIFICANCE} and B/A < "
-                          f"{1 - limit:.3f}; improvement: p adj. < {SIGNIFICANCE} and B/A > {1 + limit:.3f}",
+                  caption=f"B/A: ratio of (geometric) mean throughputs with its 95% interval, from the replicate "
+                          f"means with each backend's pooled spread (reps: A/B replicates); p adj.: its test after "
+                          f"Holm's correction over the {len(result.rows)} configurations (on simulated CPU devices "
+                          f"and host-bound rows the runs' run-to-run variation counts too); detects: the smallest "
+                          f"change the row would find significant 80% of the time; regression: p adj. < "
+                          f"{SIGNIFICANCE} and B/A < {1 - limit:.3f}; improvement: p adj. < {SIGNIFICANCE} and B/A > "
+                          f"{1 + limit:.3f}; no change: not significant where detects ≤ {100 * limit:.3g}%",
                   caption_justify="left")
     for header in HEADERS:
         table.add_column(header, justify="left" if header in ("model", "backend", "change") else "right")
@@ -59,10 +90,11 @@ def diff_table(result: Diff, a: Path, b: Path, limit: float) -> Table:
         backend, model, devices, batch, _, _, all_reduce = row.key
         model = model if all_reduce else f"{model} (compute-only)"
         r, change = row.ratio, row.change(limit)
-        style = {"regression": "[red]", "improvement": "[green]"}.get(change, "")
+        style = {"regression": "[red]", "improvement": "[green]", UNDERPOWERED: "[yellow]",
+                 TOO_NOISY: "[yellow]"}.get(change, "")
         table.add_row(model, backend, str(devices), str(batch), f"{row.a_mean:,.0f}", f"{row.b_mean:,.0f}",
                       f"{r.ratio:.3f}", "" if r.ci_low != r.ci_low else f"{r.ci_low:.3f}–{r.ci_high:.3f}",
-                      _p_text(r.p_value), _p_text(row.adjusted_p), f"{row.a_replicates}/{row.b_replicates}",
+                      _p_text(row.adjusted_p), _detects_text(row.detectable), f"{row.a_replicates}/{row.b_replicates}",
                       f"{style}{change}[/]" if style else change)
     return table
 
@@ -77,17 +109,33 @@ def _print_differences(err: Console, result: Diff) -> None:
                 f"{k[0]}/{k[1]}/d{k[2]}/b{k[3]}" + ("" if k[6] else "/compute-only") for k in keys))
 
 
+def _print_machine(err: Console, found: list[Movement]) -> None:
+    """Whether the machine itself moved between the runs (the drift control of each run)."""
+    if not found:
+        return
+    ratios = ", ".join(f"{m.workload} time B/A {m.ratio:.2f} (within a run ±{m.within:.0%})" for m in found)
+    moved = [m.workload for m in found if m.moved]
+    if moved:
+        err.print(f"[yellow]the machine moved between the runs ({ratios}): a change in host-bound configurations "
+                  f"may be the machine's ({', '.join(moved)}), not the code's[/]")
+    else:
+        err.print(f"machine control: {ratios}; the machine did not move")
+
+
 def _check_comparable(err: Console, result: Diff) -> None:
     """An error when nothing can be tested; a warning for the configurations that cannot."""
     if not result.rows:
         raise XbenchError("the runs share no measured configuration; nothing to compare")
     untested = result.untested
     if len(untested) == len(result.rows):
-        raise XbenchError(f"none of the {len(result.rows)} shared configurations has 2 or more replicates in both "
-                          "runs, so no difference can be tested; rerun them with --replicates 2 or more")
+        raise XbenchError(f"none of the {len(result.rows)} shared configurations has a spread in both runs (2 or "
+                          "more replicates), so no difference can be tested; rerun them with --replicates 2 or more")
     if untested:
-        err.print(f"[yellow]{len(untested)} configuration(s) have fewer than 2 replicates in a run: not tested "
-                  "(n.s. says nothing there)[/]")
+        err.print(f"[yellow]{len(untested)} configuration(s) have no spread in a run (one replicate): not tested[/]")
+
+
+def _detects_text(change: float) -> str:
+    return "n/a" if change != change else f"{change:.1%}"
 
 
 def _p_text(p: float) -> str:

@@ -83,8 +83,9 @@ def expand_variadic(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code: 0 ok, 1 trials failed, 2 bad input, 3 results could
-    not be written, 130 interrupted."""
+    """Run the CLI and return its exit code: 0 ok, 1 trials failed (diff: a slowdown), 2 bad
+    input, 3 results could not be written, 4 (diff --fail-underpowered) a configuration that
+    could not have detected the threshold's change, 130 interrupted."""
     errors = Console(stderr=True, highlight=False)
     args = expand_variadic(list(sys.argv[1:] if argv is None else argv))
     take_interrupts()

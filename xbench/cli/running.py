@@ -18,8 +18,9 @@ from xbench.contract import Trial
 from xbench.errors import Interrupted, XbenchError
 from xbench.report.terminal import busbw_by_size, devices_line, model_tables
 from xbench.results.records import RECORDS_FILE, RUN_FILE, Record, finished_trials, iter_records, last_line_torn
-from xbench.results.summary import rows_from_records
+from xbench.results.summary import Row, rows_from_records
 from xbench.run import compare as comparison
+from xbench.run.adaptive import reached
 
 # The options --resume may come with: the rest would change the run's own spec.
 RESUME_ALLOWS = {"resume", "no_verify", "startup_timeout", "startup"}
@@ -83,19 +84,38 @@ def _announce_resume(err: Console, plan: comparison.Comparison, done: set[str]) 
 def _finish(err: Console, plan: comparison.Comparison, outcome: comparison.Outcome) -> int:
     """The tables on stdout, the summary and the report on stderr; 1 when anything failed."""
     console = data_console()
-    for table in model_tables(rows_from_records(outcome.records), busbw_by_size(outcome.allreduce)):
+    rows = rows_from_records(outcome.records)
+    for table in model_tables(rows, busbw_by_size(outcome.allreduce)):
         console.print(table)
     if any(info["simulated"] for info in plan.devices.values()):
         err.print("note: simulated CPU devices share this machine's cores; these numbers test the "
                   "harness and the frameworks' CPU paths, not multi-GPU scaling.")
     err.print(f"{len(outcome.records)} trial replicate(s) in {outcome.seconds:.0f} s; "
               f"records: {plan.run_dir / RECORDS_FILE}")
+    _say_precision(err, plan, rows)
     err.print(f"report: {make_report(plan.run_dir, html=True)[0]}")
     if outcome.failures:
         err.print(f"[red]{outcome.failures} trial(s) or all-reduce measurement(s) failed or did not pass "
                   f"verification[/]; reasons in the tables, verify.json and {plan.run_dir / 'workers.log'}")
         return 1
     return 0
+
+
+def _say_precision(err: Console, plan: comparison.Comparison, rows: list[Row]) -> None:
+    """How many intervals reached the spec's target, and what would narrow the rest."""
+    protocol = plan.spec.protocol
+    within, targeted, floored = reached(rows)
+    if not targeted or not protocol.interval_target:
+        return
+    target = f"±{100 * protocol.interval_target:.3g}%"
+    line = f"{within} of {targeted} configuration(s) within {target} (95% interval)"
+    if within + floored < targeted:
+        line += (f"; {targeted - within - floored} (marked \"wide\") need more replicates: a longer --time-budget than "
+                 f"{protocol.time_budget_s:g} s, or a larger --max-replicates than {protocol.max_replicates}")
+    if floored:
+        line += (f"; {floored} cannot reach {target}: this machine's run-to-run variation (--run-variation "
+                 f"{protocol.run_variation:g}) alone is wider")
+    err.print(line)
 
 
 def _interrupted_message(run_dir: Path, command: str) -> str:
@@ -149,6 +169,11 @@ class ProgressObserver:
 
     def note(self, text: str) -> None:
         self.progress.console.print(f"[yellow]{escape(text)}[/]")
+
+    def round_added(self, trials: int, text: str) -> None:
+        self.trials += trials
+        self.progress.update(self.task, total=self.trials * self.repeats)
+        self.progress.console.print(escape(text))
 
     def __enter__(self) -> ProgressObserver:
         return self

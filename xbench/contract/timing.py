@@ -22,7 +22,18 @@ class TimingProtocol:
     variation between processes (large @64: replicate means within 2.4 % with a shared
     cache, 117k-247k samples/s with fresh compilation), so the interval would no longer
     cover a rerun.
-    `order_seed` shuffles the order of (configuration, replicate); None until resolved."""
+    `order_seed` shuffles the order of (configuration, replicate); None until resolved.
+
+    Adaptive replicates: after the `replicates` rounds, each configuration whose 95 % interval
+    is wider than ±`interval_target` (a fraction of its mean; 0: never; None until resolved:
+    DEFAULT_INTERVAL_TARGET) gets one more replicate
+    per round, in interleaved rounds, until every interval is narrow enough, a configuration has
+    `max_replicates`, or the next round would end past `time_budget_s` seconds of timing (None
+    until resolved: DEFAULT_TIME_BUDGET_S). `run_variation`: the relative standard deviation of
+    a configuration's mean between whole runs on this machine (measure it with
+    benchmarks/repeatability.py; None until resolved: DEFAULT_RUN_VARIATION); the intervals of
+    host-bound rows, and of every row on simulated CPU devices, include it, since the
+    replicates of one run share the run's state and cannot see it."""
 
     warmup_steps: int = 2
     steps: int = 4
@@ -35,6 +46,10 @@ class TimingProtocol:
     window_budget_s: float = 1.0
     compile_cache: str = "off"
     order_seed: int | None = None
+    interval_target: float | None = None
+    time_budget_s: float | None = None
+    max_replicates: int = 12
+    run_variation: float | None = None
 
     @property
     def least_windows(self) -> int:
@@ -42,6 +57,20 @@ class TimingProtocol:
         from xbench.stats import MIN_WINDOWS
 
         return min(self.repeats, MIN_WINDOWS)
+
+
+# Adaptive replicates by platform: on a GPU ±5 %; simulated CPU devices share the host's cores
+# and vary 5-30 % between processes, so ±10 %, and a budget that keeps `make compare` within
+# 3 minutes on a 2-core machine.
+DEFAULT_INTERVAL_TARGET = {"cpu": 0.10, "gpu": 0.05}
+DEFAULT_TIME_BUDGET_S = {"cpu": 120.0, "gpu": 150.0}
+# Run-to-run variation (relative sd of a configuration's mean between whole runs, beyond what
+# its replicates show) where nothing better is known: measured on this project's machines with
+# benchmarks/repeatability.py. A 2-core CPU (7 runs of the quick spec): median 3 % over
+# configurations (rms 6 %: jax on 2 simulated devices varies most); one H100, host-bound rows:
+# 9-19 %. It widens every row on a CPU (the host is the device) and host-bound rows on a GPU;
+# measure yours and pass --run-variation. (At 5 % on the CPU no interval could reach ±10 %.)
+DEFAULT_RUN_VARIATION = {"cpu": 0.03, "gpu": 0.10}
 
 
 def window_protocol(nbytes: int) -> TimingProtocol:

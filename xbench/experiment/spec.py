@@ -8,6 +8,7 @@ plus command-line overrides. `build_spec` turns that raw mapping into a `Spec` o
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from xbench.contract.timing import TimingProtocol
+from xbench.contract.timing import DEFAULT_INTERVAL_TARGET, DEFAULT_RUN_VARIATION, DEFAULT_TIME_BUDGET_S, TimingProtocol
 from xbench.errors import SpecError
 from xbench.models import Dim, broken_families, families, family, presets
 from xbench.models.model_spec import ModelSpec
@@ -324,6 +325,16 @@ def _protocol(table: Any, source: str) -> TimingProtocol:
         compile_cache=_choice(table, "compile_cache", COMPILE_CACHES, d.compile_cache, where),
         order_seed=(None if table.get("order_seed") is None
                     else _integer(table, "order_seed", None, where, minimum=0, maximum=MAX_SEED)),
+        interval_target=(None if table.get("interval_target") is None
+                         else _non_negative_number(table, "interval_target", 0.0, where, maximum=MAX_TARGET_CI,
+                                                   why="a fraction of the mean: write 5 % as 0.05")),
+        time_budget_s=(None if table.get("time_budget_s") is None
+                       else _non_negative_number(table, "time_budget_s", 0.0, where, maximum=MAX_SECONDS)),
+        max_replicates=_integer(table, "max_replicates", d.max_replicates, where, minimum=MIN_REPLICATES,
+                                maximum=MAX_COUNT),
+        run_variation=(None if table.get("run_variation") is None
+                       else _non_negative_number(table, "run_variation", 0.0, where, maximum=MAX_TARGET_CI,
+                                                 why="a fraction of the mean: write 5 % as 0.05")),
     )
     if protocol.steps % protocol.steps_per_call:
         raise SpecError(
@@ -342,12 +353,37 @@ def _protocol(table: Any, source: str) -> TimingProtocol:
 
 def resolve_protocol(protocol: TimingProtocol, gpu: bool, order_seed: int) -> TimingProtocol:
     """Fill what the spec left open once the devices are known: replicates (more on GPUs,
-    where process-to-process variation is largest) and the seed of the run order."""
+    where process-to-process variation is largest), the time budget of adaptive replicates,
+    and the seed of the run order."""
     return replace(
         protocol,
         replicates=protocol.replicates or DEFAULT_REPLICATES["gpu" if gpu else "cpu"],
+        interval_target=(protocol.interval_target if protocol.interval_target is not None
+                         else DEFAULT_INTERVAL_TARGET["gpu" if gpu else "cpu"]),
+        time_budget_s=(protocol.time_budget_s if protocol.time_budget_s is not None
+                       else default_time_budget_s(gpu)),
+        run_variation=(protocol.run_variation if protocol.run_variation is not None
+                       else DEFAULT_RUN_VARIATION["gpu" if gpu else "cpu"]),
         order_seed=protocol.order_seed if protocol.order_seed is not None else order_seed,
     )
+
+
+TIME_BUDGET_VARIABLE = "XBENCH_TIME_BUDGET_S"  # the default --time-budget on this machine (CI: 0)
+
+
+def default_time_budget_s(gpu: bool) -> float:
+    """The time budget of a spec that gives none: $XBENCH_TIME_BUDGET_S where set, else
+    DEFAULT_TIME_BUDGET_S for the platform."""
+    text = os.environ.get(TIME_BUDGET_VARIABLE)
+    if text is None:
+        return DEFAULT_TIME_BUDGET_S["gpu" if gpu else "cpu"]
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= MAX_SECONDS:
+        raise SpecError(f"{TIME_BUDGET_VARIABLE}={text!r} must be a number of seconds >= 0; unset it or fix it")
+    return value
 
 
 def _options(table: Any, source: str) -> dict[str, dict[str, Any]]:

@@ -22,7 +22,16 @@ from xbench.report.words import (
 )
 from xbench.results.allreduce import format_size, ok_results, result_from_record
 from xbench.results.records import AllReduceRecord
-from xbench.results.summary import Row, energy_mj_per_sample, fastest_rows, full_rows, gpu_util_pct, memory_gib
+from xbench.results.summary import (
+    BENEFICIAL_SPEEDUP,
+    SINGLE_PREFERRED_BELOW,
+    Row,
+    energy_mj_per_sample,
+    fastest_rows,
+    full_rows,
+    gpu_util_pct,
+    memory_gib,
+)
 
 Busbw = Mapping[tuple[str, int, int], float]  # (backend, devices, bytes) -> busbw in bytes/s
 
@@ -197,9 +206,12 @@ def _caption(rows: list[Row]) -> str:
     modes = " and ".join(sorted({r.scaling_mode for r in rows}))
     lines = [
         f"{modes} scaling; samples/s: mean of the replicates' means (reps: replicates, each a fresh worker "
-        "process); ±95%: t-interval over replicate means; speedup (95% interval) over the same backend and "
-        "variant's faster 1-device program (\"vs plain\": its plain single-device program); verdict from "
-        "Welch's test on replicate means; unstable: replicates disagree beyond "
+        "process); ±95%: half-width of the 95% interval of the replicate means, their spread pooled over the "
+        "backend's configurations; speedup (95% interval) over the same backend and "
+        "variant's faster 1-device program (\"vs plain\": its plain single-device program); verdict: the zone "
+        f"that holds the whole speedup interval (beneficial ≥ {BENEFICIAL_SPEEDUP:.2f}, single device ≤ "
+        f"{SINGLE_PREFERRED_BELOW:.2f}, about even between; inconclusive: it spans one); wide: ±95% above the "
+        "interval target; unstable: replicates disagree beyond "
         "their windows; host-bound: the step measures dispatch, not arithmetic; MFU: model FLOPs utilisation "
         "against the devices' dense peak at this precision (details in the report)",
     ]

@@ -17,9 +17,12 @@ from xbench.results.summary import (
     SINGLE_PREFERRED_BELOW,
     Fastest,
     Row,
+    can_narrow,
     gpu_util_pct,
     mfu,
+    run_floor,
     verdict,
+    wide,
 )
 
 RESULT_HEADERS = ("backend", "dev", "batch", "samples/s", "±95%", "step ms", "MFU", "1st call s", "speedup",
@@ -157,6 +160,10 @@ def _labels(row: Row) -> list[tuple[str, str]]:
     the two can never list different labels."""
     found = []
     t = row.throughput
+    if wide(row):
+        why = ("more replicates would narrow it" if can_narrow(row) else
+               f"this machine's run-to-run variation alone gives ±{100 * run_floor(row):.3g}%")
+        found.append((f"wide: ±95% above the ±{100 * row.interval_target:.3g}% target ({why})", "wide"))
     if t is not None and t.unstable:
         found.append((f"unstable: replicates ±{t.spread:.0%}", f"unstable ±{t.spread:.0%}"))
     if row.host_bound:
@@ -193,14 +200,24 @@ READING_NOTES = (
     "autotuning, memory and thread placement).",
     "samples/s is the mean of the replicates' mean throughputs (each over timed windows of many steps "
     "ending with a device sync, windows with |modified z-score| > "
-    f"{stats.OUTLIER_THRESHOLD} dropped within their replicate); ±95% is the half-width of the Student-t "
-    "interval over the replicate means (df = replicates − 1): it holds the configuration's true mean (the "
-    "mean over many processes) 95 % of the time; a rerun's own mean, itself uncertain, falls in it somewhat "
-    "less often (about 91 % with 3 replicates, if nothing but processes varies). step ms is the global batch "
-    "over the median throughput; 1st call s is the slowest replicate's first call (compilation), excluded from "
-    "throughput.",
+    f"{stats.OUTLIER_THRESHOLD} dropped within their replicate); ±95% is the half-width of the 95 % interval "
+    "of the configuration's (geometric) mean over processes, from its replicate means on a log scale. The "
+    "spread between replicates is estimated jointly for the configurations of one backend program in one regime "
+    "(host-bound or not), which vary alike (an empirical-Bayes random-effects model: each configuration's "
+    "variance is estimated with the group's, as far as the group's variances agree, and never below its own), "
+    "so a few replicates give a usable interval; simulated, it covers the true mean 94-96 % of the time. "
+    "Replicates of one run share "
+    "the run's state of the machine, so host-bound rows (and every row on simulated CPU devices) also carry "
+    "the machine's run-to-run variation (the spec's run_variation, by default measured on this project's "
+    "machines; "
+    "benchmarks/repeatability.py measures yours), so that their interval covers a rerun; the other rows' "
+    "intervals cover another set of processes in the same run. After the planned "
+    "replicates, configurations wider than the interval target get more replicates, round by round, while the "
+    "time budget lasts; those still wider are marked \"wide\". step ms is the global batch over the median "
+    "throughput; 1st call s is the slowest replicate's first call (compilation), excluded from throughput.",
     "speedup is the N-device mean over the same backend and variant's 1-device mean with the same work per "
-    "step, with its 95 % interval (delta method on the replicate means, Welch's degrees of freedom); eff. = "
+    "step, a ratio of geometric means, with its 95 % interval from the same model as the intervals (the two "
+    "sides' pooled spreads, Welch-Satterthwaite degrees of freedom); eff. = "
     "speedup / devices. The 1-device mean is the faster of the backend's two 1-device programs: the "
     "data-parallel program with one replica, and the plain program a user writes for one device (no "
     "distribution at all; shown as \"plain\"); \"vs plain\" marks a speedup taken against the plain one. "
@@ -209,8 +226,8 @@ READING_NOTES = (
     "Variants: \"as-written\" is each program as the framework's docs teach it; a named variant (shown as "
     "backend+variant; `xbench backends` lists them) turns on what a performance engineer would, and passes the same "
     "verification. Fastest per configuration: the row with the highest mean, the fastest as-written row beside "
-    "it, the tuned gain (ratio of means with its 95 % interval), and the rows whose difference from the "
-    "fastest is not significant (Welch's test on replicate means; a row with one replicate cannot be tested and "
+    "it, the tuned gain (ratio of geometric means with its 95 % interval), and the rows whose difference from the "
+    "fastest is not significant (the interval of the ratio holds 1; a row with no spread cannot be tested and "
     "is listed as untested).",
     "MFU (model FLOPs utilisation): samples/s × the model's FLOPs per sample of a training step ÷ (devices × "
     "each device's dense peak at the run's precision: fp32 on the CUDA cores, tf32 and bf16 on the tensor "
@@ -218,9 +235,10 @@ READING_NOTES = (
     "pass, the weight gradients and the input gradients of every layer but the first, a multiply-add as 2; "
     "element-wise work (biases, activations, dropout, loss, optimizer) is left out. \"unknown\": the device is "
     "not in xbench's table of peaks (CPUs never are).",
-    f"verdict: multi-device beneficial when speedup ≥ {BENEFICIAL_SPEEDUP:.2f} and Welch's test on the "
-    f"replicate means finds the difference significant (p < {stats.SIGNIFICANCE}); single device "
-    f"preferred when speedup < {SINGLE_PREFERRED_BELOW:.2f} and significant; marginal otherwise.",
+    f"verdict: the zone that holds the speedup's whole 95 % interval: multi-device beneficial (≥ "
+    f"{BENEFICIAL_SPEEDUP:.2f}), single device preferred (≤ {SINGLE_PREFERRED_BELOW:.2f}), about even (between "
+    "them); inconclusive when the interval spans one of these thresholds (more replicates would decide it). A "
+    "verdict can therefore never contradict the interval printed beside it.",
     f"unstable: the replicates disagree beyond what their windows explain (one-way ANOVA p < "
     f"{stats.UNSTABLE_P}) by more than {stats.UNSTABLE_SPREAD:.0%} (the standard deviation of replicate "
     "means over their mean, shown): the number depends on the process that measured it, so trust the "

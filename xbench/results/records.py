@@ -82,6 +82,10 @@ class StoredProtocol(_StoredProtocolBase, total=False):
     window_budget_s: float
     compile_cache: str
     order_seed: int | None
+    interval_target: float | None  # adaptive replicates (absent before them; None: verify's trials)
+    time_budget_s: float | None
+    max_replicates: int
+    run_variation: float | None
 
 
 class _StoredTrialBase(TypedDict):
@@ -575,6 +579,9 @@ def _record_problem(record: Mapping[str, Any]) -> str | None:
             return f"has trial.{key} {_brief(trial.get(key))}"
     if not isinstance(record.get("trial_id"), str) or not record["trial_id"]:
         return f"lacks a trial_id (has {record.get('trial_id')!r})"
+    problem = _protocol_problem(trial.get("protocol"))
+    if problem:
+        return problem
     if record.get("status") not in STATUSES:
         return f"has status {record.get('status')!r}, not one of {', '.join(STATUSES)}"
     if record["status"] == "ok":
@@ -595,6 +602,20 @@ MOST_SAMPLES = 2**31 - 1
 
 def _seconds(value: Any, shortest: float = SHORTEST_S) -> bool:
     return _is_number(value) and math.isfinite(value) and shortest <= value <= LONGEST_S
+
+
+def _protocol_problem(protocol: Any) -> str | None:
+    """The protocol's fractions that the statistics read (absent or null in older records)."""
+    if protocol is None:
+        return None
+    if not isinstance(protocol, dict):
+        return f"has trial.protocol {_brief(protocol)}, not a table"
+    for key in ("interval_target", "run_variation"):
+        value = protocol.get(key)
+        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                      and 0 <= value <= 1):
+            return f"has trial.protocol.{key} {_brief(value)}, not a fraction from 0 to 1"
+    return None
 
 
 def _timing_problem(timing: Any) -> str | None:

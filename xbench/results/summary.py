@@ -1,10 +1,12 @@
 """From records to result rows: one row per configuration, its replicates combined.
 
 A record is one replicate (one fresh worker process) of a configuration. A row combines them:
-two-level statistics over the replicates' timing windows (`stats.replicated_summary`: the
-interval is over replicate means), speedup against 1 device from replicate means, and the
-labels a reader needs before trusting a number: unstable (replicates disagree beyond what their
-windows explain), host-bound (the step measures dispatch, not arithmetic), throttled.
+two-level statistics over the replicates' timing windows (`stats.replicated_summary`), an
+interval over the replicate means whose spread is pooled over the configurations that vary
+alike (`variance_group`, `stats.pooled_log_spreads`), speedup against 1 device from the same
+model, and the labels a reader needs before trusting a number: unstable (replicates disagree
+beyond what their windows explain), host-bound (the step measures dispatch, not arithmetic),
+throttled, wide (the interval missed the spec's target).
 
 Pure functions over records (`xbench.results.records.Record`), computed on demand from the raw windows stored in the
 records, so nothing cached can go stale.
@@ -81,6 +83,9 @@ class Row:
     precision: str = "fp32"
     unit: str = "samples"  # what a sample holds, as tables count throughput: "tokens", "images"
     units_per_sample: int = 1  # e.g. a sequence's tokens
+    run_variation: float = 0.0  # relative sd of a row's mean between runs on this machine (the spec's)
+    simulated: bool = False  # measured on simulated CPU devices: the host is the device
+    interval_target: float = 0.0  # the ±95 % the spec asked of each interval, as a fraction (0: none)
 
     @property
     def trial_id(self) -> str:
@@ -120,6 +125,12 @@ class Row:
     def unstable(self) -> bool:
         return bool(self.throughput and self.throughput.unstable)
 
+    @property
+    def run_var(self) -> float:
+        """The run-level variance of the row's log mean: the spec's run_variation squared for
+        host-bound rows and for every row on simulated CPU devices, else 0."""
+        return self.run_variation ** 2 if self.host_bound or self.simulated else 0.0
+
 
 def throughput_samples(record: Record) -> np.ndarray:
     """Samples/s for each timed window of an ok record."""
@@ -134,8 +145,31 @@ def rows_from_records(records: Sequence[Record]) -> list[Row]:
     for record in records:
         groups.setdefault(_config_key(record), []).append(record)
     rows = sorted((_row(group) for group in groups.values()), key=_display_order(records))
-    rows = [_with_breakdown(_with_scaling(row, rows), rows) for row in rows]
-    return [replace(row, host_bound=host_bound_reason(row, rows)) for row in rows]
+    rows = _with_pooled_intervals([replace(row, host_bound=host_bound_reason(row, rows)) for row in rows])
+    return [_with_breakdown(_with_scaling(row, rows), rows) for row in rows]
+
+
+def variance_group(row: Row) -> tuple:
+    """The configurations whose processes vary alike, so that their intervals share one spread
+    (`stats.pooled_log_spreads`): one program of one backend, started one way, in one regime
+    (host-bound steps vary with the host's scheduling, device-bound ones with the device's)."""
+    return row.backend, row.variant, row.program, row.launcher, row.host_bound is not None
+
+
+def _with_pooled_intervals(rows: list[Row]) -> list[Row]:
+    """Each measured row's interval from the spread its variance group shares, and the
+    run-to-run variation of this machine where it applies (`Row.run_var`)."""
+    groups: dict[tuple, list[int]] = {}
+    for index, row in enumerate(rows):
+        if row.throughput is not None:
+            groups.setdefault(variance_group(row), []).append(index)
+    pooled = list(rows)
+    for members in groups.values():
+        spreads = stats.pooled_log_spreads([rows[i].means for i in members])
+        for i, spread in zip(members, spreads):
+            row = rows[i]
+            pooled[i] = replace(row, throughput=stats.with_spread(row.measured, spread, run_var=row.run_var))
+    return pooled
 
 
 def _display_order(records: Sequence[Record]):
@@ -163,6 +197,11 @@ def _model_facts(model: StoredModel) -> dict[str, Any]:
                 "units_per_sample": spec.units_per_sample}
     except (KeyError, TypeError, ValueError):
         return {}
+
+
+def _simulated(record: Record) -> bool:
+    devices = record.get("devices")
+    return bool(devices and devices.get("simulated"))
 
 
 def _device_peak(records: Sequence[Record], precision: str) -> Peak | None:
@@ -212,6 +251,7 @@ def _row(records: Sequence[Record]) -> Row:
     replicates = tuple(sorted((_replicate(r) for r in records), key=lambda r: r.index))
     measured = [r for r in replicates if r.status == "ok"]
     last = records[-1]
+    protocol = trial.get("protocol") or {}
     common = dict(
         backend=trial["backend"],
         model=trial["model"]["name"],
@@ -226,7 +266,10 @@ def _row(records: Sequence[Record]) -> Row:
         params=next((r["work"]["params"] for r in records if r.get("work")), None),
         replicates=replicates,
         scaling=None,
-        planned=max(len(replicates), (trial.get("protocol") or {}).get("replicates") or 0),
+        planned=max(len(replicates), protocol.get("replicates") or 0),
+        run_variation=float(protocol.get("run_variation") or 0.0),
+        simulated=any(_simulated(r) for r in records),
+        interval_target=float(protocol.get("interval_target") or 0.0),
         peak=_device_peak(records, trial["precision"]),
         precision=trial["precision"],
         **_model_facts(trial["model"]),
@@ -259,7 +302,9 @@ def _with_scaling(row: Row, rows: list[Row]) -> Row:
     base = max(bases, key=lambda b: b.measured.mean)
     if row.devices == 1 and base.measured.mean <= row.throughput.mean:
         return row
-    return replace(row, scaling=stats.scaling(row.means, base.means, row.devices), baseline=base.program)
+    scaling = stats.scaling(row.measured, base.measured, row.devices, run_vars=(row.run_var, base.run_var),
+                            shared=variance_group(row) == variance_group(base))
+    return replace(row, scaling=scaling, baseline=base.program)
 
 
 def _same_work(base: Row, row: Row) -> bool:
@@ -324,27 +369,55 @@ def _same_group(a: Row, b: Row) -> bool:
             == (b.implementation, b.model, b.devices, b.launcher, b.all_reduce, b.scaling_mode))
 
 
-# Verdict thresholds on speedup (the seed study's), applied only when the speedup's interval
-# excludes 1 (Welch's test on replicate means); otherwise the difference is not established.
+# Verdict thresholds on speedup (the seed study's). A verdict names the zone that holds the
+# speedup's whole 95 % interval; an interval that spans a threshold is inconclusive.
 BENEFICIAL_SPEEDUP = 1.10
 SINGLE_PREFERRED_BELOW = 0.95
+INCONCLUSIVE = "inconclusive"
 
 
 def verdict(row: Row) -> str:
-    """multi-device beneficial / marginal / single device preferred, or why there is none."""
+    """From the speedup's interval alone, so that it can never contradict it: multi-device
+    beneficial (the interval lies at or above BENEFICIAL_SPEEDUP), single device preferred (at
+    or below SINGLE_PREFERRED_BELOW), about even (between them), inconclusive (it spans one);
+    or why there is none."""
     if row.throughput is None:
         return row.status
     if row.devices == 1:
-        slower = row.scaling is not None and row.scaling.significant
+        slower = row.scaling is not None and row.scaling.ci_high < 1
         return f"slower than {row.baseline}" if slower else "baseline"
     if row.scaling is None:
         return "no 1-device result"
     s = row.scaling
-    if s.significant and s.speedup >= BENEFICIAL_SPEEDUP:
+    if s.ci_low != s.ci_low:
+        return INCONCLUSIVE
+    if s.ci_low >= BENEFICIAL_SPEEDUP:
         return "multi-device beneficial"
-    if s.significant and s.speedup < SINGLE_PREFERRED_BELOW:
+    if s.ci_high <= SINGLE_PREFERRED_BELOW:
         return "single device preferred"
-    return "marginal"
+    if s.ci_low >= SINGLE_PREFERRED_BELOW and s.ci_high <= BENEFICIAL_SPEEDUP:
+        return "about even"
+    return INCONCLUSIVE
+
+
+def run_floor(row: Row) -> float:
+    """The ±95 % the run-level variation alone gives the row, as a fraction of its mean: no
+    number of replicates of one run narrows it below this."""
+    return 1.96 * row.run_var ** 0.5
+
+
+def can_narrow(row: Row) -> bool:
+    """Whether more replicates could bring the row within its target."""
+    return run_floor(row) < row.interval_target
+
+
+def wide(row: Row) -> bool:
+    """The row's ±95 % is wider than the spec's interval target (adaptive replicates stopped at
+    the time budget before it got there), or it has no interval at all."""
+    t = row.throughput
+    if t is None or not row.interval_target:
+        return False
+    return not t.ci_half_width <= row.interval_target * t.mean
 
 
 def _telemetry(row: Row) -> list[Telemetry]:
@@ -412,9 +485,9 @@ class Fastest:
     global_batch: int
     best: Row
     as_written: Row | None  # the fastest row of a backend's as-written variant
-    gain: stats.Ratio | None  # best over as_written, from replicate means; None when best is as written
-    tied: tuple[str, ...]  # rows whose mean the best's does not significantly exceed (Welch)
-    untested: tuple[str, ...] = ()  # rows that Welch's test cannot compare (a side with one replicate)
+    gain: stats.LogRatio | None  # best over as_written (`_ratio`); None when best is as written
+    tied: tuple[str, ...]  # rows whose interval of best / row holds 1: not significantly slower
+    untested: tuple[str, ...] = ()  # rows that cannot be compared (no spread on a side)
 
 
 def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
@@ -430,10 +503,14 @@ def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
         ranked = sorted(group, key=lambda r: r.measured.mean, reverse=True)
         best = ranked[0]
         written = next((r for r in ranked if r.variant == AS_WRITTEN), None)
-        gain = None if written is None or written is best else stats.ratio_interval(best.means, written.means)
-        testable = len(best.means) >= 2
-        untested = tuple(r.label for r in ranked[1:] if not testable or len(r.means) < 2)
-        tied = tuple(r.label for r in ranked[1:] if r.label not in untested
-                     and not stats.ratio_interval(best.means, r.means).p_value < stats.SIGNIFICANCE)
+        gain = None if written is None or written is best else _ratio(best, written)
+        untested = tuple(r.label for r in ranked[1:] if _ratio(best, r).ci_low != _ratio(best, r).ci_low)
+        tied = tuple(r.label for r in ranked[1:] if r.label not in untested and not _ratio(best, r).ci_low > 1)
         found.append(Fastest(model, devices, batch, best, written, gain, tied, untested))
     return found
+
+
+def _ratio(b: Row, a: Row) -> stats.LogRatio:
+    """b's throughput over a's, from the model behind their intervals."""
+    return stats.log_ratio(b.means, b.measured.log_spread, a.means, a.measured.log_spread, run_var=a.run_var,
+                           b_run_var=b.run_var, shared=variance_group(a) == variance_group(b))

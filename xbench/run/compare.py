@@ -8,6 +8,7 @@ trial in `records.jsonl` as each trial ends.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import secrets
 import shutil
@@ -25,6 +26,7 @@ from xbench.contract import (
     COMPILE_CACHE_VARIABLE,
     DATA_PARALLEL,
     PLAIN,
+    Trial,
     ValidatesOptions,
     implementation,
     launchers_of,
@@ -52,7 +54,8 @@ from xbench.results.records import (
     read_run,
     write_json,
 )
-from xbench.run import launcher
+from xbench.run import drift, launcher
+from xbench.run.adaptive import Budget, adaptive, next_round, seconds_timing
 from xbench.run.cluster import Launch
 from xbench.run.environment import command_line, host_environment
 from xbench.run.plan import AS_WRITTEN_VARIANT, Lineup, group_trials, plan_trials
@@ -413,6 +416,9 @@ def _saved_spec(raw: Mapping[str, Any], source: str) -> Spec:
     if not raw.get("variants"):
         raw.pop("variants", None)
     protocol = dict(raw.get("protocol") or {})
+    if "interval_target" not in protocol:  # before adaptive replicates: the planned ones only
+        protocol["interval_target"] = 0
+        raw = {**raw, "protocol": protocol}
     if "replicates" in protocol:
         return build_spec(raw, source=source)
     legacy = {**protocol, "target_ci": 0, "window_budget_s": 1e9}
@@ -467,7 +473,7 @@ def unverified(reason: str) -> dict[str, Any]:
 
 
 def execute(comparison: Comparison, environment: dict[str, Any], verification: dict[str, dict[str, Any]],
-            listener: launcher.Listener | None = None, done: set[str] | frozenset[str] = frozenset()
+            listener: Observer | None = None, done: set[str] | frozenset[str] = frozenset()
             ) -> list[Record]:
     """Time every trial of the backends whose verification did not fail; the others get a
     skipped record with the reason; trials in `done` (a resumed run's) are left out.
@@ -503,7 +509,7 @@ def compile_cache(protocol: Any):
 
 
 def _execute(comparison: Comparison, ctx: launcher.Context, writer: RecordWriter,
-             verification: dict[str, dict[str, Any]], listener: launcher.Listener | None,
+             verification: dict[str, dict[str, Any]], listener: Observer | None,
              done: set[str] | frozenset[str]) -> list[Record]:
     if listener is not None:
         ctx.listener = listener
@@ -519,8 +525,50 @@ def _execute(comparison: Comparison, ctx: launcher.Context, writer: RecordWriter
             ctx.listener.trial_finished(trial, record)
             records.append(record)
     runnable = [t for t in trials if verification[t.implementation]["status"] != "failed"]
-    groups = group_trials(runnable, {e.name: e.target for e in comparison.entries}, positions)
-    return records + launcher.run_groups(groups, ctx)
+    targets = {e.name: e.target for e in comparison.entries}
+    started = time.monotonic()
+    records += launcher.run_groups(group_trials(runnable, targets, positions), ctx)
+    budget = Budget(comparison.spec.protocol.time_budget_s or 0.0)
+    if done:  # a resumed run: what it timed before counts against its budget too
+        earlier = [r for r in read_records(comparison.run_dir) if r["trial_id"] in done]
+        budget.charge(seconds_timing(earlier), len(earlier))
+    budget.charge(time.monotonic() - started, len(runnable))
+    timed = [t for t in everything if verification[t.implementation]["status"] != "failed"]
+    return records + _extra_rounds(comparison, ctx, timed, budget, listener)
+
+
+def _extra_rounds(comparison: Comparison, ctx: launcher.Context, planned: list[Trial], budget: Budget,
+                  observer: Observer | None) -> list[Record]:
+    """Adaptive replicates (`xbench.run.adaptive`): rounds of one more replicate for each
+    configuration still wider than the target, while the budget lasts. Not across nodes: each
+    node sees only its own records, and the nodes must agree on every round."""
+    protocol = comparison.spec.protocol
+    if not adaptive(protocol) or comparison.launch.multi_node:
+        return []
+    targets = {e.name: e.target for e in comparison.entries}
+    planned_rounds = protocol.replicates or 1
+    target = f"±{100 * (protocol.interval_target or 0):.3g}%"
+    added: list[Record] = []
+    for number in itertools.count(1):
+        found = next_round(planned, read_records(comparison.run_dir), protocol, number)
+        if not found.trials or ctx.cancel.is_set():
+            break
+        if not budget.affords(len(found.trials)):
+            if observer is not None:
+                observer.note(f"{found.configurations} configuration(s) still wider than "
+                              f"{target}; another round would pass the "
+                              f"{protocol.time_budget_s:g} s time budget (--time-budget)")
+            break
+        if observer is not None:
+            wider = sum(trial.all_reduce for trial in found.trials)  # not counting compute-only twins
+            observer.round_added(len(found.trials), f"round {planned_rounds + number}: {wider} configuration(s) wider "
+                                 f"than {target}, one more replicate each "
+                                 f"({budget.left:.0f} s of the time budget left)")
+        positions = {t.id: len(planned) * (number + planned_rounds) + i for i, t in enumerate(found.trials)}
+        started = time.monotonic()
+        added += launcher.run_groups(group_trials(list(found.trials), targets, positions), ctx)
+        budget.charge(time.monotonic() - started, len(found.trials))
+    return added
 
 
 def measure_allreduce(entries: Sequence[BackendEntry], device_counts: Sequence[int], platform: str,
@@ -588,6 +636,9 @@ class Observer(launcher.Listener, Protocol):
     def note(self, text: str) -> None:
         """A one-line message for the user."""
 
+    def round_added(self, trials: int, text: str) -> None:
+        """An adaptive round of `trials` more trials starts; `text` says why."""
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -610,7 +661,9 @@ def run(comparison: Comparison, observer: Observer, no_verify: bool = False, res
         no_verify = True
     environment = start_run(comparison, no_verify)
     outcome = _verification_outcome(comparison, environment, observer, no_verify)
+    drift.record(comparison.run_dir, "before")
     records = execute(comparison, environment, outcome, observer, done)
+    drift.record(comparison.run_dir, "after")
     allreduce: list[AllReduceRecord] = []
     if comparison.breakdown and resumed and (comparison.run_dir / ALLREDUCE_FILE).exists():
         allreduce = read_records(comparison.run_dir, ALLREDUCE_FILE)  # measured before the interruption

@@ -23,7 +23,7 @@ from xbench.errors import XbenchError
 
 LOCK_FILE = ".xbench.lock"
 # What a run leaves in its directory; any of them means the directory holds (part of) a run.
-RUN_FILES = ("run.json", "records.jsonl", "allreduce.jsonl", "verify.json", "workers.log", "report.md")
+RUN_FILES = ("run.json", "records.jsonl", "allreduce.jsonl", "verify.json", "workers.log", "report.md", "control.jsonl")
 
 
 class RunDirLock:

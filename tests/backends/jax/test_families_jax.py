@@ -30,11 +30,11 @@ pytest.importorskip("jax")
 pytest.importorskip("flax")
 pytest.importorskip("optax")
 
+from tests.backends.jax.cpu_devices import DEVICES, simulated_devices  # noqa: E402
 from xbench_backends.jax import cnn, lstm, nnx_cnn, nnx_lstm, nnx_transformer, transformer  # noqa: E402
 from xbench_backends.jax.pmap import JaxPmapBackend  # noqa: E402
 from xbench_backends.jax.shardmap import JaxAutoBackend, JaxShardMapBackend  # noqa: E402
 
-DEVICES = 2
 BATCH = 8
 STEPS = 2
 VERIFY_BATCH = verification_batch([1])  # as `xbench verify` on 1 device
@@ -94,19 +94,11 @@ WRONG_BUILDS = [
 def backends():
     """One instance of each jax backend on 2 simulated CPU devices (jax fixes its device
     count at its first operation, so this must come first in the process)."""
-    first = JaxPmapBackend()
-    try:
-        first.setup(DEVICES, "cpu")
-    except RuntimeError:  # jax already started in this process: use its devices if enough
-        import jax
-
-        if len(jax.devices()) < DEVICES or jax.devices()[0].platform != "cpu":
-            pytest.skip(f"jax already started here without {DEVICES} CPU devices")
-        first.devices = jax.devices()[:DEVICES]
+    devices = simulated_devices(DEVICES)
     made = {}
     for cls in (JaxPmapBackend, JaxShardMapBackend, JaxAutoBackend):
         made[cls.name] = backend = cls()
-        backend.devices = list(first.devices)  # setup may run once per process
+        backend.devices = list(devices)  # setup may run once per process
     return made
 
 
