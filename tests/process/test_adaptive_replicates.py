@@ -182,3 +182,22 @@ def test_the_control_tells_a_machine_that_moved_from_one_that_did_not(tmp_path):
     (tmp_path / CONTROL_FILE).write_text(json.dumps(_control(0.01, 0.02)) + "\n{cut off\n" + '{"when": 1}\n')
     assert len(read_controls(tmp_path)) == 1  # advice, never data: damaged lines are skipped
     assert movements([], [_control(0.01, 0.02)]) == []
+
+
+# -- a busy machine ------------------------------------------------------------------------------
+
+def _loaded(load, cores=2):
+    out = record(32, 1, 0, 1e-3)
+    out["replicate"]["host_before"] = {"loadavg_1m": load, "loadavg_5m": load, "cpu_count": 8, "cpus_allowed": cores}
+    return out
+
+
+def test_a_host_busier_than_its_cores_is_named_and_an_idle_one_is_not():
+    from xbench.report.words import busy_text
+    from xbench.results.summary import busy_host
+
+    busy = busy_host([_loaded(3.7), _loaded(4.1), _loaded(1.2)])
+    assert busy is not None and busy.load == pytest.approx(3.7) and busy.cores == 2
+    assert "load averaged 3.7 on 2 core(s)" in busy_text(busy)
+    assert busy_host([_loaded(1.7), _loaded(2.0)]) is None  # xbench's own worker on 2 cores
+    assert busy_host([_loaded("x"), record(32, 1, 1, 1e-3)]) is None  # damaged or missing: no claim

@@ -17,8 +17,9 @@ from xbench.cli.stored_runs import make_report
 from xbench.contract import Trial
 from xbench.errors import Interrupted, XbenchError
 from xbench.report.terminal import busbw_by_size, devices_line, model_tables
+from xbench.report.words import busy_text
 from xbench.results.records import RECORDS_FILE, RUN_FILE, Record, finished_trials, iter_records, last_line_torn
-from xbench.results.summary import Row, rows_from_records
+from xbench.results.summary import Row, busy_host, rows_from_records
 from xbench.run import compare as comparison
 from xbench.run.adaptive import reached
 
@@ -93,6 +94,9 @@ def _finish(err: Console, plan: comparison.Comparison, outcome: comparison.Outco
     err.print(f"{len(outcome.records)} trial replicate(s) in {outcome.seconds:.0f} s; "
               f"records: {plan.run_dir / RECORDS_FILE}")
     _say_precision(err, plan, rows)
+    busy = busy_host(outcome.records)
+    if busy is not None:
+        err.print(f"[yellow]{escape(busy_text(busy))}[/]")
     err.print(f"report: {make_report(plan.run_dir, html=True)[0]}")
     if outcome.failures:
         err.print(f"[red]{outcome.failures} trial(s) or all-reduce measurement(s) failed or did not pass "

@@ -19,6 +19,7 @@ from xbench.report.terminal import (
 from xbench.report.words import (
     NUMERIC_COLUMNS,
     READING_NOTES,
+    busy_text,
     fastest_cells,
     fastest_headers,
     model_facts,
@@ -39,7 +40,7 @@ from xbench.results.records import (
     read_run,
     write_atomic,
 )
-from xbench.results.summary import Row, fastest_rows, full_rows, rows_from_records
+from xbench.results.summary import Row, busy_host, fastest_rows, full_rows, rows_from_records
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -136,6 +137,9 @@ def environment_section(records: Sequence[Record]) -> list[Block]:
         kind = ("simulated CPU devices (one CPU split; not a multi-GPU measurement)" if info["simulated"]
                 else f"{info['platform'].upper()}: {', '.join(info['device_names'])}")
         items.append(f"Backend `{backend}`: {info['framework']} {info['framework_version']} on {kind}")
+    busy = busy_host(records)
+    if busy is not None:
+        items.append(busy_text(busy))
     return [Heading("Environment"), Bullets(tuple(items))]
 
 

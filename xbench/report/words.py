@@ -15,6 +15,7 @@ from xbench.results.summary import (
     BENEFICIAL_SPEEDUP,
     HOST_BOUND_GPU_UTIL_PCT,
     SINGLE_PREFERRED_BELOW,
+    BusyHost,
     Fastest,
     Row,
     can_narrow,
@@ -181,6 +182,13 @@ def _labels(row: Row) -> list[tuple[str, str]]:
     if t is not None and t.removed:
         found.append((f"{t.removed} outlier window(s)", f"{t.removed} outlier(s)"))
     return found
+
+
+def busy_text(busy: BusyHost) -> str:
+    """The busy-machine warning, the same in the terminal and the report."""
+    return (f"busy machine: the host's load averaged {busy.load:.1f} on {busy.cores} core(s) as replicates "
+            "started, so other programs competed with the measurement; rerun on an idle machine for numbers "
+            "that hold")
 
 
 def spread_text(row: Row) -> str:

@@ -514,3 +514,33 @@ def _ratio(b: Row, a: Row) -> stats.LogRatio:
     """b's throughput over a's, from the model behind their intervals."""
     return stats.log_ratio(b.means, b.measured.log_spread, a.means, a.measured.log_spread, run_var=a.run_var,
                            b_run_var=b.run_var, shared=variance_group(a) == variance_group(b))
+
+
+@dataclass(frozen=True)
+class BusyHost:
+    """The host's load while replicates ran, where it exceeded the cores it had."""
+
+    load: float  # the median 1-minute load average as replicates started
+    cores: int  # the cores the workers could use
+
+
+def busy_host(records: Sequence[Record]) -> BusyHost | None:
+    """The host's load when it exceeded its cores while replicates ran (other programs were
+    competing with the measurement), else None. A replicate's own worker stays within the
+    cores it has (about 1.7 on 2 cores here), so a median above them means something else ran."""
+    loads: list[float] = []
+    cores: list[int] = []
+    for record in records:
+        facts = record.get("replicate")
+        before = facts.get("host_before") if facts else None
+        if not before:
+            continue
+        load, count = before.get("loadavg_1m"), before.get("cpus_allowed") or before.get("cpu_count")
+        if isinstance(load, (int, float)) and not isinstance(load, bool) and 0 <= load < 1e6:  # advice, never data
+            loads.append(float(load))
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            cores.append(count)
+    if not loads or not cores:
+        return None
+    load, available = float(np.median(loads)), min(cores)
+    return BusyHost(load, available) if load > available else None
