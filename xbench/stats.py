@@ -441,3 +441,28 @@ def relative_errors(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray]
     if not np.all(np.isfinite(a)):
         return math.inf, math.inf, math.inf
     return float(diff.max(initial=0.0)), float(np.max(diff / np.maximum(np.abs(e), floor), initial=0.0)), norm_rel
+
+
+def median_interval(values: Values, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Distribution-free confidence interval of the median: the order statistics (X(k), X(n+1-k)).
+
+    For independent values from any continuous distribution, the interval covers the population
+    median with probability 1 - 2 * P(B <= k-1), B ~ Binomial(n, 1/2); k is the largest rank
+    for which that is at least `confidence` (with ties the coverage only grows). None when even
+    (min, max) falls short: fewer than 6 values at 95%. Like `t_interval`, it treats the values
+    as independent: windows of one process cover that process's median, not another's.
+    """
+    from scipy import special
+
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie between 0 and 1, got {confidence}")
+    x = np.sort(np.asarray(values, dtype=float))
+    n = int(x.size)
+    if n == 0:
+        return None
+    tails = special.bdtr(np.arange(n), n, 0.5)  # P(B <= j) for j = 0..n-1
+    ranks = np.flatnonzero(1 - 2 * tails >= confidence)  # j = k-1 whose interval is wide enough
+    if ranks.size == 0:
+        return None
+    k = int(ranks[-1]) + 1
+    return float(x[k - 1]), float(x[n - k])

@@ -1,10 +1,11 @@
 """Where the time goes: compute-only twins, the all-reduce microbenchmark, telemetry, topology."""
 
+import io
 import json
 
 import pytest
 
-from xbench.results.allreduce import AllReduceResult, bus_factor, parse_size, sizes_for
+from xbench.results.allreduce import AllReduceResult, bus_factor, parse_size, result_from_record, sizes_for
 from xbench.results.records import read_records
 from xbench.results.summary import full_rows, rows_from_records
 from xbench.run.topology import parse_topo_matrix
@@ -39,6 +40,67 @@ def test_busbw_follows_nccl_tests():
     result = AllReduceResult("x", 4, 2**30, summarize([0.004, 0.004, 0.004, 0.004]))
     assert result.algbw == pytest.approx(2**30 / 0.004)
     assert result.busbw == pytest.approx(2**30 / 0.004 * 2 * 3 / 4)
+
+
+def allreduce_record(nbytes, windows, status="ok", backend="jax", devices=2):
+    """An allreduce.jsonl line: `windows` windows of 100 all-reduces each."""
+    timing = {"first_call_s": 0.1, "window_s": windows, "steps_per_window": 100} if status == "ok" else None
+    return {"kind": "allreduce", "backend": backend, "devices": devices, "platform": "simulated CPU", "nbytes": nbytes,
+            "status": status, "reason": None if status == "ok" else "planned failure", "timing": timing,
+            "environment": {}}
+
+
+JAX_INFO = {"framework": "jax", "framework_version": "0.1", "platform": "cpu", "device_names": ("cpu:0", "cpu:1"),
+            "simulated": True, "available": 8}
+ENVIRONMENT = {"xbench": "9.9", "host": "box", "python": "3.11"}
+
+
+def data_lines(text):
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def test_allreduce_prints_nccl_tests_columns():
+    from xbench.cli.allreduce_cmd import NCCL_HEADERS, nccl_tests_text
+
+    windows = [0.0010 + 0.00001 * i for i in range(10)]  # 10 to 10.09 µs per all-reduce
+    records = [allreduce_record(4096, windows), allreduce_record(2**20, [w * 50 for w in windows]),
+               allreduce_record(2**24, [], status="failed"), allreduce_record(4096, windows[:5], devices=4)]
+    text = nccl_tests_text(records, {"jax": JAX_INFO}, {"jax": "subprocess"}, ENVIRONMENT)
+    assert text.count(NCCL_HEADERS[0] + "\n" + NCCL_HEADERS[1] + "\n") == 2  # a block per device count
+    rows = [line.split() for line in data_lines(text)]
+    assert [row[:2] for row in rows] == [["4096", "1024"], ["1048576", "262144"], ["4096", "1024"]]
+    assert all(row[2:5] == ["float", "sum", "-1"] for row in rows)
+    results = [result_from_record(r) for r in records if r["status"] == "ok"]
+    for row, result in zip(rows, results):  # awk '{print $8}' is busbw, as in nccl-tests
+        assert float(row[5]) == pytest.approx(result.time.median * 1e6, abs=0.01)
+        assert float(row[6]) == pytest.approx(result.algbw / 1e9, abs=0.005)
+        assert float(row[7]) == pytest.approx(result.busbw / 1e9, abs=0.005) and row[8] == "N/A"
+    low, high = results[0].median_ci
+    assert rows[0][9:] == ["#", "95%", "CI", f"{low * 1e6:.2f}-{high * 1e6:.2f}", "us,", "10", "windows"]
+    assert rows[2][9:13] == ["#", "95%", "CI", "-,"]  # 5 windows: too few for a 95% interval of the median
+    failed = [line.split() for line in text.splitlines() if "failed" in line]
+    assert failed == [["#", "16777216", "4194304", "float", "sum", "-1", "failed:", "planned", "failure"]]  # not a row
+    averages = [line.split(":")[1].strip() for line in text.splitlines() if line.startswith("# Avg bus bandwidth    :")]
+    assert averages == [f"{(results[0].busbw + results[1].busbw) / 2e9:g}", f"{results[2].busbw / 1e9:g}"]
+    assert text.count("# Out of bounds values : N/A") == 2 and "# jax (jax 0.1" in text
+
+
+def test_allreduce_interval_is_of_the_median():
+    windows = [0.001 * (1 + i) for i in range(10)] + [0.5]  # the outlier is dropped, as for the median
+    result = result_from_record(allreduce_record(4096, windows))
+    assert result.time.removed == 1 and result.time.median == pytest.approx(0.0055 / 100)
+    assert result.median_ci == pytest.approx((0.002 / 100, 0.009 / 100))  # 2nd and 9th of 10: 97.9%
+
+
+def test_allreduce_table_shows_the_interval_of_the_median():
+    from rich.console import Console
+
+    from xbench.cli.allreduce_cmd import allreduce_table
+
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(allreduce_table([allreduce_record(4096, [0.001] * 10), allreduce_record(8192, [0.001] * 5)]))
+    text = console.export_text()
+    assert "95% CI µs" in text and "10.0–10.0" in text and "t-interval" not in text
 
 
 def test_sizes_include_gradients_and_sweep():
@@ -145,11 +207,18 @@ def test_compute_only_is_not_slower_than_the_full_step(breakdown_run):
 def test_allreduce_command(run_cli, tmp_path):
     code, out, _ = run_cli("allreduce", "--backends", "jax", "tf", "--devices", "2", "--sizes", "4KiB", "64KiB",
                            "--json", str(tmp_path / "ar.json"))
-    assert code == 0 and "busbw GB/s" in out
+    assert code == 0 and "#       size         count      type   redop    root     time   algbw   busbw #wrong" in out
     results = json.loads((tmp_path / "ar.json").read_text())
     assert {(r["backend"], r["nbytes"]) for r in results} == {(b, n) for b in ("jax", "tf") for n in (4096, 65536)}
     for r in results:
         assert r["busbw_GBps"] == pytest.approx(r["nbytes"] / r["time_s_median"] / 1e9)  # n = 2
+        interval = r["time_s_median_ci95"]  # None: too few windows (the adaptive stop may end at 5)
+        assert interval is None or interval[0] <= r["time_s_median"] <= interval[1]
+    rows = [line.split() for line in data_lines(out)]
+    assert [row[12] == "-," for row in rows] == [r["time_s_median_ci95"] is None for r in results]
+    assert [(int(row[0]), row[8]) for row in rows] == [(4096, "N/A"), (65536, "N/A")] * 2
+    assert [float(row[7]) for row in rows] == pytest.approx([r["busbw_GBps"] for r in results], abs=0.005)
+    assert out.count("# Avg bus bandwidth    : ") == 2
 
 
 @pytest.mark.slow

@@ -150,11 +150,17 @@ def test_a_fast_ranks_failure_in_the_next_trial_is_not_charged_to_this_one(run_c
 
 def test_allreduce_stops_at_a_rank_that_fails(run_cli, fake_backends, tmp_path):
     out = tmp_path / "allreduce.json"
-    code, _, _ = run_cli("allreduce", "--backends", "numpy-spmd", "--devices", "2", "--sizes", "4KiB", "8KiB",
-                         "16KiB", "--option", "numpy-spmd.rank=1", "--option", "numpy-spmd.fail_allreduce_bytes=8192",
-                         "--json", str(out))
+    code, stdout, _ = run_cli("allreduce", "--backends", "numpy-spmd", "--devices", "2", "--sizes", "4KiB", "8KiB",
+                              "16KiB", "--option", "numpy-spmd.rank=1", "--option",
+                              "numpy-spmd.fail_allreduce_bytes=8192", "--json", str(out))
     results = {r["nbytes"]: r for r in json.loads(out.read_text())}
     assert code == 1 and results[4096]["status"] == "ok"
+    # nccl-tests' lines: the timed size is a data line, the failed ones are '#' comments
+    rows = [line.split() for line in stdout.splitlines() if line and not line.startswith("#")]
+    assert len(rows) == 1 and rows[0][:5] == ["4096", "1024", "float", "sum", "-1"] and rows[0][8] == "N/A"
+    assert float(rows[0][7]) == pytest.approx(results[4096]["busbw_GBps"], abs=0.005)
+    assert "# 8192 2048 float sum -1 failed: rank 1: " in " ".join(stdout.split())
+    assert f"# Avg bus bandwidth    : {results[4096]['busbw_GBps']:g}" in stdout
     assert results[8192]["status"] == "failed" and results[8192]["reason"].startswith("rank 1: ")
     assert results[16384]["reason"] == "not run: rank 1: failed at 8192 bytes"
 

@@ -171,7 +171,7 @@ def test_terminal_and_report_say_the_same_words(tmp_path):
                for b in (32,)]
     rows = rows_from_records(records)
     console = Console(width=250, record=True)
-    for table in model_tables(rows):
+    for table in model_tables(rows, wide=True):
         console.print(table)
     terminal = console.export_text()
     report = json.dumps([getattr(b, "rows", None) for b in model_section("m", rows, [], {})])

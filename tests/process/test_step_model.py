@@ -215,7 +215,7 @@ def test_sweep_spec_refuses_a_design_that_cannot_be_fitted():
         sweep_spec(["jax"], [1e5], [], [16, 64], [2], "fp32", None)
     with pytest.raises(SpecError, match="nothing to sweep"):
         sweep_spec(["jax"], [], [], [16, 64], [1, 2], "fp32", None)
-    with pytest.raises(SpecError, match="at least two per-device"):
+    with pytest.raises(SpecError, match="--per-device-batch needs at least two"):
         sweep_spec(["jax"], [1e5], [], [16], [1, 2], "fp32", None)
     with pytest.raises(SpecError, match="outside 1e3-1e10"):
         sweep_spec(["jax"], [10], [], [16, 64], [1, 2], "fp32", None)
@@ -246,7 +246,8 @@ def stored_fit(tmp_path):
 
 def test_recommend_answers_from_a_stored_fit_without_a_framework(stored_fit):
     script = ("import sys, time; t = time.time(); from xbench.cli.main import main; "
-              f"code = main(['recommend', '--params', '1.6e6', '--batch', '256', '1024', '--fits', r'{stored_fit}']); "
+              "code = main(['recommend', '--params', '1.6e6', '--global-batch', '256', '1024', "
+              f"'--fits', r'{stored_fit}']); "
               "assert code == 0, code; "
               "loaded = [m for m in ('jax', 'tensorflow', 'torch') if m in sys.modules]; "
               "assert not loaded, loaded; print('seconds', time.time() - t)")
@@ -259,20 +260,21 @@ def test_recommend_answers_from_a_stored_fit_without_a_framework(stored_fit):
 
 
 def test_recommend_without_a_fit_says_what_to_sweep(run_cli, tmp_path):
-    code, _, err = run_cli("recommend", "--params", "5e6", "--batch", "64", "--fits", str(tmp_path))
+    code, _, err = run_cli("recommend", "--params", "5e6", "--global-batch", "64", "--fits", str(tmp_path))
     assert code == 2 and "no stored fit for the mlp family" in err and "xbench sweep" in err
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--params", "0", "--batch", "64"), "must be positive"),
-    (("--params", "1e6", "--batch", "0"), "--batch must be positive"),
-    (("--params", "1e6", "--batch", "x"), "whole numbers"),
-    (("--params", "1e6"), "--batch is required"),
-    (("--batch", "64"), "either --model PRESET or --params"),
-    (("--model", "nope", "--batch", "64"), "unknown model"),
-    (("--params", "1e6", "2e6", "--batch", "64"), "--params takes one value"),
-    (("--params", "1e6", "--batch", "64", "--devices", "1", "2"), "--devices takes one value"),
-    (("--params", "1e9", "--batch", "64"), "outside the fitted"),
+    (("--params", "0", "--global-batch", "64"), "must be positive"),
+    (("--params", "1e6", "--global-batch", "0"), "--global-batch must be positive"),
+    (("--params", "1e6", "--global-batch", "x"), "whole numbers"),
+    (("--params", "1e6"), "--global-batch is required"),
+    (("--global-batch", "64"), "either --model PRESET or --params"),
+    (("--model", "nope", "--global-batch", "64"), "unknown model"),
+    (("--params", "1e6", "2e6", "--global-batch", "64"), "--params takes one value"),
+    (("--params", "1e6", "--global-batch", "64", "--devices", "1", "2"), "--devices takes one value"),
+    (("--params", "1e9", "--global-batch", "64"), "outside the fit that answers here"),
+    (("--params", "1e6", "--batch", "0"), "--global-batch must be positive"),  # --batch: the old name, kept
 ])
 def test_recommend_bad_input_is_one_line(run_cli, stored_fit, args, message):
     code, out, err = run_cli("recommend", *args, "--fits", str(stored_fit))
@@ -294,7 +296,7 @@ def test_sweep_then_recommend_and_validate(run_cli, fake_backends, tmp_path):
     assert "roughly" in err and "min" in err  # the up-front estimate
     stored = read_fits(out / FIT_FILE)
     assert [f.key.backend for f in stored.fits] == ["numpy"] and stored.fits[0].observations == 27
-    code, stdout, err = run_cli("recommend", "--params", "1e4", "--batch", "64", "--fits", str(out))
+    code, stdout, err = run_cli("recommend", "--params", "1e4", "--global-batch", "64", "--fits", str(out))
     assert code == 0, err
     assert "global batch 64" in stdout
     code, stdout, err = run_cli("recommend", "--validate", str(out))
@@ -317,9 +319,11 @@ def test_recommend_prefers_this_machines_fits(run_cli, tmp_path):
     for name, machine in (("here", this_machine()), ("elsewhere", "8 x Other GPU")):
         (tmp_path / name).mkdir()
         save_fits(tmp_path / name / FIT_FILE, [fitted], Measured((), {}, machine, (name,)))
-    code, out, err = run_cli("recommend", "--params", "1e6", "--batch", "256", "--fits", str(tmp_path))
+    code, out, err = run_cli("recommend", "--params", "1e6", "--global-batch", "256", "--fits", str(tmp_path))
     assert code == 0, err
-    assert "here" in out and "Other GPU" not in out and "no fit from this machine" not in err
+    out = " ".join(out.split())
+    assert f"answering from {tmp_path / 'here' / FIT_FILE}" in out and "no fit was measured" not in out
+    assert f"also covering this question, not used: {tmp_path / 'elsewhere' / FIT_FILE} (8 x Other GPU)" in out
 
 
 def test_machines_of_one_kind_match_whatever_their_count():

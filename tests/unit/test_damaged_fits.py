@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import ROOT
 
 FIT = ROOT / "results" / "2026-11-25-cpu-step-model" / "A" / "fit.json"
-QUESTION = ("recommend", "--params", "1e5", "--batch", "512")
+QUESTION = ("recommend", "--params", "1e5", "--global-batch", "512")
 
 
 def damaged_copy(tmp_path, change) -> str:

@@ -89,7 +89,7 @@ def test_the_terminal_drops_a_column_of_unknowns_and_says_why():
 
     def terminal(records):
         console = Console(width=250, record=True)
-        for table in model_tables(rows_from_records(records)):
+        for table in model_tables(rows_from_records(records), wide=True):
             console.print(table)
         return console.export_text()
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -14,11 +15,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from xbench.cli.consoles import data_console, status_console
-from xbench.cli.options import LauncherOption, Platform, backend_options, integers, names, value
+from xbench.cli.options import Launcher, Platform, backend_options, integers, names, value
 from xbench.errors import XbenchError
 from xbench.experiment import load_spec
-from xbench.report.terminal import ALLREDUCE_HEADERS, ALLREDUCE_NOTE, allreduce_rows
-from xbench.results.allreduce import format_size, parse_size, result_from_record
+from xbench.report.terminal import ALLREDUCE_HEADERS, ALLREDUCE_NOTE, allreduce_rows, devices_line
+from xbench.results.allreduce import AllReduceResult, format_size, parse_size, result_from_record
 from xbench.results.records import AllReduceRecord, write_atomic
 from xbench.run import compare as comparison
 from xbench.run.cluster import resolve_launch
@@ -28,17 +29,32 @@ DEFAULT_SIZES = ("4KiB", "256KiB", "16MiB")
 
 
 def allreduce(
-    backends: Annotated[Optional[list[str]], typer.Option(help="Backends to measure, e.g. --backends jax tf.")] = None,
-    devices: Annotated[Optional[list[str]], typer.Option(help="Device counts (default 2).")] = None,
-    sizes: Annotated[Optional[list[str]], typer.Option(help="Buffer sizes per device, e.g. 4KiB 64MiB 1GiB.")] = None,
+    backends: Annotated[Optional[list[str]], typer.Option(
+        metavar="NAME...", help="Backends to measure, e.g. jax tf (default: every backend that runs here).")] = None,
+    devices: Annotated[Optional[list[str]], typer.Option(
+        metavar="INT...", help="Device counts, e.g. 2 4 8 (default: 2).")] = None,
+    sizes: Annotated[Optional[list[str]], typer.Option(
+        metavar="SIZE...", help=f"float32 buffer per device: 4KiB, 64MiB, 1GiB or bytes "
+                                f"(default: {' '.join(DEFAULT_SIZES)}).")] = None,
     platform: Annotated[Optional[Platform], typer.Option(
-        help="auto: GPUs when present, else simulated CPU devices.")] = None,
-    option: Annotated[Optional[list[str]], typer.Option(help="Backend option BACKEND.KEY=VALUE.")] = None,
+        help="auto: GPUs when present, else simulated CPU devices (default: auto).")] = None,
+    option: Annotated[Optional[list[str]], typer.Option(
+        metavar="BACKEND.KEY=VALUE", help="Backend option; repeat for more (default: none).")] = None,
     json_out: Annotated[Optional[Path], typer.Option(
-        "--json", help="Also write the results to this JSON file.")] = None,
-    launcher: LauncherOption = None,
+        "--json", metavar="PATH", help="Also write the results to this JSON file (default: none).")] = None,
+    launcher: Annotated[Optional[Launcher], typer.Option(
+        help="subprocess: one process drives all devices; spmd: one process per device; auto: each backend's "
+             "own choice (default: auto).")] = None,
+    table: Annotated[bool, typer.Option(
+        "--table", help="A box table instead of nccl-tests' all_reduce_perf lines (default: off).")] = False,
 ) -> int:
-    """Time the framework's own all-reduce: time per operation, algbw and busbw (nccl-tests' definitions)."""
+    """Time each framework's own all-reduce; prints nccl-tests' all_reduce_perf columns.
+
+    Lines as all_reduce_perf prints them (size, count, type, redop, root, time, algbw, busbw,
+    #wrong; awk '{print $8}' is busbw), one block per backend and device count, each closed by
+    '# Avg bus bandwidth'. time: median per all-reduce; a trailing '# 95% CI' gives that
+    median's distribution-free interval. #wrong is N/A: the reduced values are not checked.
+    """
     try:
         nbytes = [parse_size(s) for s in (names(sizes) or DEFAULT_SIZES)]
     except ValueError as problem:
@@ -53,15 +69,18 @@ def allreduce(
                             "samples": max(batch, 4096)})
     if json_out is not None:
         check_writable(json_out)
-    err = status_console()
+    err, environment = status_console(), host_environment()
     with tempfile.TemporaryDirectory(prefix="xbench-allreduce-") as tmp:
         with err.status("finding devices for each backend…"):
             ready = comparison.ready_backends(spec, Path(tmp), launch=launch)
         with err.status("timing all-reduces…"):
             records = comparison.measure_allreduce(ready.entries, spec.devices, spec.platform, nbytes, spec.options,
-                                                   Path(tmp), host_environment(), devices=ready.devices,
+                                                   Path(tmp), environment, devices=ready.devices,
                                                    launchers=ready.launchers, launch=launch)
-    data_console().print(allreduce_table(records))
+    if table:
+        data_console().print(allreduce_table(records))
+    else:
+        sys.stdout.write(nccl_tests_text(records, ready.devices, ready.launchers, environment))
     if json_out is not None:
         write_atomic(json_out, (json.dumps(_as_json(records), indent=2) + "\n").encode("utf-8"))
     bad = [r for r in records if r["status"] != "ok"]
@@ -81,6 +100,69 @@ def allreduce_table(records: Sequence[AllReduceRecord]) -> Table:
     return table
 
 
+# nccl-tests' all_reduce_perf prints one result (its out-of-place half) as
+# printf("%12li  %12li  %8s  %6s  %6i  %7s  %6.2f  %6.2f  %5s"), under these two header lines.
+NCCL_HEADERS = ("#       size         count      type   redop    root     time   algbw   busbw #wrong",
+                "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)")
+
+
+def nccl_tests_text(records: Sequence[AllReduceRecord], devices: Mapping[str, Mapping[str, Any]],
+                    launchers: Mapping[str, str], environment: Mapping[str, Any]) -> str:
+    """The records as all_reduce_perf prints its results: '#' lines around fixed-width data
+    lines, one block per backend and device count, so grep and awk read them alike."""
+    lines = _preamble(records, environment)
+    groups: dict[tuple[str, int], list[AllReduceRecord]] = {}
+    for record in records:
+        groups.setdefault((record["backend"], record["devices"]), []).append(record)
+    for (backend, count), group in groups.items():
+        lines += _block_head(backend, count, group[0], devices.get(backend), launchers.get(backend, "subprocess"))
+        lines += [_nccl_line(r) for r in group]
+        lines += _block_foot([result_from_record(r) for r in group if r["status"] == "ok"])
+    return "\n".join(lines) + "\n"
+
+
+def _preamble(records: Sequence[AllReduceRecord], environment: Mapping[str, Any]) -> list[str]:
+    sizes = [r["nbytes"] for r in records] or [0]
+    return [f"# xbench {environment.get('xbench')} allreduce: each framework's own all-reduce, in nccl-tests' "
+            "all_reduce_perf columns",
+            f"# host {environment.get('host')}  python {environment.get('python')}  "
+            f"minBytes {min(sizes)}  maxBytes {max(sizes)}  type float  redop sum  validation: 0",
+            "# time: median per all-reduce over one worker's windows (outliers removed)",
+            "# '# 95% CI lo-hi us' after a line: distribution-free interval of that median ('-': under 6 windows)",
+            "# algbw = size / time; busbw = algbw * 2(n-1)/n; Avg bus bandwidth: mean busbw over a block's sizes",
+            "# #wrong N/A: xbench does not check the reduced values (as nccl-tests -c 0)"]
+
+
+def _block_head(backend: str, count: int, first: AllReduceRecord, info: Mapping[str, Any] | None,
+                launcher: str) -> list[str]:
+    where = f"# {devices_line(backend, info, launcher)}" if info else f"# {backend}"
+    return ["#", where,
+            f"# Using {count} device(s) on {first.get('platform') or 'unknown platform'}, launcher {launcher}",
+            "#", *NCCL_HEADERS]
+
+
+def _nccl_line(record: AllReduceRecord) -> str:
+    nbytes = record["nbytes"]
+    head = f"{nbytes:12d}  {nbytes // 4:12d}  {'float':>8s}  {'sum':>6s}  {-1:6d}"
+    if record["status"] != "ok" or not record["timing"]:
+        return f"# {head.lstrip()}  {record['status']}: {record['reason'] or ''}".rstrip()
+    r = result_from_record(record)
+    places = _places(r.time.median * 1e6)
+    interval = "-" if r.median_ci is None else "-".join(f"{t * 1e6:.{places}f}" for t in r.median_ci) + " us"
+    return (f"{head}  {r.time.median * 1e6:7.{places}f}  {r.algbw / 1e9:6.2f}  {r.busbw / 1e9:6.2f}  {'N/A':>5s}"
+            f"  # 95% CI {interval}, {len(record['timing']['window_s'])} windows")
+
+
+def _places(us: float) -> int:
+    """Decimals all_reduce_perf gives a time in µs (7 wide): fewer as it grows."""
+    return 0 if us >= 10000 else 1 if us >= 100 else 2
+
+
+def _block_foot(results: Sequence[AllReduceResult]) -> list[str]:
+    average = f"{sum(r.busbw for r in results) / len(results) / 1e9:g}" if results else "N/A"
+    return ["# Out of bounds values : N/A (reduced values not checked)", f"# Avg bus bandwidth    : {average}"]
+
+
 def check_writable(path: Path) -> None:
     """Fail before a long measurement, not after it."""
     parent = path.parent if str(path.parent) else Path(".")
@@ -95,6 +177,7 @@ def _as_json(records: Sequence[AllReduceRecord]) -> list[dict[str, Any]]:
                                "status": record["status"], "reason": record["reason"]}
         if record["status"] == "ok":
             r = result_from_record(record)
-            row.update(time_s_median=r.time.median, algbw_GBps=r.algbw / 1e9, busbw_GBps=r.busbw / 1e9)
+            row.update(time_s_median=r.time.median, time_s_median_ci95=list(r.median_ci) if r.median_ci else None,
+                       algbw_GBps=r.algbw / 1e9, busbw_GBps=r.busbw / 1e9)
         out.append(row)
     return out

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Platform
-from xbench.contract import PLAIN, launchers_of, programs_of, variants_of
+from xbench.contract import launchers_of, programs_of, variants_of
 from xbench.run import launcher
 from xbench.run.registry import discover
 
@@ -23,9 +23,12 @@ def backends(
     devices: Annotated[bool, typer.Option(help="Start each installed backend briefly to list its devices.")] = True,
     platform: Annotated[Platform, typer.Option(help="Platform to look for devices on.")] = AUTO,
 ) -> int:
-    """List registered backends: name, framework version, devices, or why unavailable."""
+    """List the backends: version, programs, variants, devices, or why one is unavailable.
+
+    Programs are what --single-device chooses between (data-parallel, plain); variants are what
+    --variants BACKEND:VARIANT turns on."""
     table = Table(title="xbench backends (entry-point group xbench.backends)", title_justify="left")
-    for column in ("backend", "status", "version", "launchers", "variants"):
+    for column in ("backend", "status", "version", "launchers", "programs", "variants"):
         table.add_column(column)
     # The devices column holds the reason a backend cannot run: it keeps its width, and the
     # plugin's import path (long, and also in `pip show`) gives way.
@@ -35,21 +38,16 @@ def backends(
     with tempfile.TemporaryDirectory() as tmp, err.status("starting each backend to find its devices…"):
         for entry in discover().values():
             if not entry.usable:
-                table.add_row(entry.name, "[red]unavailable[/]", "", "", "",
+                table.add_row(entry.name, "[red]unavailable[/]", "", "", "", "",
                               escape(entry.availability.reason or ""), entry.target)
                 continue
             how = launchers_of(entry.backend)
             seen = _devices(entry.target, platform.value, Path(tmp), how) if devices else "(not probed)"
             table.add_row(entry.name, "[green]available[/]", entry.availability.version or "", ", ".join(how),
-                          _variants(entry.backend), seen, entry.target)
+                          ", ".join(programs_of(entry.backend)), ", ".join(variants_of(entry.backend)) or "—",
+                          seen, entry.target)
     data_console().print(table)
     return 0
-
-
-def _variants(backend) -> str:
-    """Named variants and the plain program, e.g. "compile, cuda-graphs; plain" (README: Variants)."""
-    named = ", ".join(variants_of(backend)) or "—"
-    return named + ("; plain" if PLAIN in programs_of(backend) else "")
 
 
 def _devices(target: str, platform: str, tmp: Path, launchers: tuple[str, ...]) -> str:

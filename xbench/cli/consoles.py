@@ -21,11 +21,18 @@ PIPED_WIDTH = 160  # rich assumes 80 columns when not on a terminal; tables need
 
 
 def data_console() -> Console:
-    return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
+    return Console(width=_width(sys.stdout))
 
 
 def status_console() -> Console:
-    return Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else PIPED_WIDTH)
+    return Console(stderr=True, highlight=False, width=_width(sys.stderr))
+
+
+def _width(stream: Any) -> int | None:
+    """A terminal's own width (None: rich asks it); when piped, $COLUMNS if set, else PIPED_WIDTH."""
+    if stream is not None and stream.isatty() or os.environ.get("COLUMNS", "").isdigit():
+        return None  # rich reads the terminal, or $COLUMNS
+    return PIPED_WIDTH
 
 
 class GuardedStdout(io.TextIOBase):

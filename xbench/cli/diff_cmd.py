@@ -24,9 +24,10 @@ UNDERPOWERED_EXIT = 4
 
 
 def diff(
-    a: Annotated[Path, typer.Argument(help="The baseline run directory.")],
-    b: Annotated[Path, typer.Argument(help="The run to compare with it.")],
-    threshold: Annotated[str, typer.Option(help="Slowdown that counts as a regression, e.g. 5% or 0.05.")] = "5%",
+    a: Annotated[Path, typer.Argument(metavar="A", help="The baseline run directory.")],
+    b: Annotated[Path, typer.Argument(metavar="B", help="The run to compare with it.")],
+    threshold: Annotated[str, typer.Option(
+        metavar="PERCENT", help="Slowdown that counts as a regression, e.g. 5% or 0.05.")] = "5%",
     fail_underpowered: Annotated[bool, typer.Option(
         "--fail-underpowered",
         help=f"Exit {UNDERPOWERED_EXIT} when a configuration could not have detected a change of the threshold's "
@@ -135,7 +136,11 @@ def _check_comparable(err: Console, result: Diff) -> None:
 
 
 def _detects_text(change: float) -> str:
-    return "n/a" if change != change else f"{change:.1%}"
+    """e.g. "7.3%"; beyond a tenfold change (one replicate's degree of freedom on a side can put
+    it in the billions) the exact figure says nothing more."""
+    if change != change:
+        return "n/a"
+    return ">1000%" if change > 10 else f"{change:.1%}"
 
 
 def _p_text(p: float) -> str:

@@ -15,12 +15,16 @@ from xbench.results.records import read_records, write_atomic
 
 
 def export(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory (holds records.jsonl).")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory (holds records.jsonl).")],
     csv: Annotated[bool, typer.Option("--csv", help="Write CSV.")] = False,
     parquet: Annotated[bool, typer.Option("--parquet", help="Write Parquet (needs pyarrow).")] = False,
-    out: Annotated[Optional[Path], typer.Option(help="Output file (default RUN_DIR/records.csv or .parquet).")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        metavar="FILE", help="Output file (default RUN_DIR/configurations.csv or .parquet).")] = None,
 ) -> int:
-    """Write one row per trial, statistics included, through pandas."""
+    """Write a run as a table file: one row per configuration, statistics included.
+
+    Each row combines a configuration's replicates (mean, interval, speedup, verdict, notes)
+    beside its environment; pandas writes it (Parquet needs pyarrow)."""
     if csv == parquet:
         raise XbenchError("choose one of --csv or --parquet")
     for module in ("pandas", "pyarrow") if parquet else ("pandas",):
@@ -30,7 +34,7 @@ def export(
 
     note_torn_records(run_dir)
     frame = to_frame(read_records(run_dir))
-    target = out or Path(run_dir) / ("records.parquet" if parquet else "records.csv")
+    target = out or Path(run_dir) / ("configurations.parquet" if parquet else "configurations.csv")
     write_atomic(target, (lambda tmp: frame.to_parquet(tmp, index=False)) if parquet
                  else (lambda tmp: frame.to_csv(tmp, index=False)))
     data_console().print(str(target))

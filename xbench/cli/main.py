@@ -63,8 +63,8 @@ def _root(version: bool = typer.Option(False, "--version", help="Print xbench's 
 _CLICK_ERROR: type[Any] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 # Options that take several values, written the natural way: `--backends tf jax`.
-VARIADIC = {"--backends", "--model", "--batch-sizes", "--devices", "--sizes", "--params", "--batch", "--validate",
-            "--runs", "--fits"}
+VARIADIC = {"--backends", "--model", "--batch-sizes", "--global-batch", "--per-device-batch", "--devices", "--sizes",
+            "--params", "--batch", "--validate", "--runs", "--fits"}
 
 
 def expand_variadic(argv: list[str]) -> list[str]:

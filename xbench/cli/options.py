@@ -22,22 +22,28 @@ CompileCache = Enum("CompileCache", {name: name for name in COMPILE_CACHES}, typ
 
 # The launcher options, shared by compare, verify and allreduce.
 LauncherOption = Annotated[Optional[Launcher], typer.Option(
-    help="subprocess: one process drives all devices; spmd: one process per device; auto: each backend's own choice.")]
-NprocOption = Annotated[Optional[int], typer.Option(help="spmd: processes (devices) per node.")]
-NnodesOption = Annotated[Optional[int], typer.Option(help="spmd: nodes in the job (run xbench once on each).")]
-NodeRankOption = Annotated[Optional[int], typer.Option(help="spmd: this node's rank, 0..nnodes-1.")]
+    help="subprocess: one process drives all devices; spmd: one process per device; auto: each backend's own "
+         "choice (default auto).")]
+NprocOption = Annotated[Optional[int], typer.Option(
+    metavar="INT", help="spmd: processes (devices) per node (default: from SLURM or torchrun, else a trial's "
+                        "devices).")]
+NnodesOption = Annotated[Optional[int], typer.Option(
+    metavar="INT", help="spmd: nodes in the job, running xbench once on each (default 1).")]
+NodeRankOption = Annotated[Optional[int], typer.Option(metavar="INT", help="spmd: this node's rank, 0..nnodes-1.")]
 # Variants and plain programs, shared by compare and verify.
 VariantsOption = Annotated[Optional[list[str]], typer.Option(
-    help="Variants to time besides each backend as written: BACKEND:VARIANT (comma-separated) or all; "
-         "`xbench backends` lists them.")]
+    metavar="BACKEND:VARIANT...", help="Variants to run besides each backend as written, e.g. jax:fused, or all "
+                                       "(default: none; `xbench backends` lists each backend's variants).")]
 SingleDevice = Enum("SingleDevice", {name: name for name in SINGLE_DEVICE}, type=str)  # type: ignore[misc]
 SingleDeviceOption = Annotated[Optional[SingleDevice], typer.Option(
     help="The 1-device program: plain (no distribution, where a backend has it; default), data-parallel (one "
          "replica), or both (speedup against the faster).")]
-CoordinatorOption = Annotated[Optional[str], typer.Option(help="spmd: HOST:PORT of node 0, the same on every node.")]
+CoordinatorOption = Annotated[Optional[str], typer.Option(
+    metavar="HOST:PORT", help="spmd: node 0's address, the same on every node.")]
 StartupTimeoutOption = Annotated[Optional[float], typer.Option(
-    help=f"Seconds a worker (every rank, every node under spmd) may take to start and find its devices "
-         f"(default {STARTUP_TIMEOUT_S:g}); a multi-node run stops when another node never comes.")]
+    metavar="SECONDS", help="Seconds a worker (every rank, every node under spmd) may take to start and find its "
+                            f"devices (default {STARTUP_TIMEOUT_S:g}); a multi-node run stops when another node "
+                            "never comes.")]
 
 
 def startup_timeout_s(value: float | None) -> float:

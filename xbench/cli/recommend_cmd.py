@@ -14,17 +14,22 @@ from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Precision, names, value
 from xbench.errors import XbenchError
 from xbench.models.model_spec import preset_model
-from xbench.results.fitting import StoredFits, error_summary, find_fits, fit_all, load_runs, same_kind, validate
+from xbench.results.fitting import StoredFits, error_summary, find_fits, fit_all, load_runs, validate
 from xbench.results.recommend import (
     MEASURE,
     MULTI,
+    SAME_DEVICES,
+    Choice,
     Question,
     break_even,
     break_even_batches,
+    candidates,
+    choose,
     device_counts,
-    matching,
     model_flops,
+    out_of_range,
     predictions,
+    sweep_command,
     verdict,
 )
 from xbench.results.step_model import FitError, bottleneck
@@ -34,42 +39,85 @@ DEFAULT_FITS = Path("results")
 
 
 def recommend(
-    model: Annotated[Optional[list[str]], typer.Option(help="A preset (`xbench models`), e.g. gpt2-small.")] = None,
+    model: Annotated[Optional[list[str]], typer.Option(
+        metavar="PRESET", help="A preset (`xbench models`), e.g. gpt2-small (default: none; this or "
+                               "--params).")] = None,
     params: Annotated[Optional[list[float]], typer.Option(
-        help="Or the model's parameter count, e.g. 5e6 (with --family, default mlp).")] = None,
+        metavar="N", help="Or the model's parameter count, e.g. 5e5, of the --family (default: none; this or "
+                          "--model).")] = None,
     flops: Annotated[Optional[float], typer.Option(
-        help="With --params: training FLOPs per sample (default: from the family's measured sizes).")] = None,
-    family: Annotated[str, typer.Option(help="With --params: the model family.")] = "mlp",
-    batch: Annotated[Optional[list[str]], typer.Option(help="Global batch sizes, e.g. 64 or 64,256.")] = None,
+        metavar="FLOPS", help="With --params: training FLOPs per sample (default: from the family's measured "
+                              "sizes).")] = None,
+    family: Annotated[str, typer.Option(
+        metavar="NAME", show_default=True, help="With --params: the model family.")] = "mlp",
+    global_batch: Annotated[Optional[list[str]], typer.Option(
+        "--global-batch", metavar="INT...",
+        help="Global batch sizes (all devices together), e.g. 64 or 64,256 (required; no default).")] = None,
+    batch: Annotated[Optional[list[str]], typer.Option("--batch", hidden=True)] = None,  # --global-batch's old name
     devices: Annotated[Optional[list[int]], typer.Option(
-        help="Devices available (default: the most the fit measured).")] = None,
-    precision: Annotated[Optional[Precision], typer.Option(help="Only fits at this precision.")] = None,
-    backends: Annotated[Optional[list[str]], typer.Option(help="Only these backends.")] = None,
+        metavar="N", help="Devices available (default: the most the fit measured).")] = None,
+    precision: Annotated[Optional[Precision], typer.Option(
+        help="Only fits at this precision (default: any).")] = None,
+    backends: Annotated[Optional[list[str]], typer.Option(
+        metavar="NAME...", help="Only these backends (default: every backend the fit has).")] = None,
     fits: Annotated[Optional[list[Path]], typer.Option(
-        help="fit.json files or directories holding them (default: results/).")] = None,
+        metavar="PATH...", help="fit.json files or directories holding them; the fit of this machine's devices "
+                                "answers, else the closest (default: results/).")] = None,
     runs: Annotated[Optional[list[Path]], typer.Option(
-        help="Fit these run directories now instead of reading stored fits.")] = None,
+        metavar="DIR...", help="Fit these run directories now instead of reading stored fits (default: none).")] = None,
     validate_runs: Annotated[Optional[list[Path]], typer.Option(
-        "--validate", help="Fit on part of these runs, predict the held-out configurations, print each error.")] = None,
+        "--validate", metavar="DIR...",
+        help="Fit on part of these runs, predict the held-out configurations, print each error (default: "
+             "none).")] = None,
 ) -> int:
-    """Which backend and how many devices, for a model and batch, from fitted step models."""
+    """Which backend and how many devices for a model and global batch, from a fitted step model.
+
+    The fit measured on this machine's kind of device answers; else the closest stored one,
+    and the first line says so."""
     if validate_runs:
         return _validate(validate_runs)
-    question = _question(_one(model, "--model"), _one(params, "--params"), flops, family, batch,
-                         _one(devices, "--devices"))
-    sets = _fit_sets(runs, fits)
-    answered, problems = 0, []
-    for stored in sets:
-        chosen = matching(stored.fits, question.family, value(precision), names(backends))
-        if chosen:
-            done, why = _answer(stored, chosen, question)
-            answered += done
-            problems += why
+    question = _question(_one(model, "--model"), _one(params, "--params"), flops, family,
+                         (global_batch or []) + (batch or []), _one(devices, "--devices"))
+    found = candidates(_fit_sets(runs, fits), question.family, value(precision), names(backends))
+    if not found:
+        raise XbenchError(_no_fit_message(question, runs or fits or [DEFAULT_FITS]))
+    here = this_machine()
+    choice = choose(found, here, question)
+    problem = out_of_range(choice, question)
+    if problem:
+        raise XbenchError(problem)
+    _print_choice(choice, here)
+    _respond(list(choice.answer.fits), question)
+    return 0
+
+
+def _respond(chosen, question: Question) -> None:
+    """The answer of one fit.json's fits; what of the question they could not answer, and why."""
+    answered, problems = _answer(chosen, question)
     if not answered:
-        raise XbenchError(problems[0] if problems else _no_fit_message(question, runs or fits or [DEFAULT_FITS]))
+        raise XbenchError(problems[0])
     for problem in problems:
         status_console().print(f"[yellow]not answered[/]: {problem}")
-    return 0
+
+
+def _print_choice(choice: Choice, here: str) -> None:
+    """Which stored fit answers, and why that one: said before the answer, so no reader takes it
+    for this machine's when it is not, or wonders about the fits it left out."""
+    stored = choice.answer.stored
+    if choice.closeness == SAME_DEVICES:
+        _say(f"answering from {stored.path} ({stored.machine}, fitted {stored.created})")
+    else:
+        _say(f"no fit was measured on this machine ({here}); answering from the fit of {stored.machine} in "
+             f"{stored.path} (fitted {stored.created}) — run `{sweep_command(choice.answer.fits)}` here for a fit "
+             "of your own")
+    if choice.others:
+        others = ", ".join(f"{c.stored.path} ({c.stored.machine})" for c in choice.others)
+        _say(f"also covering this question, not used: {others}; `--fits PATH` answers from one of them instead")
+
+
+def _say(line: str) -> None:
+    """A line of the answer as written: paths and machine names are neither markup nor broken."""
+    data_console().print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _one(values: list | None, flag: str):
@@ -81,7 +129,7 @@ def _one(values: list | None, flag: str):
 
 def _question(model, params, flops, family, batch, devices) -> Question:
     if (model is None) == (params is None):
-        raise XbenchError("give either --model PRESET or --params N (e.g. --params 5e6 --batch 64)")
+        raise XbenchError("give either --model PRESET or --params N (e.g. --params 5e5 --global-batch 64)")
     batches = _batches(batch)
     if devices is not None and devices < 1:
         raise XbenchError(f"--devices must be at least 1, got {devices}")
@@ -97,16 +145,16 @@ def _question(model, params, flops, family, batch, devices) -> Question:
     return Question(params, flops, family, batches, devices or 0)
 
 
-def _batches(batch: list[str] | None) -> tuple[int, ...]:
+def _batches(batch: list[str]) -> tuple[int, ...]:
     words = names(batch)
     if not words:
-        raise XbenchError("--batch is required: the global batch, e.g. --batch 64")
+        raise XbenchError("--global-batch is required: the batch of all devices together, e.g. --global-batch 64")
     try:
         values = tuple(int(w) for w in words)
     except ValueError:
-        raise XbenchError(f"--batch takes whole numbers such as 64, got {' '.join(words)}") from None
+        raise XbenchError(f"--global-batch takes whole numbers such as 64, got {' '.join(words)}") from None
     if min(values) < 1:
-        raise XbenchError(f"--batch must be positive, got {min(values)}")
+        raise XbenchError(f"--global-batch must be positive, got {min(values)}")
     return values
 
 
@@ -126,11 +174,7 @@ def _fit_sets(runs: list[Path] | None, places: list[Path] | None) -> list[Stored
         raise XbenchError(problems[0])
     for problem in problems:
         status_console().print(f"[yellow]left out[/]: {problem}")
-    here = this_machine()
-    mine = [s for s in found if same_kind(s.machine, here)]
-    if found and not mine:
-        status_console().print(f"[yellow]no fit from this machine ({here})[/]; answering from fits of others")
-    return mine or found
+    return found
 
 
 def _no_fit_message(question: Question, places: list[Path]) -> str:
@@ -146,7 +190,7 @@ def this_machine() -> str:
     return f"{len(gpus)} x {gpus[0]['name']}" if gpus else f"simulated CPU devices ({cpu_name()})"
 
 
-def _answer(stored: StoredFits, chosen, question: Question) -> tuple[int, list[str]]:
+def _answer(chosen, question: Question) -> tuple[int, list[str]]:
     """Print one fit set's predictions; how many batches it answered, and why not the others."""
     console = data_console()
     answered, problems = 0, []
@@ -171,8 +215,6 @@ def _answer(stored: StoredFits, chosen, question: Question) -> tuple[int, list[s
                               _rate(p, question), speed, bottleneck(p.terms))
         if not verdicts:
             continue
-        if not answered:
-            console.print(f"\nfrom {stored.path} ({stored.machine}, fitted {stored.created})")
         answered += 1
         console.print(table)
         _print_verdicts(verdicts, question)
@@ -248,7 +290,7 @@ def _print_break_even(chosen) -> None:
             elif b.surely == fit.params_range[0]:
                 found.append(f"batch {batch}: already at the smallest fitted size ({b.params:,.3g} params)")
             else:
-                high = f"{b.surely:,.3g}" if b.surely else f"above {fit.params_range[1]:,.3g}"
+                high = f"{b.surely:,.3g}" if b.surely else f"beyond the fitted {fit.params_range[1]:,.3g}"
                 found.append(f"batch {batch}: from {b.params:,.3g} params [{b.earliest:,.3g}, {high}]")
         if never:
             found.append(f"batch {'/'.join(map(str, never))}: not within the fitted sizes "

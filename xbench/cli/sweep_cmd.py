@@ -10,47 +10,58 @@ import typer
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Precision, integers, names, value
 from xbench.cli.running import check_resume_alone, run_dir_option, run_plan
-from xbench.errors import SpecError
+from xbench.errors import SpecError, XbenchError
 from xbench.experiment import load_raw
 from xbench.experiment.sweep import DEFAULT_BATCHES, DEFAULT_PARAMS, estimate_seconds, sweep_spec
 from xbench.results.allreduce import sizes_for
 from xbench.results.fitting import FIT_FILE, fit_all, load_runs, save_fits
-from xbench.results.records import finished_trials
 from xbench.results.step_model import FitError
 from xbench.run import compare as comparison
 from xbench.run.environment import nvidia_gpus
 
 
 def sweep(
-    backends: Annotated[Optional[list[str]], typer.Option(help="Backends to model, e.g. --backends jax torch.")] = None,
+    backends: Annotated[Optional[list[str]], typer.Option(
+        metavar="NAME...", help="Backends to model, e.g. --backends jax torch (default: every installed one).")] = None,
     params: Annotated[Optional[list[str]], typer.Option(
-        help="MLP sizes in parameters (3 equal hidden layers), e.g. 1e5 1e6 1e7; default: four sizes for "
-             "this machine.")] = None,
+        metavar="N...", help="MLP sizes in parameters (3 equal hidden layers), e.g. 1e5 1e6 1e7 (default: "
+                             f"{_listed(DEFAULT_PARAMS['cpu'])} on a CPU, {_listed(DEFAULT_PARAMS['gpu'])} on "
+                             "GPUs).")] = None,
     model: Annotated[Optional[list[str]], typer.Option(
-        help="Presets of any family to sweep instead of (or with --params, besides) the MLP ladder, e.g. "
-             "transformer-tiny.")] = None,
+        metavar="NAME...", help="Presets of any family to sweep instead of (or with --params, besides) the MLP "
+                                "ladder, e.g. transformer-tiny.")] = None,
     config: Annotated[Optional[Path], typer.Option(
-        help="A compare spec (TOML) whose models (any family, with their batch sizes), protocol and data tables the "
-             "sweep adds.")] = None,
-    batch_sizes: Annotated[Optional[list[str]], typer.Option(
-        help="Per-device batches (3+ to validate the fit), e.g. 16,64,256.")] = None,
+        metavar="TOML", help="A compare spec whose models (any family, with their batch sizes), protocol and data "
+                             "tables the sweep adds.")] = None,
+    per_device_batch: Annotated[Optional[list[str]], typer.Option(
+        metavar="INT...", help="Per-device batches (3+ to validate the fit), e.g. 16 64 256 (default: "
+                               f"{_listed(DEFAULT_BATCHES['cpu'])} on a CPU, {_listed(DEFAULT_BATCHES['gpu'])} on "
+                               "GPUs).")] = None,
+    batch_sizes: Annotated[Optional[list[str]], typer.Option(hidden=True)] = None,  # before --per-device-batch
     devices: Annotated[Optional[list[str]], typer.Option(
-        help="Device counts, 1 and N (default 1 and every GPU; 1 alone with one GPU; 1,2 simulated on a CPU).")] = None,
+        metavar="INT...", help="Device counts, 1 and N (default 1 and every GPU; 1 alone with one GPU; 1 2 "
+                               "simulated on a CPU).")] = None,
     precision: Annotated[Optional[Precision], typer.Option(
-        help="Matmul precision, set explicitly in every backend.")] = None,
+        help="Matmul precision, set explicitly in every backend (default fp32).")] = None,
     replicates: Annotated[Optional[int], typer.Option(
-        help="Fresh worker processes per configuration (the fit's intervals come from them).")] = None,
+        metavar="INT", help="Fresh worker processes per configuration; the fit's intervals come from them "
+                            "(default: 3 on GPUs, 2 on CPUs).")] = None,
     window_budget: Annotated[Optional[float], typer.Option(
-        help="Seconds of timed windows per replicate at most (shorter: a faster, noisier sweep).")] = None,
+        metavar="SECONDS", help="Seconds of timed windows per replicate at most; shorter: a faster, noisier sweep "
+                                "(default 1).")] = None,
     out: Annotated[Optional[str], typer.Option(
-        help="Run directory (default results/<timestamp>); the fit is written beside the records as fit.json.")] = None,
+        metavar="RUN_DIR", help="Run directory (default results/<timestamp>); the fit is written beside the "
+                                "records as fit.json.")] = None,
     no_verify: Annotated[bool, typer.Option(
         "--no-verify", help="Skip the identical-work check before timing.")] = False,
     resume: Annotated[Optional[Path], typer.Option(
-        help="Finish an interrupted sweep (its own spec), then fit it; a finished one is refitted.")] = None,
+        metavar="RUN_DIR", help="Finish an interrupted sweep (its own spec), then fit it; a finished one is "
+                                "refitted.")] = None,
 ) -> int:
-    """Measure a few configurations per backend (model sizes x per-device batches x 1 and N
-    devices, compute-only twins, the all-reduce), then fit the step model `xbench recommend` uses."""
+    """Measure a grid of configurations and fit the step model `xbench recommend` answers from.
+
+    Per backend: model sizes x per-device batches x 1 and N devices, compute-only twins and the
+    all-reduce; the fit is written beside the records as fit.json."""
     if resume is not None:
         return _resume(resume, no_verify, given=locals())
     platform = "gpu" if nvidia_gpus() else "cpu"
@@ -60,7 +71,7 @@ def sweep(
     spec = sweep_spec(
         backends=names(backends) or [],
         params=sizes or ([] if presets or raw else list(DEFAULT_PARAMS[platform])),
-        models=presets, batch_sizes=integers(batch_sizes, "--batch-sizes") or list(DEFAULT_BATCHES[platform]),
+        models=presets, batch_sizes=_per_device_batches(per_device_batch, batch_sizes, platform),
         devices=integers(devices, "--devices") or _default_devices(),
         precision=value(precision) or "fp32", replicates=replicates, window_budget_s=window_budget, config=raw)
     err = status_console()
@@ -75,11 +86,8 @@ def sweep(
 def _resume(run_dir: Path, no_verify: bool, given: dict) -> int:
     check_resume_alone(given)
     plan = comparison.resume(run_dir)
-    if comparison.trial_count(plan, finished_trials(run_dir)):
-        code = run_plan(plan, no_verify, resumed=True, command="sweep")  # releases the run directory
-    else:
-        plan.release()
-        code = 0
+    # A complete sweep says so and reports its records at once (nothing runs); then it is refitted.
+    code = run_plan(plan, no_verify, resumed=True, command="sweep")  # releases the run directory
     _fit_and_save(run_dir)
     return code
 
@@ -129,4 +137,17 @@ def _fit_and_save(run_dir: Path) -> None:
     for f in fits:
         data_console().print(f"fit {f.key.label} {f.key.precision} {f.key.family}: {f.observations} configurations, "
                              f"residual {100 * f.residual_sd:.1f} % (log step time)")
-    err.print(f"fit: {path}; next: xbench recommend --params N --batch B  (or --validate {run_dir})")
+    err.print(f"fit: {path}; next: xbench recommend --params N --global-batch B  (or --validate {run_dir})")
+
+
+def _listed(values) -> str:
+    """e.g. "3e4 1e5" for parameter counts, "16 64" for batches: as a user would type them."""
+    return " ".join(str(int(v)) if v < 1e4 else f"{v:.0e}".replace("e+0", "e").replace("e+", "e") for v in values)
+
+
+def _per_device_batches(given: list[str] | None, old_name: list[str] | None, platform: str) -> list[int]:
+    """--per-device-batch, or --batch-sizes (its old name), or this platform's ladder."""
+    if given and old_name:
+        raise XbenchError("--batch-sizes is the old name of --per-device-batch; give one of them")
+    return (integers(given, "--per-device-batch") or integers(old_name, "--batch-sizes")
+            or list(DEFAULT_BATCHES[platform]))

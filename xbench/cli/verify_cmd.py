@@ -21,6 +21,7 @@ from xbench.cli.options import (
     startup_timeout_s,
     value,
 )
+from xbench.cli.progress import watching_verification
 from xbench.errors import XbenchError
 from xbench.experiment import load_spec
 from xbench.report.terminal import checks_table, floors_caption, precision_floors_caption, verify_caption
@@ -32,23 +33,28 @@ from xbench.run.verification import verify as run_verification
 
 def verify(
     backends: Annotated[Optional[list[str]], typer.Option(
-        help="Backends to check; the first is the reference.")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="Experiment spec (TOML) for models, seed, options.")] = None,
-    model: Annotated[Optional[list[str]], typer.Option(help="Models to check (default: all in the spec).")] = None,
+        metavar="NAME...", help="Backends to check; the first is the reference (default: every installed "
+                                "one).")] = None,
+    config: Annotated[Optional[Path], typer.Option(
+        metavar="TOML", help="Experiment spec for models, seed, options (default: configs/quick.toml's).")] = None,
+    model: Annotated[Optional[list[str]], typer.Option(
+        metavar="NAME...", help="Models to check (default: all in the spec).")] = None,
     devices: Annotated[Optional[list[str]], typer.Option(
-        help="Device counts to check against 1 device, e.g. 2.")] = None,
+        metavar="INT...", help="Device counts to check against 1 device, e.g. 2 (default: the spec's, 1 2).")] = None,
     platform: Annotated[Optional[Platform], typer.Option(
-        help="auto: GPUs when present, else simulated CPU devices.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data.")] = None,
+        help="auto: GPUs when present, else simulated CPU devices (default auto).")] = None,
+    seed: Annotated[Optional[int], typer.Option(metavar="INT", help="Seed for weights and data (default 0).")] = None,
     launcher: LauncherOption = None,
     variants: VariantsOption = None,
     single_device: SingleDeviceOption = None,
     startup_timeout: StartupTimeoutOption = None,
 ) -> int:
-    """Check identical initial loss and gradients across backends, N-device = 1-device
-    gradients, and agreeing 10-step training, with dropout off and strict fp32, for each
-    backend's programs (data-parallel, plain) and the variants asked for. Exits 1 when a
-    check fails or a backend cannot be verified (compare would time it anyway, marked so)."""
+    """Check that every backend does identical work, without timing anything.
+
+    Identical initial loss and gradients across backends, N-device = 1-device gradients, and
+    agreeing 10-step training, with dropout off and strict fp32, for each backend's programs
+    (data-parallel, plain) and the variants asked for. Exits 1 when a check fails or a backend
+    cannot be verified (compare would time it anyway, marked so)."""
     startup = startup_timeout_s(startup_timeout)
     launch = resolve_launch(value(launcher) or "auto")
     if launch.multi_node:
@@ -62,9 +68,9 @@ def verify(
         with err.status("finding devices for each backend…"):
             ready = comparison.ready_backends(spec, Path(tmp), launch=launch, startup_timeout_s=startup)
         entries = ready.entries
-        with err.status("running each backend's reference steps…"):
-            result = run_verification(spec, entries, spec.devices, Path(tmp), host_environment(), launch=launch,
-                                      launchers=ready.launchers, lineups=ready.lineups,
+        with watching_verification(err, "running each backend's reference steps") as progress:
+            result = run_verification(spec, entries, spec.devices, Path(tmp), host_environment(), progress,
+                                      launch=launch, launchers=ready.launchers, lineups=ready.lineups,
                                       startup_timeout_s=startup)
     console = data_console()
     console.print(checks_table(result.checks))

@@ -76,7 +76,7 @@ def sweep_spec(backends: Sequence[str], params: Sequence[float], models: Sequenc
     if 1 not in devices:
         raise SpecError("--devices must include 1: the model's terms start from the 1-device step")
     if len(set(batch_sizes)) < 2:
-        raise SpecError("--batch-sizes needs at least two per-device batches (three or more to validate)")
+        raise SpecError("--per-device-batch needs at least two batches (three or more to validate)")
     config = dict(config or {})
     tables = ([ladder_table(p, batch_sizes) for p in params] + [preset_table(m, batch_sizes) for m in models]
               + list(config.pop("models", None) or []))

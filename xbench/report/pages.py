@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from xbench.contract import implementation
+from xbench.report.bottom_line import bottom_line
 from xbench.report.document import Block, Bullets, Heading, Image, Paragraph, TableBlock, to_html, to_markdown
 from xbench.report.terminal import (
     ALLREDUCE_HEADERS,
@@ -106,6 +107,7 @@ def build_report(records: Sequence[Record], run: RunInfo | None,
     blocks: list[Block] = [Heading(_title(records, run), 1)]
     if run:
         blocks.append(Paragraph(f"Command: `{run.get('command', '?')}` — started {run.get('started_at', '?')}."))
+    blocks += bottom_line_section(rows)
     blocks += environment_section(records)
     blocks += verification_section(records)
     busbw = busbw_by_size(allreduce)
@@ -114,6 +116,17 @@ def build_report(records: Sequence[Record], run: RunInfo | None,
     blocks += allreduce_section(allreduce, images.get(ALLREDUCE_KEY, []))
     blocks += problems_section(rows)
     blocks += reading_section(rows)
+    return blocks
+
+
+def bottom_line_section(rows: Sequence[Row]) -> list[Block]:
+    """What the reader came for, first: the same sentences `xbench compare` ends with."""
+    found = bottom_line(rows)
+    if not found:
+        return []
+    blocks: list[Block] = [Heading("Bottom line")]
+    for item in found:
+        blocks += [Heading(f"Model {item.model}", 3), Bullets(item.sentences)]
     return blocks
 
 

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rich.console import JustifyMethod
+from rich import box
+from rich.console import Group, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
+from xbench.report.bottom_line import ModelBottomLine
 from xbench.report.words import (
     NUMERIC_COLUMNS,
     RESULT_HEADERS,
+    brief_notes,
     fastest_cells,
     fastest_headers,
     model_facts,
     rate_header,
+    replicates_text,
     result_cells,
     result_headers,
 )
@@ -31,6 +37,7 @@ from xbench.results.summary import (
     full_rows,
     gpu_util_pct,
     memory_gib,
+    verdict,
 )
 
 Busbw = Mapping[tuple[str, int, int], float]  # (backend, devices, bytes) -> busbw in bytes/s
@@ -40,9 +47,10 @@ def busbw_by_size(allreduce_records: Sequence[AllReduceRecord]) -> dict[tuple[st
     return {(r.backend, r.devices, r.nbytes): r.busbw for r in ok_results(allreduce_records)}
 
 
-ALLREDUCE_HEADERS = ("backend", "devices on", "dev", "size", "time µs", "±95%", "algbw GB/s", "busbw GB/s")
-ALLREDUCE_NOTE = ("time: median per operation, outliers removed; ±95%: t-interval half-width of the mean; "
-                  "algbw = bytes / time; busbw = algbw × 2(n−1)/n (nccl-tests)")
+ALLREDUCE_HEADERS = ("backend", "devices on", "dev", "size", "time µs", "95% CI µs", "algbw GB/s", "busbw GB/s")
+ALLREDUCE_NOTE = ("time: median per operation over one worker's windows, outliers removed; 95% CI: distribution-free "
+                  "interval of that median (order statistics; -: under 6 windows); algbw = bytes / time; "
+                  "busbw = algbw × 2(n−1)/n (nccl-tests)")
 
 
 def allreduce_rows(records: Sequence[AllReduceRecord]) -> list[tuple[str, ...]]:
@@ -55,25 +63,140 @@ def allreduce_rows(records: Sequence[AllReduceRecord]) -> list[tuple[str, ...]]:
             lines.append((*head, record["status"], "", "", ""))
             continue
         r = result_from_record(record)
-        lines.append((*head, f"{r.time.median * 1e6:,.1f}", f"{r.time.ci_half_width * 1e6:,.1f}",
-                      f"{r.algbw / 1e9:,.2f}", f"{r.busbw / 1e9:,.2f}"))
+        interval = "-" if r.median_ci is None else "–".join(f"{t * 1e6:,.1f}" for t in r.median_ci)
+        lines.append((*head, f"{r.time.median * 1e6:,.1f}", interval, f"{r.algbw / 1e9:,.2f}", f"{r.busbw / 1e9:,.2f}"))
     return lines
 
 
-def model_tables(rows: Sequence[Row], busbw: Busbw | None = None) -> list[Table]:
+def model_tables(rows: Sequence[Row], busbw: Busbw | None = None, wide: bool = False,
+                 width: int = 120) -> list[Table]:
     """Per model, the throughput table and, when measured, a second table of where the time
-    goes: compute-only twins, exposed communication, all-reduce busbw, GPU telemetry."""
+    goes: compute-only twins, exposed communication, all-reduce busbw, GPU telemetry. The
+    default fits a terminal `width` wide, down to 80 columns; `wide` shows every column and the
+    full caption."""
     tables = []
     for model in dict.fromkeys(row.model for row in rows):
         mine = [r for r in rows if r.model == model]
-        tables.append(_model_table(model, mine))
-        costs = _cost_table(model, mine, busbw or {})
+        tables.append(_model_table(model, mine) if wide else _compact_table(model, mine, notes=width >= NOTES_FIT))
+        costs = _cost_table(model, mine, busbw or {}, compact=not wide)
         if costs is not None:
             tables.append(costs)
-        fastest = _fastest_table(model, mine)
+        fastest = _fastest_table(model, mine) if wide else _compact_fastest_table(model, mine)
         if fastest is not None:
             tables.append(fastest)
     return tables
+
+
+# Spaces between columns, a rule under the header: eight columns fit 80 characters.
+COMPACT_STYLE: dict[str, Any] = {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True,
+                                 "show_edge": False}
+COMPACT_HEADERS = ("program", "dev", "batch", "samples/s", "speedup (95%)", "verdict", "reps", "notes")
+COMPACT_VERDICTS = {"multi-device beneficial": "beneficial", "single device preferred": "single better",
+                    "baseline": ""}
+COMPACT_NOTE = ("±: the 95% interval of the mean over fresh worker processes; speedup: over the same program's "
+                f"faster 1-device run; verdict: the zone holding the whole speedup interval (beneficial ≥ "
+                f"{BENEFICIAL_SPEEDUP:.2f}, single better ≤ {SINGLE_PREFERRED_BELOW:.2f}, about even between, "
+                "inconclusive across one); --wide adds step ms, 1st call, efficiency and MFU; the report explains "
+                "every column")
+
+
+WRAPPED = ("program", "notes")  # long variant names wrap rather than squeeze the notes away
+COMPACT_MIN_WIDTH = {"program": 9, "notes": 12}
+COMPACT_MAX_WIDTH = {"program": 20}
+NOTES_FIT = 96  # narrower terminals get the notes under the table instead of in a column
+
+
+def bottom_line_text(found: Sequence[ModelBottomLine]) -> Group:
+    """The bottom line as the terminal shows it: a heading, then per model a bullet per sentence,
+    each wrapped under its own first word."""
+    parts: list[Any] = [Text("Bottom line", style="bold")]
+    for item in found:
+        bullets = Table.grid(padding=(0, 1))
+        bullets.add_column(no_wrap=True)
+        bullets.add_column()
+        for sentence in item.sentences:
+            bullets.add_row(" •", escape(sentence))
+        parts += [Text(f"model {item.model}", style="bold"), bullets]
+    return Group(*parts)
+
+
+def _compact_table(model: str, rows: list[Row], notes: bool = True) -> Table:
+    """Eight short columns; only the notes wrap, and no column can shrink to nothing. Without
+    `notes`, each row's notes are listed under the table."""
+    facts = model_facts(rows, brief=True)
+    table = Table(title=f"model {model}" + (f" — {facts}" if facts else ""), title_justify="left",
+                  caption=_compact_caption(rows, notes_below=not notes), caption_justify="left", **COMPACT_STYLE)
+    for header in COMPACT_HEADERS if notes else COMPACT_HEADERS[:-1]:
+        shown = rate_header(rows) if header == "samples/s" else header
+        numeric = header in ("dev", "batch", "samples/s", "speedup (95%)", "reps")
+        table.add_column(shown, justify="right" if numeric else "left", no_wrap=header not in WRAPPED,
+                         min_width=COMPACT_MIN_WIDTH.get(header, len(shown)), max_width=COMPACT_MAX_WIDTH.get(header),
+                         overflow="fold")
+    for row in full_rows(rows):
+        table.add_row(*_compact_cells(row)[:len(table.columns)])
+    return table
+
+
+def _compact_cells(row: Row) -> list[str]:
+    head = [escape(row.label), str(row.devices), f"{row.global_batch:,}"]
+    if row.throughput is None:
+        return [*head, f"[red]{row.status}[/]", "", "", "", ""]
+    said = verdict(row)
+    shown = COMPACT_VERDICTS.get(said, said.replace("slower than ", "") + " faster" if said.startswith("slower than")
+                                 else said)
+    style = VERDICT_STYLE.get(said)
+    note = ", ".join(brief_notes(row))
+    return [*head, rate_with_interval(row), compact_speedup(row), f"[{style}]{shown}[/]" if style else escape(shown),
+            replicates_text(row), f"[yellow]{escape(note)}[/]" if row.unstable or row.throttled else escape(note)]
+
+
+def rate_with_interval(row: Row) -> str:
+    """e.g. "30,806 ±10%": the mean throughput and its 95 % half-width relative to it."""
+    t = row.measured
+    relative = t.ci_half_width / t.mean if t.mean else math.nan
+    mean = t.mean * row.units_per_sample
+    rate = f"{mean / 1e6:,.4g}M" if mean >= 1e6 else f"{mean:,.0f}"  # 1.188M, 126.6M: not 126,602,464
+    if math.isnan(relative):
+        return rate
+    spread = f"±{relative:.0%}" if relative >= 0.01 else f"±{relative:.1%}" if relative >= 0.0005 else "±<0.1%"
+    return f"{rate} {spread}"
+
+
+def compact_speedup(row: Row) -> str:
+    """e.g. "0.78× (0.70–0.86)": `speedup_text` without the program it is taken against."""
+    s = row.scaling
+    if s is None:
+        return "" if row.devices > 1 else "1.00×"
+    return f"{s.speedup:.2f}×" + ("" if math.isnan(s.ci_low) else f" ({s.ci_low:.2f}–{s.ci_high:.2f})")
+
+
+def _compact_caption(rows: list[Row], notes_below: bool = False) -> str:
+    lines = [f"{row.label} d{row.devices} b{row.global_batch}: {escape(', '.join(brief_notes(row)))}"
+             for row in full_rows(rows) if notes_below and row.throughput is not None and brief_notes(row)]
+    lines += [COMPACT_NOTE]
+    lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}" for r in rows if r.throughput is None]
+    return "\n".join(lines)
+
+
+def _compact_fastest_table(model: str, rows: list[Row]) -> Table | None:
+    """Per configuration, the fastest program and the rows not significantly slower; what
+    tuning gained, when variants ran."""
+    found = fastest_rows(rows)
+    if not found:
+        return None
+    tuned = any(f.gain is not None for f in found)
+    table = Table(title=f"model {model}: fastest per configuration", title_justify="left", **COMPACT_STYLE)
+    headers = ("dev", "batch", "fastest", rate_header(rows), *(("tuned gain",) if tuned else ()),
+               "not significantly slower")
+    for header in headers:
+        table.add_column(header, justify="left" if header in ("fastest", "not significantly slower") else "right",
+                         no_wrap=header != "not significantly slower", min_width=min(len(header), 9))
+    for f in found:
+        cells = fastest_cells(f)
+        gain = (cells[8],) if tuned else ()
+        table.add_row(*(escape(c) for c in (cells[0], f"{f.global_batch:,}", cells[2], rate_with_interval(f.best),
+                                            *gain, cells[9])))
+    return table
 
 
 def _fastest_table(model: str, rows: list[Row]) -> Table | None:
@@ -131,12 +254,12 @@ def cost_columns(rows: Sequence[Row], busbw: Busbw) -> CostColumns | None:
     return CostColumns(tuple(headers), tuple(cells), notes)
 
 
-def _cost_table(model: str, rows: list[Row], busbw: Busbw) -> Table | None:
+def _cost_table(model: str, rows: list[Row], busbw: Busbw, compact: bool = False) -> Table | None:
     columns = cost_columns(rows, busbw)
     if columns is None:
         return None
     table = Table(title=f"model {model}: where the time goes", title_justify="left",
-                  caption="\n".join(columns.notes), caption_justify="left")
+                  caption="\n".join(columns.notes), caption_justify="left", **(COMPACT_STYLE if compact else {}))
     for header in columns.headers:
         table.add_column(header, justify="left" if header == "backend" else "right", no_wrap=True)
     for line in columns.rows:

@@ -64,9 +64,10 @@ def fastest_headers(rows: Sequence[Row]) -> tuple[str, ...]:
     return tuple(rate_header(rows) if h == "samples/s" else h for h in FASTEST_HEADERS)
 
 
-def model_facts(rows: Sequence[Row]) -> str:
+def model_facts(rows: Sequence[Row], brief: bool = False) -> str:
     """What a model table's title says of the work: e.g. "54,403 parameters, 0.298 MFLOP per
-    training sample; MFU against 494.7 TFLOP/s per device (H200 SXM, tf32, tensor cores)"."""
+    training sample; MFU against 494.7 TFLOP/s per device (H200 SXM, tf32, tensor cores)";
+    `brief`: without the peak (the compact table has no MFU column)."""
     params = next((r.params for r in rows if r.params), None)
     flops = next((r.flops_per_sample for r in rows if r.flops_per_sample), None)
     facts = [f"{params:,} parameters"] if params else []
@@ -79,7 +80,7 @@ def model_facts(rows: Sequence[Row]) -> str:
     peaks = sorted({(r.peak.device, r.peak.flops, r.peak.unit) for r in rows if r.peak is not None})
     precisions = sorted({r.precision for r in rows if r.peak is not None})
     text = ", ".join(facts)
-    if peaks:
+    if peaks and not brief:
         text += "; MFU against " + ", ".join(f"{flops / 1e12:g} TFLOP/s per device ({device}, "
                                              f"{'/'.join(precisions)}, {unit})" for device, flops, unit in peaks)
     return text

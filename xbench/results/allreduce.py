@@ -2,6 +2,8 @@
 
 Bandwidths follow nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n, the rate each
 link must carry in a ring all-reduce, comparable across device counts (0 on one device).
+The time is the median per operation over one worker's windows; its interval is the
+distribution-free interval of that median (`stats.median_interval`), not of the mean.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class AllReduceResult:
     nbytes: int
     time: stats.Summary  # seconds per all-reduce, outliers removed
     launcher: str = "subprocess"
+    median_ci: tuple[float, float] | None = None  # 95% interval of time.median; None: too few windows
 
     @property
     def label(self) -> str:
@@ -71,8 +74,10 @@ def result_from_record(record: AllReduceRecord) -> AllReduceResult:
     if timing is None:
         raise ValueError(f"the all-reduce of {record['nbytes']} bytes has no timing ({record['status']})")
     per_op = [window / timing["steps_per_window"] for window in timing["window_s"]]  # seconds per all-reduce
-    return AllReduceResult(record["backend"], record["devices"], record["nbytes"], stats.summarize(per_op),
-                           record.get("launcher", "subprocess"))
+    kept, removed = stats.remove_outliers(per_op)
+    # The interval is of the median printed, so it is taken over the same windows.
+    return AllReduceResult(record["backend"], record["devices"], record["nbytes"], stats.describe(kept, removed),
+                           record.get("launcher", "subprocess"), stats.median_interval(kept))
 
 
 def ok_results(records: Sequence[AllReduceRecord]) -> list[AllReduceResult]:

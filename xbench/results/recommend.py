@@ -1,5 +1,6 @@
-"""`xbench recommend`'s answers from fitted step models (`xbench.results.step_model`): throughput per
-backend and device count, a verdict per backend, and where more devices start to pay."""
+"""`xbench recommend`'s answers from fitted step models (`xbench.results.step_model`): which stored
+fit answers (the one of this machine's devices, else the closest, never two at once), throughput
+per backend and device count, a verdict per backend, and where more devices start to pay."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xbench.results.fitting import StoredFits, same_kind
 from xbench.results.step_model import Fit, FitError, Prediction, flops_for, predict
 
 MULTI, SINGLE, MEASURE = "more devices", "one device", "measure"
@@ -26,6 +28,29 @@ class Question:
     devices: int
     unit: str = "samples"  # what throughput is counted in (a preset's unit: tokens, images)
     units_per_sample: int = 1
+
+
+# How close a fit's machine is to this one: the same kind of device (whatever the count), the
+# same platform (a CPU for a CPU, a GPU for a GPU), or another.
+SAME_DEVICES, SAME_PLATFORM, OTHER_MACHINE = 2, 1, 0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A stored fit.json and those of its fits that match the question (family, precision, backends)."""
+
+    stored: StoredFits
+    fits: tuple[Fit, ...]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The one fit.json that answers, how close its machine is to this one, and the others that
+    cover the question too (left unused: two answers would leave the reader to choose)."""
+
+    answer: Candidate
+    closeness: int
+    others: tuple[Candidate, ...]
 
 
 @dataclass(frozen=True)
@@ -167,3 +192,106 @@ def break_even_batches(fit: Fit, devices: int) -> list[int]:
     low, high = fit.batch_range
     start = 2 ** math.ceil(math.log2(low * devices))
     return [b for b in (start * 2 ** k for k in range(40)) if b <= high][:8]
+
+
+# ----------------------------------------------------------------------------- which fit answers
+
+
+def candidates(sets: Sequence[StoredFits], family: str, precision: str | None,
+               backends: Sequence[str] | None) -> list[Candidate]:
+    found = [Candidate(s, tuple(matching(s.fits, family, precision, backends))) for s in sets]
+    return [c for c in found if c.fits]
+
+
+def closeness(machine: str, here: str) -> int:
+    """SAME_DEVICES, SAME_PLATFORM or OTHER_MACHINE, from two `machine_of` descriptions."""
+    if same_kind(machine, here):
+        return SAME_DEVICES
+    platform = _platform(machine)
+    return SAME_PLATFORM if platform and platform == _platform(here) else OTHER_MACHINE
+
+
+def _platform(machine: str) -> str | None:
+    if machine.startswith("simulated CPU devices"):
+        return "cpu"
+    count, sep, _ = machine.partition(" x ")
+    return "gpu" if sep and count.isdigit() else None
+
+
+def choose(found: Sequence[Candidate], here: str, question: Question) -> Choice:
+    """A fit of this machine's devices (one that covers the question, else the newest); with
+    none, the closest machine's fit among those that cover the question (then the newest).
+    `found` must not be empty."""
+    def rank(c: Candidate) -> tuple[bool, bool, int, str]:
+        near = closeness(c.stored.machine, here)
+        return near == SAME_DEVICES, uncovered(c.fits, question) is None, near, c.stored.created
+    best, *rest = sorted(found, key=rank, reverse=True)
+    others = tuple(c for c in rest if uncovered(c.fits, question) is None)
+    return Choice(best, closeness(best.stored.machine, here), others)
+
+
+def uncovered(fits: Sequence[Fit], question: Question) -> str | None:
+    """What of the question lies outside every fit's range (None: some fit covers a batch of it)."""
+    sized = [f for f in fits if f.params_range[0] <= question.params <= f.params_range[1]]
+    if not sized:
+        return f"{question.params:,.0f} parameters"
+    if any(_splits(f, b, question.devices or max(f.layout.devices)) for f in sized for b in question.batches):
+        return None
+    asked = " / ".join(f"{b:,}" for b in question.batches)
+    return f"global batch {asked}"
+
+
+def _splits(fit: Fit, batch: int, devices: int) -> bool:
+    """Whether some device count up to `devices` splits `batch` into a per-device batch the fit covers."""
+    low, high = fit.batch_range
+    return any(batch % p == 0 and low <= batch // p <= high for p in device_counts(devices))
+
+
+def fit_range(fits: Sequence[Fit]) -> str:
+    """What the fits cover, in words: 'mlp of 31,363-1,030,659 parameters, 16-1,024 samples per device
+    on 1-2 devices'."""
+    fit = fits[0]
+    devices = sorted({p for f in fits for p in f.layout.devices})
+    on = f"{devices[0]}-{devices[-1]} devices" if len(devices) > 1 else f"{devices[0]} device"
+    return (f"{fit.key.family} of {fit.params_range[0]:,}-{fit.params_range[1]:,} parameters, "
+            f"{fit.batch_range[0]:,}-{fit.batch_range[1]:,} samples per device on {on}")
+
+
+def sweep_command(fits: Sequence[Fit], question: Question | None = None) -> str:
+    """The `xbench sweep` that would measure a fit like these on this machine, widened to cover
+    what of `question` they do not."""
+    words = ["xbench sweep --backends", *sorted({f.key.backend for f in fits})]
+    precisions = {f.key.precision for f in fits}
+    if len(precisions) == 1 and precisions != {"fp32"}:
+        words += ["--precision", *precisions]
+    family = fits[0].key.family
+    if question is not None and not any(f.params_range[0] <= question.params <= f.params_range[1] for f in fits):
+        p = question.params
+        words += ([f"--params {_short(p / 2)} {_short(p)} {_short(2 * p)}"] if family == "mlp"
+                  else [f"--model <{family} presets around {_short(p)} parameters>"])
+    elif family != "mlp":
+        words += [f"--model <{family} presets>"]
+    if question is not None and not any(_splits(f, b, 1) for f in fits for b in question.batches):
+        batches = sorted({max(1, min(question.batches) // 2), *question.batches, 2 * max(question.batches)})
+        words += ["--per-device-batch", *map(str, batches)]
+    return " ".join(words)
+
+
+def _short(count: float) -> str:
+    """A parameter count as one writes it on the command line: 5e6, 2.5e5, 300."""
+    return f"{count:.3g}".replace("e+0", "e").replace("e+", "e")
+
+
+def out_of_range(choice: Choice, question: Question) -> str | None:
+    """One line when the answering fit does not cover the question: its range, the sweep that
+    would, and any other stored fit that does."""
+    fits = choice.answer.fits
+    outside = uncovered(fits, question)
+    if outside is None:
+        return None
+    stored = choice.answer.stored
+    covering = [c.stored for c in choice.others]
+    elsewhere = (f"; {covering[0].path} ({covering[0].machine}) covers it: --fits {covering[0].path}"
+                 if covering else "")
+    return (f"{outside} is outside the fit that answers here ({stored.path}, {stored.machine}: {fit_range(fits)}); "
+            f"`{sweep_command(fits, question)}` here would measure a fit that covers it{elsewhere}")

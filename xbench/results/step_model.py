@@ -439,7 +439,7 @@ def check_in_range(fit: Fit, params: float, local_batch: float) -> None:
     if not low <= local_batch <= high:
         batch = max(1, int(local_batch))
         raise FitError(f"{fit.key.label}: {local_batch:g} samples per device is outside the fitted {low}-{high}; "
-                       f"sweep batches around it (xbench sweep --batch-sizes {max(1, batch // 2)} {batch} {2 * batch})")
+                       f"sweep batches around it (xbench sweep --per-device-batch {max(1, batch // 2)} {batch} {2 * batch})")
 
 
 def extrapolation(fit: Fit, devices: int) -> str | None:

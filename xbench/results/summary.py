@@ -86,6 +86,7 @@ class Row:
     run_variation: float = 0.0  # relative sd of a row's mean between runs on this machine (the spec's)
     simulated: bool = False  # measured on simulated CPU devices: the host is the device
     interval_target: float = 0.0  # the ±95 % the spec asked of each interval, as a fraction (0: none)
+    framework: str = ""  # the framework behind the backend, as its worker named it ("" before it started)
 
     @property
     def trial_id(self) -> str:
@@ -204,6 +205,15 @@ def _simulated(record: Record) -> bool:
     return bool(devices and devices.get("simulated"))
 
 
+def _framework(records: Sequence[Record]) -> str:
+    """The framework a worker reported (tests' records may lack it)."""
+    for record in records:
+        devices = record.get("devices")
+        if devices:
+            return str(devices.get("framework") or "")
+    return ""
+
+
 def _device_peak(records: Sequence[Record], precision: str) -> Peak | None:
     """The peak of the devices a measured replicate ran on (simulated devices have none)."""
     for record in records:
@@ -269,6 +279,7 @@ def _row(records: Sequence[Record]) -> Row:
         planned=max(len(replicates), protocol.get("replicates") or 0),
         run_variation=float(protocol.get("run_variation") or 0.0),
         simulated=any(_simulated(r) for r in records),
+        framework=_framework(records),
         interval_target=float(protocol.get("interval_target") or 0.0),
         peak=_device_peak(records, trial["precision"]),
         precision=trial["precision"],
@@ -503,14 +514,14 @@ def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
         ranked = sorted(group, key=lambda r: r.measured.mean, reverse=True)
         best = ranked[0]
         written = next((r for r in ranked if r.variant == AS_WRITTEN), None)
-        gain = None if written is None or written is best else _ratio(best, written)
-        untested = tuple(r.label for r in ranked[1:] if _ratio(best, r).ci_low != _ratio(best, r).ci_low)
-        tied = tuple(r.label for r in ranked[1:] if r.label not in untested and not _ratio(best, r).ci_low > 1)
+        gain = None if written is None or written is best else ratio_of(best, written)
+        untested = tuple(r.label for r in ranked[1:] if ratio_of(best, r).ci_low != ratio_of(best, r).ci_low)
+        tied = tuple(r.label for r in ranked[1:] if r.label not in untested and not ratio_of(best, r).ci_low > 1)
         found.append(Fastest(model, devices, batch, best, written, gain, tied, untested))
     return found
 
 
-def _ratio(b: Row, a: Row) -> stats.LogRatio:
+def ratio_of(b: Row, a: Row) -> stats.LogRatio:
     """b's throughput over a's, from the model behind their intervals."""
     return stats.log_ratio(b.means, b.measured.log_spread, a.means, a.measured.log_spread, run_var=a.run_var,
                            b_run_var=b.run_var, shared=variance_group(a) == variance_group(b))

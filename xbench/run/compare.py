@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import secrets
 import shutil
@@ -61,6 +62,7 @@ from xbench.run.environment import command_line, host_environment
 from xbench.run.plan import AS_WRITTEN_VARIANT, Lineup, group_trials, plan_trials
 from xbench.run.registry import BackendEntry, discover, resolve
 from xbench.run.rundir import RunDirLock, check_new_run_dir, discard_run_files, present_run_files
+from xbench.run.verification import Progress as VerificationProgress
 from xbench.run.verification import Verification, checks_as_dicts, verify
 
 VERIFY_FILE = "verify.json"
@@ -208,7 +210,8 @@ def choose_lineups(spec: Spec, entries: Sequence[BackendEntry]) -> dict[str, Lin
         known = variants_of(by_name[backend].backend)
         if variant not in known:
             listed = ", ".join(known) or "none"
-            raise XbenchError(f"backend {backend!r} has no variant {variant!r}; its variants: {listed}")
+            program = "; plain is a program, not a variant: --single-device plain or both" if variant == PLAIN else ""
+            raise XbenchError(f"backend {backend!r} has no variant {variant!r}; its variants: {listed}{program}")
         wanted[backend].append(variant)
     lineups = {}
     for name, entry in by_name.items():
@@ -397,6 +400,9 @@ def _resumed(run_dir: Path, lock: RunDirLock, startup_timeout_s: float) -> Compa
     if records.exists():
         check_same_run(saved["run_id"], (r.get("run_id") for r in iter_records(records)), records,
                        fix="resume a directory that holds one run")
+    finished = _as_recorded(spec, saved, run_dir, launch, lock, startup_timeout_s)
+    if finished is not None:
+        return finished
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
         ready = ready_backends(spec, Path(tmp), strict_devices=False, launch=launch,
                                startup_timeout_s=startup_timeout_s)
@@ -404,6 +410,48 @@ def _resumed(run_dir: Path, lock: RunDirLock, startup_timeout_s: float) -> Compa
     launchers = {**ready.launchers, **saved.get("launch", {}).get("backends", {})}
     return Comparison(spec, tuple(ready.entries), ready.devices, run_dir, saved["run_id"],
                       bool(saved.get("breakdown", False)), launch, launchers, ready.lineups, startup_timeout_s, lock)
+
+
+def _as_recorded(spec: Spec, saved: Mapping[str, Any], run_dir: Path, launch: Launch, lock: RunDirLock,
+                 startup_timeout_s: float) -> Comparison | None:
+    """A complete run as its run.json describes it, devices included: nothing is left to run,
+    so no worker starts to find them again. None when something is left (or run.json lacks
+    the devices)."""
+    if not isinstance(saved.get("devices"), dict):
+        return None
+    entries = resolve(spec.backends)
+    launchers = {**choose_launchers(entries, launch), **saved.get("launch", {}).get("backends", {})}
+    recorded = Comparison(spec, tuple(entries), saved["devices"], run_dir, saved["run_id"],
+                          bool(saved.get("breakdown", False)), launch, launchers, choose_lineups(spec, entries),
+                          startup_timeout_s, lock)
+    return recorded if complete(recorded) else None
+
+
+def complete(comparison: Comparison) -> bool:
+    """Whether a run has nothing left to run: every planned trial has a final record, no
+    adaptive round is due and (--breakdown) the all-reduce is measured; a --resume of it
+    would start no worker."""
+    done = finished_trials(comparison.run_dir)
+    if trial_count(comparison, done):
+        return False
+    multi_device = any(n > 1 for n in comparison.spec.devices)
+    if comparison.breakdown and multi_device and not (comparison.run_dir / ALLREDUCE_FILE).exists():
+        return False
+    return not _round_due(comparison, done)
+
+
+def _round_due(comparison: Comparison, done: set[str]) -> bool:
+    """Whether a resumed run would add an adaptive round, judged as `_execute` and
+    `_extra_rounds` judge it."""
+    protocol = comparison.spec.protocol
+    if not adaptive(protocol) or comparison.launch.multi_node:
+        return False
+    records = read_records(comparison.run_dir)
+    found = next_round(plan(comparison), records, protocol, 1)
+    budget = Budget(protocol.time_budget_s or 0.0)
+    earlier = [r for r in records if r["trial_id"] in done]
+    budget.charge(seconds_timing(earlier), len(earlier))
+    return bool(found.trials) and budget.affords(len(found.trials))
 
 
 def _saved_spec(raw: Mapping[str, Any], source: str) -> Spec:
@@ -436,12 +484,14 @@ def _saved_model(raw: Any, source: str) -> Any:
         raise SpecError(f"a model in {source} is not one xbench wrote ({err}); start a new run") from None
 
 
-def verify_backends(comparison: Comparison, environment: dict[str, Any]) -> Verification:
+def verify_backends(comparison: Comparison, environment: dict[str, Any],
+                    progress: VerificationProgress | None = None) -> Verification:
     """Check identical work and real all-reduces for the backends and device counts about to
-    be timed; writes verify.json. Arrays stay in a temporary directory."""
+    be timed (`progress` hears of each reference run); writes verify.json. Arrays stay in a
+    temporary directory."""
     with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
         result = verify(comparison.spec, comparison.entries, comparison.spec.devices, Path(tmp),
-                        environment, log_dir=comparison.run_dir, launch=comparison.launch,
+                        environment, progress, log_dir=comparison.run_dir, launch=comparison.launch,
                         launchers=comparison.launchers, parallel=parallel_verification(comparison.devices),
                         lineups=comparison.lineups, startup_timeout_s=comparison.startup_timeout_s)
     write_json(comparison.run_dir / VERIFY_FILE, {
@@ -628,7 +678,11 @@ class Observer(launcher.Listener, Protocol):
     """What a run tells whoever watches it (the CLI draws progress and messages from it)."""
 
     def phase(self, text: str) -> AbstractContextManager[Any]:
-        """A stretch of work without per-trial progress (verification, all-reduce timing)."""
+        """A stretch of work without per-trial progress (all-reduce timing)."""
+
+    def verifying(self, text: str) -> AbstractContextManager[VerificationProgress]:
+        """Verification, which `text` names, runs while this is entered; what it yields hears
+        of each reference run."""
 
     def verified(self, outcome: Mapping[str, Mapping[str, Any]]) -> None:
         """Each backend's verification outcome, before timing starts."""
@@ -648,6 +702,16 @@ class Outcome:
     allreduce: list[AllReduceRecord]
     failures: int  # trials or all-reduce sizes that failed, or backends that failed verification
     seconds: float
+    new_records: int = 0  # of `records`, those this invocation made (the rest a resumed run's earlier ones)
+
+    @property
+    def tally(self) -> str:
+        """The trial replicates this invocation ran, and those recorded before it: "32 trial
+        replicate(s)", "0 new trial replicate(s) (32 recorded earlier)"."""
+        earlier = len(self.records) - self.new_records
+        if not earlier:
+            return f"{self.new_records} trial replicate(s)"
+        return f"{self.new_records} new trial replicate(s) ({earlier} recorded earlier)"
 
 
 def run(comparison: Comparison, observer: Observer, no_verify: bool = False, resumed: bool = False) -> Outcome:
@@ -670,14 +734,37 @@ def run(comparison: Comparison, observer: Observer, no_verify: bool = False, res
     elif comparison.breakdown:
         with observer.phase("timing each backend's all-reduce at the gradient sizes…"):
             allreduce = breakdown_allreduce(comparison, environment)
+    new = len(records)
     if resumed:
         records = read_records(comparison.run_dir)
+    failed = [name for name, result in outcome.items() if result["status"] == "failed"]
+    return _outcome(records, allreduce, failed, time.monotonic() - started, new)
+
+
+def recorded(comparison: Comparison) -> Outcome:
+    """A complete run's outcome from what it recorded (a --resume with nothing left to run)."""
+    run_dir = comparison.run_dir
+    allreduce = read_records(run_dir, ALLREDUCE_FILE) if (run_dir / ALLREDUCE_FILE).exists() else []
+    return _outcome(read_records(run_dir), allreduce, _failed_verification(run_dir), 0.0, 0)
+
+
+def _outcome(records: list[Record], allreduce: list[AllReduceRecord], failed_verification: list[str],
+             seconds: float, new: int) -> Outcome:
     failed = sum(map(_failed, records)) + sum(r["status"] == "failed" for r in allreduce)
     # A program that failed verification and is not timed (the data-parallel one on 1 device,
     # where the plain one is timed) still fails the run.
     timed = {implementation(r["trial"]["backend"], r["trial"]["variant"], r["trial"]["program"]) for r in records}
-    untimed_failures = [name for name, result in outcome.items() if result["status"] == "failed" and name not in timed]
-    return Outcome(records, allreduce, failed + len(untimed_failures), time.monotonic() - started)
+    untimed_failures = [name for name in failed_verification if name not in timed]
+    return Outcome(records, allreduce, failed + len(untimed_failures), seconds, new)
+
+
+def _failed_verification(run_dir: Path) -> list[str]:
+    """The programs verify.json says failed (none without one: a --no-verify run)."""
+    try:
+        saved = json.loads((run_dir / VERIFY_FILE).read_text(encoding="utf-8"))
+        return [str(name) for name in saved.get("failed_backends", [])]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
 
 
 def _failed(record: Record) -> bool:
@@ -707,8 +794,8 @@ def _verification_outcome(comparison: Comparison, environment: dict[str, Any], o
                 for name in comparison.implementations}
     if no_verify:
         return {name: unverified("--no-verify") for name in comparison.implementations}
-    with observer.phase("verifying identical work and all-reduce (skip with --no-verify)…"):
-        verification = verify_backends(comparison, environment)
+    with observer.verifying("verifying identical work and all-reduce (skip with --no-verify)") as progress:
+        verification = verify_backends(comparison, environment, progress)
     outcome = {name: verification.outcome(name) for name in comparison.implementations}
     observer.verified(outcome)
     return outcome

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from xbench.contract import Trial, backend_of_implementation
 from xbench.experiment import Spec
@@ -34,6 +34,14 @@ from xbench.run.verify_plan import is_low_precision, verification_trials
 from xbench.wire import Reference, load_reference
 
 MISSING = "missing"  # the status of a planned trial that left no record
+
+
+class Progress(launcher.Listener, Protocol):
+    """Whoever watches a verification: told the reference runs it plans, then each run's
+    start and end, from several threads at once (runs go side by side)."""
+
+    def planned(self, trials: Sequence[Trial]) -> None:
+        """Verification is about to run these trials."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,7 @@ class Verification:
 
 
 def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], work_dir: Path,
-           environment: dict[str, Any], listener: launcher.Listener | None = None,
+           environment: dict[str, Any], progress: Progress | None = None,
            log_dir: Path | None = None, launch: Launch | None = None,
            launchers: Mapping[str, str] | None = None, parallel: int = 1,
            lineups: Mapping[str, Lineup] | None = None,
@@ -87,15 +95,16 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
 
     Arrays go to `work_dir` (tens of MB for large models: use a temporary directory);
     worker output goes to `log_dir`/workers.log (default `work_dir`). Up to `parallel` worker
-    processes run at once (nothing here is timed)."""
+    processes run at once (nothing here is timed); `progress` hears of each."""
     names = [e.name for e in entries]
     trials = verification_trials(spec, names, devices, launchers, lineups)
     records: list[Record] = []
     ctx = launcher.Context(run_id="verify", run_dir=log_dir or work_dir, environment=environment,
                            write=records.append, arrays_dir=Path(work_dir),
                            launch=launch or Launch(), startup_timeout_s=startup_timeout_s)
-    if listener is not None:
-        ctx.listener = listener
+    if progress is not None:
+        progress.planned(trials)
+        ctx.listener = progress
     launcher.run_groups(group_trials(trials, {e.name: e.target for e in entries}), ctx, parallel)
     return verdict(spec, names, trials, records)
 

@@ -1,0 +1,133 @@
+"""The progress display (`xbench.cli.progress`): named units, the time left, verification's
+progress, and plain lines where stderr is not a terminal."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from rich.console import Console
+
+from xbench.cli.progress import Pace, ProgressObserver, duration, watching_verification
+from xbench.experiment import load_spec
+from xbench.run.plan import plan_trials
+from xbench.run.verify_plan import verification_trials
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def trials(replicates: int = 2):
+    spec = load_spec(None, {"models": ["medium"], "batch_sizes": [64], "devices": [2], "replicates": replicates,
+                            "order_seed": 0})
+    return plan_trials(spec, ["jax"], launchers={"jax": "subprocess"})
+
+
+def ok_record(trial, window_s: float = 0.01, status: str = "ok") -> dict:
+    record = {"trial_id": trial.id, "status": status, "reason": None if status == "ok" else "worker exit code 3",
+              "trial": trial.to_dict()}
+    if status == "ok":
+        record["timing"] = {"window_s": [window_s] * 3, "steps_per_window": 2}
+    return record
+
+
+def terminal() -> Console:
+    return Console(record=True, force_terminal=True, force_interactive=True, width=150, color_system=None)
+
+
+def piped() -> Console:
+    return Console(record=True, force_terminal=False, width=150, color_system=None)
+
+
+def bar_text(observer: ProgressObserver) -> str:
+    """The live display as it would be drawn now."""
+    out = Console(record=True, width=150, color_system=None)
+    out.print(observer.progress.make_tasks_table(observer.progress.tasks))
+    return out.export_text()
+
+
+def observed(console: Console, count: int = 4) -> tuple[ProgressObserver, Clock]:
+    observer = ProgressObserver(console, count, repeats=3)
+    clock = Clock()
+    observer.pace.clock = clock
+    observer.progress.disable = True  # drawn by bar_text, not by rich's refresh thread
+    return observer, clock
+
+
+def test_the_bar_names_the_replicate_its_configuration_and_window():
+    observer, _ = observed(terminal())
+    first = trials()[0]
+    observer.trial_started(first)
+    observer.window_done(first, 2)
+    shown = bar_text(observer)
+    assert f"replicate 1/4 · {first.id.replace('/', ' ')} · window 2/3" in shown
+    assert "left" not in shown  # no time left before a replicate has finished
+
+
+def test_the_time_left_appears_once_a_replicate_finished_and_follows_added_rounds():
+    observer, clock = observed(terminal())
+    first, second = trials()[:2]
+    observer.trial_started(first)
+    clock.now += 60
+    observer.trial_finished(first, ok_record(first))
+    assert "~03:00 left" in bar_text(observer)  # 3 more at 60 s each
+    observer.trial_started(second)
+    clock.now += 30
+    assert "~02:30 left" in bar_text(observer)  # counting down
+    observer.round_added(2, "round 3: 1 configuration(s) wider than ±10%, one more replicate each")
+    assert "replicate 2/6" in bar_text(observer) and "~04:30 left" in bar_text(observer)
+
+
+def test_pace_is_the_average_replicate_and_never_counts_skipped_ones():
+    clock = Clock()
+    pace = Pace(total=5, clock=clock)
+    pace.finish()  # skipped before any ran: no time of its own
+    pace.start()
+    assert pace.remaining() is None
+    clock.now += 40
+    pace.finish()
+    clock.now += 100  # the running one is late: the two after it still take 40 s each
+    assert pace.remaining() == 80
+    assert duration(41) == "41 s" and duration(150) == "2 min" and duration(3900) == "1 h 05 min"
+
+
+def test_piped_output_is_a_plain_line_per_finished_replicate():
+    console = piped()
+    observer, clock = observed(console)
+    assert not observer.live
+    first, second = trials()[:2]
+    observer.trial_started(first)
+    clock.now += 41
+    observer.trial_finished(first, ok_record(first, window_s=0.01))  # 64 samples in 5 ms
+    observer.trial_started(second)
+    observer.trial_finished(second, ok_record(second, status="crashed"))
+    lines = console.export_text().splitlines()
+    assert lines[0] == f"[1/4] {first.id.replace('/', ' ')}: 12,800 samples/s (41 s elapsed, ~2 min left)"
+    assert lines[1].startswith(f"[2/4] {second.id.replace('/', ' ')}: crashed: worker exit code 3 (41 s elapsed")
+    assert len(lines) == 2 and "\x1b" not in console.export_text(styles=True)
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["terminal", "piped"])
+def test_verification_says_which_run_and_how_many(live):
+    console = terminal() if live else piped()
+    spec = load_spec(None, {"models": ["medium"], "devices": [2]})
+    planned = verification_trials(spec, ["jax"], spec.devices)
+    with watching_verification(console, "verifying identical work") as watch:
+        watch.bar.disable = True
+        watch.planned(planned)
+        watch.trial_started(planned[0])
+        watch.trial_started(planned[1])
+        watch.trial_finished(planned[0], {"status": "ok"})
+        table = watch.bar.make_tasks_table(watch.bar.tasks)
+        drawn = Console(record=True, width=150, color_system=None)
+        drawn.print(table)
+    text = console.export_text()
+    assert f"verifying identical work: {len(planned)} reference run(s)" in text
+    assert f"verifying 1/{len(planned)} done · jax medium d2 fp32 running" in drawn.export_text()
+    line = re.search(rf"verifying 1/{len(planned)}: jax medium d1 fp32: ok \(\d+ s elapsed\)", text)
+    assert (line is None) == live  # a line per finished run where there is no live bar

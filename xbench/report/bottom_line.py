@@ -1,0 +1,315 @@
+"""The bottom line: per model, the sentences a reader came for (which framework is fastest and
+by how much, whether more devices help and from where, what could not be decided and what would
+decide it), generated from the same rows, intervals and verdicts as the tables beside them.
+
+Nothing here computes a statistic of its own: a margin is `summary.ratio_of`'s interval, a device
+answer is `summary.verdict`'s zone, a "would decide it" is `summary.can_narrow`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xbench import stats
+from xbench.contract import AS_WRITTEN
+from xbench.results.summary import (
+    BENEFICIAL_SPEEDUP,
+    INCONCLUSIVE,
+    SINGLE_PREFERRED_BELOW,
+    Row,
+    full_rows,
+    ratio_of,
+    run_floor,
+    verdict,
+)
+
+BENEFICIAL, SINGLE, EVEN = "multi-device beneficial", "single device preferred", "about even"
+LISTED = 3  # configurations named in one sentence before "and N more"
+
+
+@dataclass(frozen=True)
+class ModelBottomLine:
+    model: str
+    sentences: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Contest:
+    """One configuration (devices, global batch): its fastest row and the fastest row of another
+    framework, with the ratio of the two from the model behind the tables' intervals."""
+
+    devices: int
+    global_batch: int
+    best: Row
+    rival: Row
+    margin: stats.LogRatio
+
+    @property
+    def significant(self) -> bool:
+        return self.margin.ci_low > 1
+
+    @property
+    def where(self) -> str:
+        return f"{_plural(self.devices, 'device')}, batch {self.global_batch:,}"
+
+
+def bottom_line(rows: Sequence[Row]) -> list[ModelBottomLine]:
+    """Per model with a measured row, in the tables' order."""
+    found = []
+    for model in dict.fromkeys(row.model for row in rows):
+        measured = [r for r in full_rows(rows) if r.model == model and r.throughput is not None]
+        if measured:
+            found.append(ModelBottomLine(model, tuple(_sentences(measured))))
+    return found
+
+
+def _sentences(rows: list[Row]) -> list[str]:
+    sentences = _fastest_sentences(rows)
+    sentences += [s for s in (_devices_sentence(label, [r for r in rows if r.label == label])
+                              for label in _device_labels(rows)) if s]
+    sentences += _undecided_sentences(rows)
+    sentences += _caveats(rows)
+    return sentences
+
+
+# Which framework is fastest ------------------------------------------------------------------
+
+
+def contests(rows: Sequence[Row]) -> list[Contest]:
+    """Per configuration measured by at least two frameworks: the fastest row against the
+    fastest row of any other framework (a framework's own backends, variants and programs do
+    not count as rivals: the question is which framework)."""
+    groups: dict[tuple[int, int], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.devices, row.global_batch), []).append(row)
+    found = []
+    for (devices, batch), group in sorted(groups.items()):
+        ranked = sorted(group, key=lambda r: r.measured.mean, reverse=True)
+        best = ranked[0]
+        rival = next((r for r in ranked if framework(r) != framework(best)), None)
+        if rival is not None:
+            found.append(Contest(devices, batch, best, rival, ratio_of(best, rival)))
+    return found
+
+
+def framework(row: Row) -> str:
+    return row.framework or row.backend
+
+
+def _fastest_sentences(rows: list[Row]) -> list[str]:
+    frameworks = sorted({framework(r) for r in rows})
+    if len(frameworks) < 2:
+        return [f"Only {frameworks[0]} was measured: no framework comparison."]
+    tuned = any(r.variant != AS_WRITTEN for r in rows)
+    written = [r for r in rows if r.variant == AS_WRITTEN]
+    sentences = [_fastest_sentence(contests(written), "As written" if tuned else "Fastest")]
+    if tuned:
+        sentences.append(_fastest_sentence(contests(rows), "With the tuned variants"))
+    return [s for s in sentences if s]
+
+
+def _fastest_sentence(found: list[Contest], lead: str) -> str:
+    if not found:
+        return ""
+    wins: dict[str, list[Contest]] = {}
+    for c in found:
+        wins.setdefault(framework(c.best), []).append(c)
+    leader = max(wins, key=lambda f: (len(wins[f]), _geomean(c.margin.ratio for c in wins[f])))
+    mine = wins[leader]
+    significant = [c for c in mine if c.significant]
+    head = (f"{lead}: {leader} leads in {len(mine)} of {_plural(len(found), 'configuration')}"
+            f"{_programs(mine, leader)}, by {_span(c.margin.ratio for c in mine)} over the next framework")
+    if not significant:
+        text = f"{head}, but no lead is significant: the frameworks tie here within their intervals"
+    elif len(significant) == len(mine):
+        text = f"{head} (every lead significant)"
+    else:
+        ties = [c for c in mine if not c.significant]
+        text = (f"{head}; significant in {len(significant)}, a tie with {_names(c.rival.label for c in ties)} "
+                f"in {len(ties)} ({_listed(c.where for c in ties)})")
+    others = [c for c in found if framework(c.best) != leader]
+    if others:
+        text += "; elsewhere " + _listed(f"{c.best.label} leads at {c.where} ({_margin(c)})" for c in others)
+    return text + "."
+
+
+def _programs(mine: list[Contest], leader: str) -> str:
+    """Which of the leader's programs won, where that is not simply the framework's name."""
+    counts: dict[str, int] = {}
+    for c in mine:
+        counts[c.best.label] = counts.get(c.best.label, 0) + 1
+    if set(counts) == {leader}:
+        return ""
+    return " (" + ", ".join(f"{label} in {n}" for label, n in counts.items()) + ")"
+
+
+def _margin(c: Contest) -> str:
+    m = c.margin
+    interval = "" if math.isnan(m.ci_low) else f", {m.ci_low:.2f}–{m.ci_high:.2f}"
+    return f"{m.ratio:.2f}× over {c.rival.label}{interval}" + ("" if c.significant else ", not significant")
+
+
+# Whether more devices help -----------------------------------------------------------------
+
+
+def _devices_sentence(label: str, rows: list[Row]) -> str:
+    """At the largest device count measured: from which batch on the verdict is beneficial."""
+    most = max(r.devices for r in rows)
+    multi = sorted((r for r in rows if r.devices == most and r.scaling is not None), key=_batch_of)
+    if not multi:
+        return ""
+    unit = "per-device batch" if multi[0].scaling_mode == "weak" else "batch"
+    verdicts = [verdict(r) for r in multi]
+    best = max(multi, key=lambda r: r.scaling.speedup if r.scaling else 0.0)
+    lead = f"{label}: {most} devices"
+    if all(v == BENEFICIAL for v in verdicts):
+        return f"{lead} beat 1 at every {unit} measured ({_speedups(multi)})."
+    start = _beneficial_from(verdicts)
+    if start is not None:
+        first = multi[start]
+        return (f"{lead} beat 1 from {unit} {_batch_of(first):,} on ({_speedup(first)}); below it: "
+                f"{_listed(f'{v} at {_batch_of(r):,}' for r, v in zip(multi[:start], verdicts[:start]))}.")
+    if all(v == SINGLE for v in verdicts):
+        return (f"{lead} are slower than 1 at every {unit} measured (best {_speedup(best)} at {unit} "
+                f"{_batch_of(best):,}).")
+    if all(_no_interval(r) for r in multi):
+        return (f"{lead}: {_listed(f'{_speedup(r)} at {unit} {_batch_of(r):,}' for r in multi)}; with one replicate a "
+                "side there is no interval, so no verdict.")
+    if BENEFICIAL in verdicts:
+        helped = [r for r, v in zip(multi, verdicts) if v == BENEFICIAL]
+        return (f"{lead} beat 1 at {unit} {_listed(f'{_batch_of(r):,}' for r in helped)} but not at every larger "
+                f"one (best {_speedup(best)} at {_batch_of(best):,}).")
+    return (f"{lead} never clearly beat 1 (best {_speedup(best)} at {unit} {_batch_of(best):,}; "
+            f"{_counted(verdicts)}).")
+
+
+def _device_labels(rows: list[Row]) -> list[str]:
+    """The programs whose device answer is said: each as written, and a tuned variant only
+    where its verdicts differ from its backend's as written (else it would say the same)."""
+    def verdicts(label: str) -> tuple[str, ...]:
+        most = max(r.devices for r in rows if r.label == label)
+        return tuple(verdict(r) for r in sorted((r for r in rows if r.label == label and r.devices == most),
+                                                 key=_batch_of))
+
+    labels = dict.fromkeys(r.label for r in rows if r.devices > 1)
+    written = {r.backend: r.label for r in rows if r.devices > 1 and r.variant == AS_WRITTEN}
+    return [label for label in labels
+            if label in written.values() or verdicts(label) != verdicts(written.get(_backend_of(rows, label), label))]
+
+
+def _backend_of(rows: list[Row], label: str) -> str:
+    return next(r.backend for r in rows if r.label == label)
+
+
+def _beneficial_from(verdicts: list[str]) -> int | None:
+    """The first index from which every verdict is beneficial, when some earlier one is not."""
+    for start in range(1, len(verdicts)):
+        if all(v == BENEFICIAL for v in verdicts[start:]):
+            return start
+    return None
+
+
+def _batch_of(row: Row) -> int:
+    return row.per_device_batch if row.scaling_mode == "weak" else row.global_batch
+
+
+def _speedup(row: Row) -> str:
+    s = row.scaling
+    assert s is not None
+    interval = "" if math.isnan(s.ci_low) else f" ({s.ci_low:.2f}–{s.ci_high:.2f})"
+    return f"{s.speedup:.2f}×{interval}"
+
+
+def _speedups(rows: list[Row]) -> str:
+    return _span(r.scaling.speedup for r in rows if r.scaling)
+
+
+def _span(values) -> str:
+    """e.g. "1.06× to 1.49×", or one value when they all round alike."""
+    low, high = f"{min(values := list(values)):.2f}×", f"{max(values):.2f}×"
+    return low if low == high else f"{low} to {high}"
+
+
+def _counted(verdicts: list[str]) -> str:
+    counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
+    return ", ".join(f"{n} {v}" for v, n in counts.items())
+
+
+# What could not be decided, and what would decide it ---------------------------------------
+
+
+def _undecided_sentences(rows: list[Row]) -> list[str]:
+    open_rows = [r for r in rows if r.devices > 1 and verdict(r) == INCONCLUSIVE and r.scaling is not None]
+    if not open_rows:
+        return []
+    lonely = [r for r in open_rows if _no_interval(r)]
+    narrowable = [r for r in open_rows if replicates_could_decide(r) and r not in lonely]
+    floored = [r for r in open_rows if r not in narrowable and r not in lonely]
+    sentences = []
+    if lonely:
+        sentences.append(f"Undecided: {_listed(_where(r) for r in lonely)} had one replicate a side, so no interval; "
+                         "--replicates 2 or more would give one.")
+    if narrowable:
+        sentences.append(
+            f"Undecided: {_listed(_where(r) for r in narrowable)}"
+            f" spans {SINGLE_PREFERRED_BELOW:.2f}× or {BENEFICIAL_SPEEDUP:.2f}×; more replicates would decide it "
+            "(a longer --time-budget, or --max-replicates).")
+    if floored:
+        sentences.append(
+            f"Undecided: {_listed(_where(r) for r in floored)}"
+            "; this machine's run-to-run variation alone is wider than the gap, so more replicates will not decide "
+            "it: a larger batch (less host-bound) or a quieter machine would.")
+    return sentences
+
+
+def _where(row: Row) -> str:
+    return f"{row.label} on {_plural(row.devices, 'device')} at batch {row.global_batch:,} ({_speedup(row)})"
+
+
+def replicates_could_decide(row: Row) -> bool:
+    """Whether the run-level variation alone (which no replicate of this run narrows) leaves
+    the speedup clear of the nearest verdict threshold."""
+    s = row.scaling
+    assert s is not None
+    gap = min(abs(math.log(s.speedup / t)) for t in (SINGLE_PREFERRED_BELOW, BENEFICIAL_SPEEDUP))
+    return math.log1p(run_floor(row)) < gap
+
+
+def _no_interval(row: Row) -> bool:
+    return row.scaling is not None and math.isnan(row.scaling.ci_low)
+
+
+def _caveats(rows: list[Row]) -> list[str]:
+    caveats = []
+    if any(r.simulated for r in rows):
+        caveats.append("These devices are simulated on one CPU's cores: the device answers test the harness and "
+                       "the frameworks' CPU paths, not multi-GPU scaling.")
+    bound = [r for r in rows if r.host_bound]
+    if bound and not all(r.simulated for r in rows):
+        caveats.append(f"{len(bound)} of {len(rows)} row(s) are host-bound (the step measures dispatch, not "
+                       "arithmetic): a larger batch would show the devices.")
+    return caveats
+
+
+# Wording helpers ---------------------------------------------------------------------------
+
+
+def _listed(items) -> str:
+    items = list(items)
+    shown = "; ".join(items[:LISTED])
+    return shown + (f"; and {len(items) - LISTED} more" if len(items) > LISTED else "")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _names(labels) -> str:
+    return ", ".join(dict.fromkeys(labels))
+
+
+def _geomean(values) -> float:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
