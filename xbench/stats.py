@@ -395,6 +395,12 @@ class Scaling:
     significant: bool
     ci_low: float = _NAN  # interval of the speedup (`log_ratio`); nan without a spread on a side
     ci_high: float = _NAN
+    run_var: float = 0.0  # the run-level variance in the log speedup (both sides'): no replicate narrows it
+
+    @property
+    def run_floor(self) -> float:
+        """The ±95 % (a fraction) the run-level variance alone gives the speedup."""
+        return math.expm1(1.96 * math.sqrt(self.run_var))
 
 
 def scaling(multi: Replicated, single: Replicated, devices: int, alpha: float = SIGNIFICANCE,
@@ -407,7 +413,7 @@ def scaling(multi: Replicated, single: Replicated, devices: int, alpha: float = 
     r = log_ratio(multi.means, multi.log_spread, single.means, single.log_spread, 1 - alpha,
                   run_var=run_vars[1], b_run_var=run_vars[0], shared=shared)
     return Scaling(devices=devices, speedup=r.ratio, efficiency=r.ratio / devices, p_value=r.p_value,
-                   significant=bool(r.p_value < alpha), ci_low=r.ci_low, ci_high=r.ci_high)
+                   significant=bool(r.p_value < alpha), ci_low=r.ci_low, ci_high=r.ci_high, run_var=sum(run_vars))
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

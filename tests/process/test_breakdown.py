@@ -75,9 +75,12 @@ def test_allreduce_prints_nccl_tests_columns():
         assert float(row[5]) == pytest.approx(result.time.median * 1e6, abs=0.01)
         assert float(row[6]) == pytest.approx(result.algbw / 1e9, abs=0.005)
         assert float(row[7]) == pytest.approx(result.busbw / 1e9, abs=0.005) and row[8] == "N/A"
+    assert all(len(row) == 9 for row in rows)  # only data: the interval is on a comment line of its own
     low, high = results[0].median_ci
-    assert rows[0][9:] == ["#", "95%", "CI", f"{low * 1e6:.2f}-{high * 1e6:.2f}", "us,", "10", "windows"]
-    assert rows[2][9:13] == ["#", "95%", "CI", "-,"]  # 5 windows: too few for a 95% interval of the median
+    intervals = [line.split() for line in text.splitlines() if "95% CI of the time" in line]
+    assert intervals[0] == ["#", "95%", "CI", "of", "the", "time", f"{low * 1e6:.2f}-{high * 1e6:.2f}", "us,", "10",
+                            "windows"]
+    assert intervals[2][6] == "-,"  # 5 windows: too few for a 95% interval of the median
     failed = [line.split() for line in text.splitlines() if "failed" in line]
     assert failed == [["#", "16777216", "4194304", "float", "sum", "-1", "failed:", "planned", "failure"]]  # not a row
     averages = [line.split(":")[1].strip() for line in text.splitlines() if line.startswith("# Avg bus bandwidth    :")]
@@ -215,7 +218,8 @@ def test_allreduce_command(run_cli, tmp_path):
         interval = r["time_s_median_ci95"]  # None: too few windows (the adaptive stop may end at 5)
         assert interval is None or interval[0] <= r["time_s_median"] <= interval[1]
     rows = [line.split() for line in data_lines(out)]
-    assert [row[12] == "-," for row in rows] == [r["time_s_median_ci95"] is None for r in results]
+    intervals = [line.split() for line in out.splitlines() if "95% CI of the time" in line]
+    assert [row[6] == "-," for row in intervals] == [r["time_s_median_ci95"] is None for r in results]
     assert [(int(row[0]), row[8]) for row in rows] == [(4096, "N/A"), (65536, "N/A")] * 2
     assert [float(row[7]) for row in rows] == pytest.approx([r["busbw_GBps"] for r in results], abs=0.005)
     assert out.count("# Avg bus bandwidth    : ") == 2

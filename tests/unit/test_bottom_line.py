@@ -59,7 +59,7 @@ def test_devices_help_from_the_batch_where_the_verdict_turns_beneficial():
     rows = study(lambda b, d, n: (n * 1e-5 / d + (2e-3 if d == 2 else 0)) * (1.0 if b == "fast" else 1.3))
     said = " ".join(sentences(rows))
     assert "fast: 2 devices beat 1 from batch 1,024 on" in said
-    assert "below it: single device preferred at 64" in said
+    assert "below it: single device preferred at batch 64" in said
 
 
 def test_the_speedup_a_sentence_quotes_is_the_one_the_table_prints():
@@ -119,3 +119,31 @@ def test_wide_shows_every_column_and_the_full_verdict_words():
     text = rendered(rows, 250, wide=True)
     assert "1st call s" in text and "eff." in text and "single device preferred" in text
     assert "single better" in rendered(rows, 100)
+
+
+def test_one_replicate_a_side_is_said_to_be_untested_not_a_tie():
+    rows = study(lambda b, d, n: n * 1e-5 * (1.0 if b == "fast" else 1.5), replicates=1)
+    lead = sentences(rows)[0]
+    assert "no lead can be called" in lead and "tie" not in lead
+
+
+def test_under_weak_scaling_every_sentence_names_the_per_device_batch():
+    records = [record(b, d, n, r, n * 1e-5 * (1.0 if d == 1 else 1.02)) for b in ("fast", "slow") for d in (1, 2)
+               for n in (64, 1024) for r in range(2)]
+    for rec in records:  # weak scaling: the global batch is the per-device batch times the devices
+        trial = rec["trial"]
+        trial["scaling"], trial["global_batch"] = "weak", trial["global_batch"] * trial["devices"]
+    said = " ".join(sentences(rows_from_records(records)))
+    assert "per-device batch" in said and " batch 128" not in said and " batch 2,048" not in said
+
+
+def test_the_speedup_floor_counts_both_sides_run_variation():
+    # 40 replicates a side on simulated devices (run-level 3 % a side): the interval is at its
+    # floor, so more replicates would not decide a 1.03x speedup.
+    records = [record("a", d, 64, r, 1e-3 / (1.03 if d == 2 else 1.0), spread=0.01) for d in (1, 2)
+               for r in range(40)]
+    for rec in records:
+        rec["devices"]["simulated"] = True
+        rec["trial"]["protocol"] = {"run_variation": 0.03, "interval_target": 0.1}
+    said = " ".join(sentences(rows_from_records(records)))
+    assert "more replicates will not decide it" in said

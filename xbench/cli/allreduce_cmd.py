@@ -52,8 +52,9 @@ def allreduce(
 
     Lines as all_reduce_perf prints them (size, count, type, redop, root, time, algbw, busbw,
     #wrong; awk '{print $8}' is busbw), one block per backend and device count, each closed by
-    '# Avg bus bandwidth'. time: median per all-reduce; a trailing '# 95% CI' gives that
-    median's distribution-free interval. #wrong is N/A: the reduced values are not checked.
+    '# Avg bus bandwidth'. time: median per all-reduce; the comment line under each size gives
+    that median's distribution-free 95% interval. #wrong is N/A: the reduced values are not
+    checked.
     """
     try:
         nbytes = [parse_size(s) for s in (names(sizes) or DEFAULT_SIZES)]
@@ -128,7 +129,8 @@ def _preamble(records: Sequence[AllReduceRecord], environment: Mapping[str, Any]
             f"# host {environment.get('host')}  python {environment.get('python')}  "
             f"minBytes {min(sizes)}  maxBytes {max(sizes)}  type float  redop sum  validation: 0",
             "# time: median per all-reduce over one worker's windows (outliers removed)",
-            "# '# 95% CI lo-hi us' after a line: distribution-free interval of that median ('-': under 6 windows)",
+            "# the comment line under each size: the median's distribution-free 95% interval ('-': under 6 windows)",
+            "# only the out-of-place columns: xbench times one all-reduce kind, so $10-$13 are absent",
             "# algbw = size / time; busbw = algbw * 2(n-1)/n; Avg bus bandwidth: mean busbw over a block's sizes",
             "# #wrong N/A: xbench does not check the reduced values (as nccl-tests -c 0)"]
 
@@ -149,8 +151,10 @@ def _nccl_line(record: AllReduceRecord) -> str:
     r = result_from_record(record)
     places = _places(r.time.median * 1e6)
     interval = "-" if r.median_ci is None else "-".join(f"{t * 1e6:.{places}f}" for t in r.median_ci) + " us"
-    return (f"{head}  {r.time.median * 1e6:7.{places}f}  {r.algbw / 1e9:6.2f}  {r.busbw / 1e9:6.2f}  {'N/A':>5s}"
-            f"  # 95% CI {interval}, {len(record['timing']['window_s'])} windows")
+    # The interval goes on a comment line of its own: tools that read all_reduce_perf's
+    # in-place columns ($10-$13) then find no data there rather than the interval's words.
+    return (f"{head}  {r.time.median * 1e6:7.{places}f}  {r.algbw / 1e9:6.2f}  {r.busbw / 1e9:6.2f}  {'N/A':>5s}\n"
+            f"#{'':>50s}95% CI of the time {interval}, {len(record['timing']['window_s'])} windows")
 
 
 def _places(us: float) -> int:

@@ -141,8 +141,9 @@ def _fit_and_save(run_dir: Path) -> None:
 
 
 def _listed(values) -> str:
-    """e.g. "3e4 1e5" for parameter counts, "16 64" for batches: as a user would type them."""
-    return " ".join(str(int(v)) if v < 1e4 else f"{v:.0e}".replace("e+0", "e").replace("e+", "e") for v in values)
+    """e.g. "3e4 1.6e7" for parameter counts, "16 16384" for batches: as a user would type them."""
+    return " ".join(str(v) if isinstance(v, int) else f"{v:.3g}".replace("e+0", "e").replace("e+", "e")
+                    for v in values)
 
 
 def _per_device_batches(given: list[str] | None, old_name: list[str] | None, platform: str) -> list[int]:

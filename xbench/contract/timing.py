@@ -79,4 +79,4 @@ def window_protocol(nbytes: int) -> TimingProtocol:
     median, whose 95 % interval needs 6 windows or more."""
     steps = 100 if nbytes <= 2**22 else 20 if nbytes <= 2**28 else 10
     return TimingProtocol(warmup_steps=5, steps=steps, repeats=10, steps_per_call=1, trial_timeout_s=300,
-                          target_ci=0.0)
+                          target_ci=0.0, window_budget_s=60.0)

@@ -3,7 +3,8 @@ by how much, whether more devices help and from where, what could not be decided
 decide it), generated from the same rows, intervals and verdicts as the tables beside them.
 
 Nothing here computes a statistic of its own: a margin is `summary.ratio_of`'s interval, a device
-answer is `summary.verdict`'s zone, a "would decide it" is `summary.can_narrow`.
+answer is `summary.verdict`'s zone, and "more replicates would decide it" compares the speedup's
+run-level floor (`stats.Scaling.run_floor`) with its distance to the nearest verdict threshold.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xbench import stats
-from xbench.contract import AS_WRITTEN
+from xbench.contract import AS_WRITTEN, backend_label, implementation
 from xbench.results.summary import (
     BENEFICIAL_SPEEDUP,
     INCONCLUSIVE,
@@ -21,7 +22,6 @@ from xbench.results.summary import (
     Row,
     full_rows,
     ratio_of,
-    run_floor,
     verdict,
 )
 
@@ -51,8 +51,13 @@ class Contest:
         return self.margin.ci_low > 1
 
     @property
+    def untested(self) -> bool:
+        """One replicate on a side: no interval, so neither a lead nor a tie can be said."""
+        return math.isnan(self.margin.ci_low)
+
+    @property
     def where(self) -> str:
-        return f"{_plural(self.devices, 'device')}, batch {self.global_batch:,}"
+        return f"{_plural(self.devices, 'device')}, {batch_phrase(self.best)}"
 
 
 def bottom_line(rows: Sequence[Row]) -> list[ModelBottomLine]:
@@ -86,7 +91,7 @@ def contests(rows: Sequence[Row]) -> list[Contest]:
         groups.setdefault((row.devices, row.global_batch), []).append(row)
     found = []
     for (devices, batch), group in sorted(groups.items()):
-        ranked = sorted(group, key=lambda r: r.measured.mean, reverse=True)
+        ranked = sorted(group, key=geomean_rate, reverse=True)  # the ratio's own scale
         best = ranked[0]
         rival = next((r for r in ranked if framework(r) != framework(best)), None)
         if rival is not None:
@@ -98,41 +103,72 @@ def framework(row: Row) -> str:
     return row.framework or row.backend
 
 
+def geomean_rate(row: Row) -> float:
+    """The geometric mean of a row's replicate means: what a margin (a ratio of them) compares."""
+    return _geomean(row.means)
+
+
+def framework_names(rows: Sequence[Row]) -> dict[str, str]:
+    """Each framework as the tables call it: the backend name its other backends extend ("tf"
+    for tensorflow, "jax" for jax, jax-shardmap and jax-auto), else the framework's own name."""
+    backends: dict[str, set[str]] = {}
+    for row in rows:
+        backends.setdefault(framework(row), set()).add(row.backend)
+    names = {}
+    for name, mine in backends.items():
+        shortest = min(mine, key=len)
+        names[name] = shortest if all(b.startswith(shortest) for b in mine) else name
+    return names
+
+
 def _fastest_sentences(rows: list[Row]) -> list[str]:
-    frameworks = sorted({framework(r) for r in rows})
-    if len(frameworks) < 2:
-        return [f"Only {frameworks[0]} was measured: no framework comparison."]
+    names = framework_names(rows)
+    if len(names) < 2:
+        return [f"Only {next(iter(names.values()))} was measured: no framework comparison."]
     tuned = any(r.variant != AS_WRITTEN for r in rows)
     written = [r for r in rows if r.variant == AS_WRITTEN]
-    sentences = [_fastest_sentence(contests(written), "As written" if tuned else "Fastest")]
+    sentences = [_fastest_sentence(contests(written), "As written" if tuned else "Fastest", names)]
     if tuned:
-        sentences.append(_fastest_sentence(contests(rows), "With the tuned variants"))
+        sentences.append(_fastest_sentence(contests(rows), "With the tuned variants", names))
     return [s for s in sentences if s]
 
 
-def _fastest_sentence(found: list[Contest], lead: str) -> str:
+def _fastest_sentence(found: list[Contest], lead: str, names: dict[str, str]) -> str:
     if not found:
         return ""
     wins: dict[str, list[Contest]] = {}
     for c in found:
         wins.setdefault(framework(c.best), []).append(c)
     leader = max(wins, key=lambda f: (len(wins[f]), _geomean(c.margin.ratio for c in wins[f])))
-    mine = wins[leader]
-    significant = [c for c in mine if c.significant]
-    head = (f"{lead}: {leader} leads in {len(mine)} of {_plural(len(found), 'configuration')}"
-            f"{_programs(mine, leader)}, by {_span(c.margin.ratio for c in mine)} over the next framework")
-    if not significant:
-        text = f"{head}, but no lead is significant: the frameworks tie here within their intervals"
-    elif len(significant) == len(mine):
-        text = f"{head} (every lead significant)"
-    else:
-        ties = [c for c in mine if not c.significant]
-        text = (f"{head}; significant in {len(significant)}, a tie with {_names(c.rival.label for c in ties)} "
-                f"in {len(ties)} ({_listed(c.where for c in ties)})")
+    mine, name = wins[leader], names[leader]
+    head = (f"{lead}: {name} leads in {len(mine)} of {_plural(len(found), 'configuration')}"
+            f"{_programs(mine, name)}, by {_span(c.margin.ratio for c in mine)} over the next framework")
+    text = head + _lead_strength(mine)
     others = [c for c in found if framework(c.best) != leader]
     if others:
         text += "; elsewhere " + _listed(f"{c.best.label} leads at {c.where} ({_margin(c)})" for c in others)
     return text + "."
+
+
+def _lead_strength(mine: list[Contest]) -> str:
+    """Whether the leads hold: significant, ties, or untested (one replicate a side)."""
+    significant = [c for c in mine if c.significant]
+    untested = [c for c in mine if c.untested]
+    ties = [c for c in mine if not c.significant and not c.untested]
+    if len(untested) == len(mine):
+        return (", with one replicate a side: no interval, so no lead can be called; --replicates 2 or more would "
+                "give one")
+    if len(significant) == len(mine):
+        return " (every lead significant)"
+    if not significant and not untested:
+        return ", but no lead is significant: the frameworks tie here within their intervals"
+    parts = [f"significant in {len(significant)}"] if significant else []
+    if ties:
+        parts.append(f"a tie with {_names(c.rival.label for c in ties)} in {len(ties)} "
+                     f"({_listed(c.where for c in ties)})")
+    if untested:
+        parts.append(f"untested in {len(untested)} (one replicate a side)")
+    return "; " + ", ".join(parts)
 
 
 def _programs(mine: list[Contest], leader: str) -> str:
@@ -147,8 +183,10 @@ def _programs(mine: list[Contest], leader: str) -> str:
 
 def _margin(c: Contest) -> str:
     m = c.margin
-    interval = "" if math.isnan(m.ci_low) else f", {m.ci_low:.2f}–{m.ci_high:.2f}"
-    return f"{m.ratio:.2f}× over {c.rival.label}{interval}" + ("" if c.significant else ", not significant")
+    if c.untested:
+        return f"{m.ratio:.2f}× over {c.rival.label}, untested: one replicate a side"
+    return (f"{m.ratio:.2f}× over {c.rival.label}, {m.ci_low:.2f}–{m.ci_high:.2f}"
+            + ("" if c.significant else ", not significant"))
 
 
 # Whether more devices help -----------------------------------------------------------------
@@ -160,47 +198,41 @@ def _devices_sentence(label: str, rows: list[Row]) -> str:
     multi = sorted((r for r in rows if r.devices == most and r.scaling is not None), key=_batch_of)
     if not multi:
         return ""
-    unit = "per-device batch" if multi[0].scaling_mode == "weak" else "batch"
     verdicts = [verdict(r) for r in multi]
+    lead, every = f"{label}: {most} devices", "every batch measured"
     best = max(multi, key=lambda r: r.scaling.speedup if r.scaling else 0.0)
-    lead = f"{label}: {most} devices"
-    if all(v == BENEFICIAL for v in verdicts):
-        return f"{lead} beat 1 at every {unit} measured ({_speedups(multi)})."
     start = _beneficial_from(verdicts)
+    if all(v == BENEFICIAL for v in verdicts):
+        return f"{lead} beat 1 at {every} ({_speedups(multi)})."
     if start is not None:
-        first = multi[start]
-        return (f"{lead} beat 1 from {unit} {_batch_of(first):,} on ({_speedup(first)}); below it: "
-                f"{_listed(f'{v} at {_batch_of(r):,}' for r, v in zip(multi[:start], verdicts[:start]))}.")
+        below = _listed(f"{v} at {batch_phrase(r)}" for r, v in zip(multi[:start], verdicts[:start]))
+        return f"{lead} beat 1 from {batch_phrase(multi[start])} on ({_speedup(multi[start])}); below it: {below}."
     if all(v == SINGLE for v in verdicts):
-        return (f"{lead} are slower than 1 at every {unit} measured (best {_speedup(best)} at {unit} "
-                f"{_batch_of(best):,}).")
+        return f"{lead} are slower than 1 at {every} (best {_speedup(best)} at {batch_phrase(best)})."
     if all(_no_interval(r) for r in multi):
-        return (f"{lead}: {_listed(f'{_speedup(r)} at {unit} {_batch_of(r):,}' for r in multi)}; with one replicate a "
+        return (f"{lead}: {_listed(f'{_speedup(r)} at {batch_phrase(r)}' for r in multi)}; with one replicate a "
                 "side there is no interval, so no verdict.")
     if BENEFICIAL in verdicts:
-        helped = [r for r, v in zip(multi, verdicts) if v == BENEFICIAL]
-        return (f"{lead} beat 1 at {unit} {_listed(f'{_batch_of(r):,}' for r in helped)} but not at every larger "
-                f"one (best {_speedup(best)} at {_batch_of(best):,}).")
-    return (f"{lead} never clearly beat 1 (best {_speedup(best)} at {unit} {_batch_of(best):,}; "
-            f"{_counted(verdicts)}).")
+        helped = _listed(batch_phrase(r) for r, v in zip(multi, verdicts) if v == BENEFICIAL)
+        return (f"{lead} beat 1 at {helped} but not at every larger one (best {_speedup(best)} at "
+                f"{batch_phrase(best)}).")
+    return f"{lead} never clearly beat 1 (best {_speedup(best)} at {batch_phrase(best)}; {_counted(verdicts)})."
 
 
 def _device_labels(rows: list[Row]) -> list[str]:
     """The programs whose device answer is said: each as written, and a tuned variant only
-    where its verdicts differ from its backend's as written (else it would say the same)."""
+    where its verdicts differ from its own program as written (else it would say the same)."""
     def verdicts(label: str) -> tuple[str, ...]:
-        most = max(r.devices for r in rows if r.label == label)
-        return tuple(verdict(r) for r in sorted((r for r in rows if r.label == label and r.devices == most),
-                                                 key=_batch_of))
+        mine = [r for r in rows if r.label == label and r.devices > 1]
+        most = max((r.devices for r in mine), default=0)
+        return tuple(verdict(r) for r in sorted((r for r in mine if r.devices == most), key=_batch_of))
 
-    labels = dict.fromkeys(r.label for r in rows if r.devices > 1)
-    written = {r.backend: r.label for r in rows if r.devices > 1 and r.variant == AS_WRITTEN}
-    return [label for label in labels
-            if label in written.values() or verdicts(label) != verdicts(written.get(_backend_of(rows, label), label))]
-
-
-def _backend_of(rows: list[Row], label: str) -> str:
-    return next(r.backend for r in rows if r.label == label)
+    found = []
+    for row in {r.label: r for r in rows if r.devices > 1}.values():
+        written = backend_label(implementation(row.backend, AS_WRITTEN, row.program), row.launcher)
+        if row.variant == AS_WRITTEN or not verdicts(written) or verdicts(row.label) != verdicts(written):
+            found.append(row.label)
+    return found
 
 
 def _beneficial_from(verdicts: list[str]) -> int | None:
@@ -265,16 +297,23 @@ def _undecided_sentences(rows: list[Row]) -> list[str]:
 
 
 def _where(row: Row) -> str:
-    return f"{row.label} on {_plural(row.devices, 'device')} at batch {row.global_batch:,} ({_speedup(row)})"
+    return f"{row.label} on {_plural(row.devices, 'device')} at {batch_phrase(row)} ({_speedup(row)})"
+
+
+def batch_phrase(row: Row) -> str:
+    """The batch as the run chose it: "batch 2,048" (strong scaling: the global batch, the
+    tables' batch column) or "per-device batch 64" (weak scaling)."""
+    return f"per-device batch {row.per_device_batch:,}" if row.scaling_mode == "weak" else \
+        f"batch {row.global_batch:,}"
 
 
 def replicates_could_decide(row: Row) -> bool:
-    """Whether the run-level variation alone (which no replicate of this run narrows) leaves
-    the speedup clear of the nearest verdict threshold."""
+    """Whether the run-level variation of both sides of the speedup (which no replicate of this
+    run narrows) leaves it clear of the nearest verdict threshold."""
     s = row.scaling
     assert s is not None
     gap = min(abs(math.log(s.speedup / t)) for t in (SINGLE_PREFERRED_BELOW, BENEFICIAL_SPEEDUP))
-    return math.log1p(run_floor(row)) < gap
+    return math.log1p(s.run_floor) < gap
 
 
 def _no_interval(row: Row) -> bool:

@@ -50,8 +50,7 @@ def _free_port() -> int:
 
 
 def _child(job: dict) -> dict:
-    from xbench.contract import Process, Trial
-    from xbench.contract.work import build_work
+    from xbench.contract import Trial
 
     trials = {name: Trial.from_dict(raw) for name, raw in job["trials"].items()}
     out: dict = {}
@@ -66,6 +65,19 @@ def _child(job: dict) -> dict:
     from xbench_backends.torch.ddp import TorchDdpBackend
 
     backend = TorchDdpBackend()
+    try:
+        return _torch_child(backend, job, trials, out)
+    finally:
+        # The group is destroyed now, while both ranks are up, not by the backend's atexit hook:
+        # once in CI a rank aborted at exit after its work was done ("terminate called without
+        # an active exception", gloo's threads at interpreter shutdown).
+        backend.teardown()
+
+
+def _torch_child(backend, job: dict, trials: dict, out: dict) -> dict:
+    from xbench.contract import Process
+    from xbench.contract.work import build_work
+
     if job["world"] == 1:
         out["device"] = backend.setup(1, "cpu")
     else:
