@@ -232,6 +232,7 @@ def test_resume_runs_only_what_is_missing_or_failed(tmp_path):
     _, err = second.communicate(timeout=120)
     assert second.returncode == 0, err
     assert "2 trial(s) already recorded, 2 to run" in err
+    assert "2 new trial replicate(s) (2 recorded earlier)" in err  # the retried failures are not counted twice
     lines = [json.loads(line) for line in (out_dir / RECORDS_FILE).read_text().splitlines()]
     assert len(lines) == 6 and {r["trial_id"] for r in lines[4:]} == {
         "numpy-spmd/medium/d2/b16/spmd/r0", "numpy-spmd/medium/d2/b16/spmd/r1"}  # the 1-device ones ran once

@@ -21,6 +21,7 @@ from xbench.results.summary import (
     SINGLE_PREFERRED_BELOW,
     Row,
     full_rows,
+    geomean_rate,
     ratio_of,
     verdict,
 )
@@ -101,11 +102,6 @@ def contests(rows: Sequence[Row]) -> list[Contest]:
 
 def framework(row: Row) -> str:
     return row.framework or row.backend
-
-
-def geomean_rate(row: Row) -> float:
-    """The geometric mean of a row's replicate means: what a margin (a ratio of them) compares."""
-    return _geomean(row.means)
 
 
 def framework_names(rows: Sequence[Row]) -> dict[str, str]:

@@ -50,6 +50,7 @@ from xbench.results.records import (
     check_same_run,
     finished_trials,
     iter_records,
+    latest_per_trial,
     prepare_run_dir,
     read_records,
     read_run,
@@ -708,7 +709,7 @@ class Outcome:
     def tally(self) -> str:
         """The trial replicates this invocation ran, and those recorded before it: "32 trial
         replicate(s)", "0 new trial replicate(s) (32 recorded earlier)"."""
-        earlier = len(self.records) - self.new_records
+        earlier = len(latest_per_trial(self.records)) - self.new_records
         if not earlier:
             return f"{self.new_records} trial replicate(s)"
         return f"{self.new_records} new trial replicate(s) ({earlier} recorded earlier)"
@@ -750,7 +751,8 @@ def recorded(comparison: Comparison) -> Outcome:
 
 def _outcome(records: list[Record], allreduce: list[AllReduceRecord], failed_verification: list[str],
              seconds: float, new: int) -> Outcome:
-    failed = sum(map(_failed, records)) + sum(r["status"] == "failed" for r in allreduce)
+    # A resumed run's retried trials: their latest record counts, not the failure it replaced.
+    failed = sum(map(_failed, latest_per_trial(records))) + sum(r["status"] == "failed" for r in allreduce)
     # A program that failed verification and is not timed (the data-parallel one on 1 device,
     # where the plain one is timed) still fails the run.
     timed = {implementation(r["trial"]["backend"], r["trial"]["variant"], r["trial"]["program"]) for r in records}
