@@ -6,6 +6,8 @@
 #   benchmarks/gpu_intervals.sh repeat   3 invocations of the large seed model at a host-bound and a GPU-bound
 #                                        batch, pairwise diffs, and a planted 20 % slowdown of jax
 #   benchmarks/gpu_intervals.sh planted  jax alone, 4 replicates, then the same with a planted 20 % slowdown; diff
+#   benchmarks/gpu_intervals.sh fork     worker start-up with and without the fork server (5 processes of each
+#                                        backend each), and jax's first call at each XLA autotuning level
 set -uo pipefail
 source "$(dirname "$0")/_gpu_setup.sh"
 
@@ -28,5 +30,17 @@ case "${1:-}" in
       >"$out/run/planted.log" 2>&1
     xbench diff "$out/run/base" "$out/run/planted" 2>&1 | tee "$out/run/diff-base-planted.txt"
     tail -3 "$out/run/base.log" "$out/run/planted.log" ;;
-  *) echo "usage: $0 seed|repeat|planted" >&2; exit 2 ;;
+  fork)
+    args=(--config configs/seed-study.toml --backends jax torch --devices 1 --model medium --batch-sizes 64
+          --replicates 5 --time-budget 0 --no-verify)
+    for mode in exec fork; do
+      XBENCH_WORKER_START=$mode timeout 200 xbench compare "${args[@]}" --out "$out/run/start-$mode" \
+        >"$out/run/start-$mode.log" 2>&1
+      echo "== XBENCH_WORKER_START=$mode"; python3 benchmarks/replicate_cost.py "$out/run/start-$mode"
+    done 2>&1 | tee "$out/run/start.txt"
+    for level in 4 3 2 1 0; do
+      XLA_FLAGS=--xla_gpu_autotune_level=$level timeout 90 python3 benchmarks/first_call.py --backend jax \
+        --model large --batch 128 --samples 2 --steps 500 | sed "s/^/level $level /"
+    done 2>&1 | tee "$out/run/autotune.txt" ;;
+  *) echo "usage: $0 seed|repeat|planted|fork" >&2; exit 2 ;;
 esac

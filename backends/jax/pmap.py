@@ -109,6 +109,8 @@ class JaxPmapBackend:
     programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL, PLAIN)
     variants: ClassVar[tuple[Variant, ...]] = VARIANTS
     families: ClassVar[tuple[str, ...]] = FAMILIES
+    # Imported once by the fork server (xbench.run.zygote); none touches a device at import.
+    fork_preload: ClassVar[tuple[str, ...]] = ("jax", "flax.nnx", "optax")
 
     def __init__(self) -> None:
         self.devices: list[Any] = []

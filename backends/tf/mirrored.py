@@ -81,6 +81,8 @@ class TfMirroredBackend:
     programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL, PLAIN)
     variants: ClassVar[tuple[Variant, ...]] = VARIANTS
     families: ClassVar[tuple[str, ...]] = FAMILIES
+    # Imported once by the fork server (xbench.run.zygote); neither starts TensorFlow's runtime.
+    fork_preload: ClassVar[tuple[str, ...]] = ("tensorflow", "keras")
 
     def __init__(self) -> None:
         self.device_names: list[str] = []

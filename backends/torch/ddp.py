@@ -145,6 +145,8 @@ class TorchDdpBackend:
     programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL, PLAIN)
     variants: ClassVar[tuple[Variant, ...]] = VARIANTS
     families: ClassVar[tuple[str, ...]] = model_families.FAMILIES
+    # Imported once by the fork server (xbench.run.zygote); none initialises CUDA at import.
+    fork_preload: ClassVar[tuple[str, ...]] = ("torch", "torch.distributed", "torch.nn.parallel")
 
     def __init__(self) -> None:
         self.process: Process | None = None

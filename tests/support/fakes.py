@@ -144,6 +144,14 @@ class MissingFrameworkBackend(NumpyBackend):
         return Availability(False, reason=f"missingframework not installed; {self.install_hint}")
 
 
+class UnforkableBackend(NumpyBackend):
+    """Names a module for the fork server to preload that does not exist: the server cannot
+    start, and the run must go on with workers started from scratch (which never import it)."""
+
+    name: ClassVar[str] = "numpy-unforkable"
+    fork_preload: ClassVar[tuple[str, ...]] = ("xbench_test_no_such_module",)
+
+
 class IncompleteBackend:
     """Lacks `run`: must show as unavailable, not crash the tool."""
 

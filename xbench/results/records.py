@@ -242,6 +242,16 @@ class ReplicateFacts(TypedDict):
     throttle_reasons: list[str]
 
 
+class ProcessFacts(TypedDict):
+    """The worker process that ran the trial (from the launcher): `start_s` from asking for it
+    to its "ready" event (interpreter, framework import unless forked from a fork server,
+    device set-up), paid once by all of the process's trials; `forked`: from a fork server."""
+
+    pid: int
+    start_s: float
+    forked: bool
+
+
 class _VerificationOutcomeBase(TypedDict):
     status: str  # "passed", "failed", "unverifiable" or "skipped"
 
@@ -278,6 +288,7 @@ class Record(_RecordBase, total=False):
     timing: Timing
     telemetry: Telemetry
     replicate: ReplicateFacts
+    process: ProcessFacts  # timed records since the fork server
     arrays: str  # verification trials: where the reference arrays are
 
 

@@ -56,7 +56,7 @@ from xbench.results.records import (
     read_run,
     write_json,
 )
-from xbench.run import drift, launcher
+from xbench.run import drift, launcher, zygote
 from xbench.run.adaptive import Budget, adaptive, next_round, seconds_timing
 from xbench.run.cluster import Launch
 from xbench.run.environment import command_line, host_environment
@@ -530,7 +530,8 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
     skipped record with the reason; trials in `done` (a resumed run's) are left out.
     Returns the new records, each already in records.jsonl."""
     writer = RecordWriter(comparison.run_dir)
-    with compile_cache(comparison.spec.protocol) as cache_env:
+    with (compile_cache(comparison.spec.protocol) as cache_env,
+          zygote.fork_servers(comparison.run_dir / launcher.LOG_FILE) as servers):
         ctx = launcher.Context(
             run_id=comparison.run_id,
             run_dir=comparison.run_dir,
@@ -540,6 +541,7 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
             launch=comparison.launch,
             env=cache_env,
             startup_timeout_s=comparison.startup_timeout_s,
+            fork_servers=servers,
         )
         return _execute(comparison, ctx, writer, verification, listener, done)
 

@@ -29,9 +29,10 @@ from typing import Any, Protocol, cast
 
 from xbench.contract import COMPILE_CACHE_VARIABLE, Process, Trial
 from xbench.errors import XbenchError
-from xbench.results.records import Record
+from xbench.results.records import ProcessFacts, Record
 from xbench.run.cluster import Launch, job_ports
 from xbench.run.plan import Group
+from xbench.run.zygote import ForkedProcess, ForkServers
 from xbench.wire import (
     AllReduce,
     Done,
@@ -86,6 +87,7 @@ class Context:
     launch: Launch = field(default_factory=Launch)  # spmd node geometry
     env: dict[str, str] = field(default_factory=dict)  # extra environment of every worker
     cancel: threading.Event = field(default_factory=threading.Event)  # set: start no more workers
+    fork_servers: ForkServers | None = None  # set: workers forked from a pre-imported server (xbench.run.zygote)
 
 
 def run_groups(groups: list[Group], ctx: Context, parallel: int = 1) -> list[Record]:
@@ -136,9 +138,9 @@ def start_gang(group: Group, trials: list[Trial], ctx: Context, job_index: int =
               trials=tuple(trials), arrays_dir=ctx.arrays_dir)
     label = f"{group.backend} on {group.devices} device(s), replicate {trials[0].replicate}"
     if group.launcher != "spmd":
-        return Gang.start([(job, dict(ctx.env))], ctx.run_dir / LOG_FILE, label)
+        return Gang.start([(job, dict(ctx.env))], ctx.run_dir / LOG_FILE, label, ctx.fork_servers)
     jobs = [(rank_job, {**ctx.env, **env}) for rank_job, env in spmd_jobs(job, group.devices, ctx.launch, job_index)]
-    return Gang.start(jobs, ctx.run_dir / LOG_FILE, f"{label}, spmd")
+    return Gang.start(jobs, ctx.run_dir / LOG_FILE, f"{label}, spmd", ctx.fork_servers)
 
 
 def spmd_jobs(job: Job, world: int, launch: Launch, job_index: int) -> list[tuple[Job, dict[str, str]]]:
@@ -162,7 +164,8 @@ class Worker:
     """One running worker process and the thread that reads its events into a queue shared
     with the rest of its gang, tagged with its index."""
 
-    def __init__(self, index: int, process: subprocess.Popen, events: queue.Queue[tuple[int, Arrival]]) -> None:
+    def __init__(self, index: int, process: subprocess.Popen | ForkedProcess,
+                 events: queue.Queue[tuple[int, Arrival]]) -> None:
         self.index = index
         self.process = process
         self.events = events
@@ -171,11 +174,14 @@ class Worker:
 
     @classmethod
     def start(cls, index: int, job: Job, env: Mapping[str, str], log: Any,
-              events: queue.Queue[tuple[int, Arrival]]) -> Worker:
-        process = subprocess.Popen(
-            WORKER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-            env={**worker_environment(), **env}, start_new_session=True,
-        )
+              events: queue.Queue[tuple[int, Arrival]], servers: ForkServers | None = None) -> Worker:
+        full = {**worker_environment(), **env}
+        process: subprocess.Popen | ForkedProcess | None = None
+        if servers is not None:
+            process = servers.fork(job.target, full, frozenset(LAUNCH_VARIABLES), log)
+        if process is None:
+            process = subprocess.Popen(WORKER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                       env=full, start_new_session=True)
         stdin = process.stdin
         assert stdin is not None  # asked for with PIPE
         stdin.write(job.to_json().encode())
@@ -242,9 +248,12 @@ class Gang:
         self.ahead: list[tuple[int, Arrival]] = []  # a fast member's events for a later trial
         self.exited: set[int] = set()  # members that exited without "done" after reporting a trial
         self.stopped = False
+        self.asked = time.monotonic()  # when its processes were asked for
+        self.process: ProcessFacts | None = None  # once every member is ready
 
     @classmethod
-    def start(cls, jobs: list[tuple[Job, dict[str, str]]], log_path: Path, label: str) -> Gang:
+    def start(cls, jobs: list[tuple[Job, dict[str, str]]], log_path: Path, label: str,
+              servers: ForkServers | None = None) -> Gang:
         events: queue.Queue[tuple[int, Arrival]] = queue.Queue()
         ranks = [job.process.rank if job.process is not None else None for job, _ in jobs]
         # Each member writes a file of its own (gangs may run side by side), appended to the
@@ -252,18 +261,21 @@ class Gang:
         number = next(_LOG_NUMBERS)
         paths = [log_path.with_name(f"{log_path.name}.{os.getpid()}-{number}-{i}") for i in range(len(jobs))]
         workers, logs = [], []
+        asked = time.monotonic()
         try:
             for index, ((job, env), path) in enumerate(zip(jobs, paths)):
                 with open(path, "ab") as log:
                     logs.append((path, log.seek(0, os.SEEK_END)))
-                    workers.append(Worker.start(index, job, env, log, events))
+                    workers.append(Worker.start(index, job, env, log, events, servers))
         except BaseException:
             for worker in workers:
                 worker.stop()
             raise
         pids = ", ".join(str(w.process.pid) for w in workers)
-        _append_log(log_path, f"=== {label}, worker pid(s) {pids}, {_now()}\n".encode())
+        forked = ", forked from a fork server" if any(isinstance(w.process, ForkedProcess) for w in workers) else ""
+        _append_log(log_path, f"=== {label}, worker pid(s) {pids}{forked}, {_now()}\n".encode())
         gang = cls(workers, events, log_path, logs, ranks)
+        gang.asked = asked
         with _LIVE_LOCK:
             _LIVE.add(gang)
         return gang
@@ -299,6 +311,8 @@ class Gang:
         done: list[Record] = []
         for trial in trials:
             record = self._trial_record(trial, ready["device_info"], ctx)
+            if self.process is not None:
+                record["process"] = self.process
             done.append(record)
             ctx.write(record)
             ctx.listener.trial_finished(trial, record)
@@ -335,6 +349,8 @@ class Gang:
                 waiting.discard(index)
                 infos[index] = event.device_info
         self.backlog.extend(early)
+        self.process = {"pid": self.workers[0].process.pid, "start_s": round(time.monotonic() - self.asked, 3),
+                        "forked": isinstance(self.workers[0].process, ForkedProcess)}
         # Member 0 speaks for the job; each rank names only its own device.
         names = [name for i in sorted(infos) for name in infos[i]["device_names"]]
         return {"device_info": {**infos[0], "device_names": names}}

@@ -1,0 +1,86 @@
+"""Workers forked from a fork server (xbench.run.zygote): every worker a process of its own,
+recorded as forked with its start-up seconds; crashes and hangs cost only their trials; a
+server that cannot start leaves the run to workers started from scratch; nothing outlives
+the run; XBENCH_WORKER_START=exec turns it off."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.process.test_compare_cli import FAST
+from xbench.results.records import read_records
+from xbench.run.zygote import START_VARIABLE
+
+RUN = ("compare", *FAST, "--batch-sizes", "16,32", "--devices", "1,2", "--replicates", "2")
+ONE_PROCESS = ("compare", *FAST, "--batch-sizes", "16,32,64", "--devices", "1", "--replicates", "2")
+
+
+def processes_below(pid: int) -> list[str]:
+    """The command lines of `pid`'s living descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        try:
+            found.append((Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+        todo += children.get(child, [])
+    return found
+
+
+def test_every_worker_is_forked_a_process_of_its_own_and_recorded_so(fake_backends, run_cli, tmp_path):
+    out = tmp_path / "run"
+    code, _, err = run_cli(*RUN, "--backends", "numpy", "numpy-spmd", "--out", str(out))
+    assert code == 0, err
+    records = read_records(out)
+    assert len(records) == 2 * 2 * 2 * 2 and all(r["status"] == "ok" for r in records)
+    assert all(r["process"]["forked"] for r in records)
+    # one process per backend x device count x replicate, none of them this one
+    pids = {r["process"]["pid"] for r in records}
+    assert len(pids) == 2 * 2 * 2 and os.getpid() not in pids
+    assert all(0 < r["process"]["start_s"] < 60 for r in records)
+    assert (out / "workers.log").read_text().count("forked from a fork server") == 8
+    assert not [c for c in processes_below(os.getpid()) if "xbench.worker" in c]  # servers end with the run
+
+
+def test_exec_starts_every_worker_from_scratch(fake_backends, run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv(START_VARIABLE, "exec")
+    out = tmp_path / "run"
+    code, _, err = run_cli(*RUN, "--backends", "numpy", "--out", str(out))
+    assert code == 0, err
+    records = read_records(out)
+    assert records and not any(r["process"]["forked"] for r in records)
+    assert "fork server" not in (out / "workers.log").read_text()
+
+
+def test_a_forked_worker_that_crashes_or_hangs_costs_only_its_trial(fake_backends, run_cli, tmp_path):
+    out = tmp_path / "run"
+    code, _, err = run_cli(*ONE_PROCESS, "--backends", "numpy", "--option", "numpy.crash_batch=16",
+                           "--option", "numpy.hang_batch=32", "--trial-timeout", "5", "--out", str(out))
+    assert code != 0 and "Traceback" not in err, err
+    for record in read_records(out):
+        batch, status = record["trial"]["global_batch"], record["status"]
+        assert status == {16: "crashed", 32: "timeout", 64: "ok"}[batch], record
+        assert batch != 16 or "exit code 3" in record["reason"], record
+        assert batch != 64 or record["process"]["forked"]
+    assert not [c for c in processes_below(os.getpid()) if "xbench.worker" in c]  # the hung one was killed
+
+
+def test_a_server_that_cannot_start_leaves_the_run_to_workers_from_scratch(fake_backends, run_cli, tmp_path):
+    out = tmp_path / "run"
+    code, _, err = run_cli(*RUN, "--backends", "numpy-unforkable", "--out", str(out))
+    assert code == 0, err
+    records = read_records(out)
+    assert len(records) == 8 and all(r["status"] == "ok" and not r["process"]["forked"] for r in records)
+    log = (out / "workers.log").read_text()
+    assert log.count("no fork server for tests.support.fakes:UnforkableBackend") == 1, log
+    assert "xbench_test_no_such_module" in log

@@ -1,0 +1,134 @@
+"""A fork server: one backend's modules imported once, a fresh worker process forked per job.
+
+Started by `xbench.run.zygote` as `python -m xbench.worker.zygote TARGET FD`. It imports the
+backend's module and the modules its class names in `fork_preload` (its framework), touching
+no device, then serves requests on the socket FD: each request (a JSON line with the worker's
+environment and working directory, and three file descriptors: the worker's stdin, stdout and
+stderr) is answered with a forked child's pid; when a child exits, its exit code follows.
+
+What keeps a forked worker honest: it is a new process, with its own device context (the
+server never touched a device) and its own compilation (the server compiled nothing); only
+the import, which is the same bytes in every process, is shared. A child runs exactly
+`xbench.worker.main.main`, as `python -m xbench.worker` would.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import traceback
+import warnings
+from importlib.metadata import EntryPoint
+
+from xbench.worker import main as worker
+
+MAX_FDS = 3  # stdin, stdout, stderr of a worker
+
+
+def main(argv: list[str]) -> int:
+    worker._die_with_parent()  # and its children die with it (they ask for the same)
+    target, fd = argv[0], int(argv[1])
+    channel = socket.socket(fileno=fd)
+    try:
+        preload(target)
+    except Exception as err:  # the launcher falls back to plain worker processes and says why
+        send(channel, {"failed": worker._one_line(err)})
+        return 1
+    send(channel, {"ready": os.getpid()})
+    serve(channel)
+    return 0
+
+
+def preload(target: str) -> None:
+    """Import the backend's class and the modules it names, without instantiating it."""
+    cls = EntryPoint(name="", value=target, group=worker.BACKENDS_GROUP).load()
+    for module in getattr(cls, "fork_preload", ()):
+        importlib.import_module(module)
+
+
+def serve(channel: socket.socket) -> None:
+    """Fork a worker per request and report each one's exit, until the launcher hangs up.
+    SIGCHLD wakes the loop through a pipe, so it never polls."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: set[int] = set()
+    buffer, fds = b"", list[int]()
+    while True:
+        readable, _, _ = select.select([channel.fileno(), wake_read], [], [])
+        if wake_read in readable:
+            os.read(wake_read, 512)
+            reap(channel, children)
+        if channel.fileno() not in readable:
+            continue
+        data, more, _, _ = socket.recv_fds(channel, 1 << 20, MAX_FDS)
+        if not data:
+            return  # the launcher closed its end: its run is over
+        buffer, fds = buffer + data, fds + more
+        if b"\n" in buffer:  # one request at a time: the launcher waits for each answer
+            line, buffer = buffer.split(b"\n", 1)
+            pid = fork_worker(json.loads(line), fds, channel, (wake_read, wake_write))
+            children.add(pid)
+            send(channel, {"pid": pid})
+            fds = []
+
+
+def fork_worker(request: dict, fds: list[int], channel: socket.socket, wake: tuple[int, int]) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    server = os.getpid()
+    with warnings.catch_warnings():
+        # The framework's import left idle pool threads (a BLAS pool, an allocator's
+        # background thread) that register their own fork handlers; the child starts its
+        # device context and thread pools afresh.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid:
+        for fd in fds:
+            os.close(fd)
+        return pid
+    try:  # the child: become what `python -m xbench.worker` would have been
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()  # leads its own process group, as the launcher's workers do
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in (*fds, *wake, channel.fileno()):
+            if fd > 2:
+                os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ["XBENCH_PARENT_PID"] = str(server)  # dies with this server
+        os.chdir(request["cwd"])
+        code = worker.main()
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def reap(channel: socket.socket, children: set[int]) -> None:
+    for pid in list(children):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            children.discard(pid)
+            send(channel, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def send(channel: socket.socket, message: dict) -> None:
+    channel.sendall(json.dumps(message).encode() + b"\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
