@@ -19,6 +19,8 @@ program it makes. Prints one JSON line per sample.
 from __future__ import annotations
 
 import argparse
+import collections
+import importlib
 import json
 import os
 import subprocess
@@ -28,7 +30,6 @@ from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
-PRELOAD = {"jax": ("jax", "flax.nnx", "optax"), "torch": ("torch",), "tf": ("tensorflow",)}
 TARGETS = {"jax": "xbench_backends.jax.pmap:JaxPmapBackend", "torch": "xbench_backends.torch.ddp:TorchDdpBackend",
            "tf": "xbench_backends.tf.mirrored:TfMirroredBackend"}
 
@@ -61,8 +62,8 @@ def phases(args, imported_at: float | None = None) -> dict:
     from xbench.worker.main import load_target
 
     backend = load_target(TARGETS[args.backend])
-    for module in PRELOAD[args.backend]:
-        __import__(module)
+    for module in type(backend).fork_preload:  # what a worker imports before its first step
+        importlib.import_module(module)
     out["import_s"] = time.perf_counter() - start if imported_at is None else 0.0
     if args.backend == "jax":
         jax_listener(durations)
@@ -75,9 +76,26 @@ def phases(args, imported_at: float | None = None) -> dict:
     t = time.perf_counter()
     work = build_work(trial.model, trial.samples, trial.seed)
     out["work_s"] = time.perf_counter() - t
+    profile = None
+    if args.profile:
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
+    modules = set(sys.modules)
     t = time.perf_counter()
     prepared = backend.prepare(trial, work)
     out["prepare_s"] = time.perf_counter() - t
+    imported = collections.Counter(".".join(m.split(".")[:3]) for m in set(sys.modules) - modules)
+    out["prepare_imported"] = dict(imported.most_common(12))
+    if profile is not None:
+        import io
+        import pstats
+
+        profile.disable()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
+        print(text.getvalue(), file=sys.stderr)
     before = dict(durations)
     t = time.perf_counter()
     backend.run(prepared, 1)
@@ -107,6 +125,7 @@ def main() -> int:
     parser.add_argument("--config", default="configs/seed-study.toml")
     parser.add_argument("--samples", type=int, default=3, help="fresh interpreters (or forks) to time")
     parser.add_argument("--steps", type=int, default=0, help="then time this many steps (after as many untimed)")
+    parser.add_argument("--profile", action="store_true", help="print prepare's 25 costliest calls to stderr")
     parser.add_argument("--fork", action="store_true", help="import once, fork a child per sample")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -118,16 +137,20 @@ def main() -> int:
     if not args.fork:
         for _ in range(args.samples):
             t = time.perf_counter()
-            line = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--child"], capture_output=True,
-                                  text=True, check=True).stdout.strip().splitlines()[-1]
+            child = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--child"], capture_output=True,
+                                   text=True)
+            if child.returncode:
+                sys.exit(f"the child failed: {child.stderr.strip()[-2000:]}")
+            if args.profile:
+                print(child.stderr, file=sys.stderr)
+            line = child.stdout.strip().splitlines()[-1]
             print(json.dumps({**label, "wall_s": round(time.perf_counter() - t, 3), **json.loads(line)}), flush=True)
         return 0
     from xbench.worker.main import load_target
 
     t = time.perf_counter()
-    load_target(TARGETS[args.backend])
-    for module in PRELOAD[args.backend]:  # the framework imported, no device touched
-        __import__(module)
+    for module in type(load_target(TARGETS[args.backend])).fork_preload:  # as the fork server: no device touched
+        importlib.import_module(module)
     imported = time.perf_counter() - t
     for _ in range(args.samples):
         read, write = os.pipe()

@@ -2,7 +2,8 @@
 # The GPU runs of issue 25 ("answers a user can act on"), as run on the device machine: one step
 # per call, each within the machine's 10-minute limit, everything it writes packed into
 # $OUT/results.tgz (only a few files come back from that machine).
-#   benchmarks/gpu_intervals.sh seed     the seed study's 1-device half (jax, torch), timed; where a replicate's seconds go
+#   benchmarks/gpu_intervals.sh seed [NAME [ARGS]]  the seed study's 1-device half (jax, torch), timed; where a
+#                                        replicate's seconds go; torch's first seconds in forked workers
 #   benchmarks/gpu_intervals.sh repeat   3 invocations of the large seed model at a host-bound and a GPU-bound
 #                                        batch, pairwise diffs, and a planted 20 % slowdown of jax
 #   benchmarks/gpu_intervals.sh planted  jax alone, 4 replicates, then the same with a planted 20 % slowdown; diff
@@ -13,11 +14,17 @@ source "$(dirname "$0")/_gpu_setup.sh"
 
 case "${1:-}" in
   seed)
+    # seed [NAME [COMPARE ARGS...]]: XBENCH_WORKER_START=exec in the environment times the
+    # workers started from scratch (the fork server's baseline)
+    name=${2:-seed-1gpu}; shift $(( $# > 1 ? 2 : 1 ))
     start=$SECONDS
-    timeout 330 xbench compare --config configs/seed-study.toml --backends jax torch --devices 1 \
-      --out "$out/run/seed-1gpu" 2>&1 | tee "$out/run/seed-1gpu.log"
-    echo "wall $((SECONDS - start)) s" | tee -a "$out/run/seed-1gpu.log"
-    python3 benchmarks/replicate_cost.py "$out/run/seed-1gpu" 2>&1 | tee "$out/run/seed-1gpu-cost.txt" ;;
+    timeout 330 xbench compare --config configs/seed-study.toml --backends jax torch --devices 1 "$@" \
+      --out "$out/run/$name" 2>&1 | tee "$out/run/$name.log"
+    echo "wall $((SECONDS - start)) s" | tee -a "$out/run/$name.log"
+    python3 benchmarks/replicate_cost.py "$out/run/$name" 2>&1 | tee "$out/run/$name-cost.txt"
+    # where torch's per-process seconds before its first step go, forked as the fork server does
+    [ -n "${NO_PROBE:-}" ] || timeout 90 python3 benchmarks/first_call.py --backend torch --model large --batch 64 --samples 2 --fork \
+      >"$out/run/$name-torch-fork.txt" 2>&1 ;;
   repeat)
     timeout 570 python3 benchmarks/repeatability.py --runs 3 --planted jax.extra_work=0.2 --out "$out/run/repeat" \
       -- --config configs/seed-study.toml --backends jax torch --devices 1 --model large --batch-sizes 128,16384 \

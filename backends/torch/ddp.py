@@ -146,7 +146,8 @@ class TorchDdpBackend:
     variants: ClassVar[tuple[Variant, ...]] = VARIANTS
     families: ClassVar[tuple[str, ...]] = model_families.FAMILIES
     # Imported once by the fork server (xbench.run.zygote); none initialises CUDA at import.
-    fork_preload: ClassVar[tuple[str, ...]] = ("torch", "torch.distributed", "torch.nn.parallel")
+    fork_preload: ClassVar[tuple[str, ...]] = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
+                                                "torch._refs", "torch.fx.experimental.symbolic_shapes")
 
     def __init__(self) -> None:
         self.process: Process | None = None

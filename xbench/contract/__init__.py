@@ -53,10 +53,11 @@ process.world_size`; its shard of the global batch is `work.shards(...)[process.
 A backend lists the launchers it supports in `launchers` (first = preferred).
 
 Optional abilities. Beyond `Backend`, a backend may declare `programs`, `variants`,
-`families` and `launchers` (`DeclaresPrograms`, `DeclaresVariants`, `DeclaresFamilies`,
-`DeclaresLaunchers`) and have the methods of `SpmdCapable`, `Verifiable`, `AllReduceCapable`,
-`ReportsMemory` and `ValidatesOptions`. Each is a runtime-checkable Protocol: the core asks
-`isinstance(backend, Verifiable)`, and an ability a backend lacks is absent, not an error.
+`families`, `launchers` and `fork_preload` (`DeclaresPrograms`, `DeclaresVariants`,
+`DeclaresFamilies`, `DeclaresLaunchers`, `DeclaresForkPreload`) and have the methods of
+`SpmdCapable`, `Verifiable`, `AllReduceCapable`, `ReportsMemory` and `ValidatesOptions`.
+Each is a runtime-checkable Protocol: the core asks `isinstance(backend, Verifiable)`, and
+an ability a backend lacks is absent, not an error.
 
 The core does all timing, repetition and statistics, so every framework is timed by the same
 code. `probe` runs in the xbench process itself (in a helper thread, within
@@ -68,6 +69,7 @@ from __future__ import annotations
 from xbench.contract.abilities import (
     AllReduceCapable,
     DeclaresFamilies,
+    DeclaresForkPreload,
     DeclaresLaunchers,
     DeclaresPrograms,
     DeclaresVariants,
@@ -76,6 +78,7 @@ from xbench.contract.abilities import (
     ValidatesOptions,
     Verifiable,
     families_of,
+    fork_preload_of,
     launchers_of,
     missing_methods,
     programs_of,
@@ -119,10 +122,11 @@ from xbench.models.model_spec import ModelSpec
 
 __all__ = [
     "ADAM", "AS_WRITTEN", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL", "LAUNCHERS", "PLAIN", "PROGRAMS",
-    "Adam", "AllReduceCapable", "Availability", "Backend", "DeclaresFamilies", "DeclaresLaunchers", "DeclaresPrograms",
+    "Adam", "AllReduceCapable", "Availability", "Backend", "DeclaresFamilies", "DeclaresForkPreload",
+    "DeclaresLaunchers", "DeclaresPrograms",
     "DeclaresVariants", "DeviceInfo", "DeviceUnavailable", "ModelSpec", "Param", "Prepared", "PreparedInfo", "Process",
     "ReportsMemory", "SpmdCapable", "TimingProtocol", "Trial", "Unsupported", "ValidatesOptions", "Variant",
-    "Verifiable", "Work", "backend_label", "backend_of_implementation", "cnn", "families_of", "hash_arrays",
-    "hash_weights", "implementation", "implementation_of", "launchers_of", "lstm", "missing_methods", "mlp",
-    "probe_distributions", "programs_of", "replicate_id", "transformer", "trial_id", "variants_of",
+    "Verifiable", "Work", "backend_label", "backend_of_implementation", "cnn", "families_of", "fork_preload_of",
+    "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of", "lstm", "missing_methods",
+    "mlp", "probe_distributions", "programs_of", "replicate_id", "transformer", "trial_id", "variants_of",
 ]

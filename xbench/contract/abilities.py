@@ -50,6 +50,16 @@ class DeclaresLaunchers(Protocol):
     launchers: ClassVar[tuple[str, ...]]
 
 
+@runtime_checkable
+class DeclaresForkPreload(Protocol):
+    """Modules (the framework) that a fork server may import once before it forks this
+    backend's workers (`xbench.run.zygote`), so that no worker imports them again. Importing
+    them must start no device context, runtime or compilation: each forked worker starts its
+    own. Without it: none (each worker imports its framework itself, as it would anyway)."""
+
+    fork_preload: ClassVar[tuple[str, ...]]
+
+
 # -- abilities: methods ---------------------------------------------------------------------------
 
 
@@ -142,6 +152,11 @@ def families_of(backend: object) -> tuple[str, ...]:
     """The model families a backend builds (`xbench.models`): the MLP unless it says more."""
     declared = backend.families if isinstance(backend, DeclaresFamilies) else ("mlp",)
     return tuple(declared) if isinstance(declared, (tuple, list)) else ("mlp",)
+
+
+def fork_preload_of(backend: object) -> tuple[str, ...]:
+    """The modules a fork server imports for a backend (its class or an instance)."""
+    return tuple(backend.fork_preload) if isinstance(backend, DeclaresForkPreload) else ()
 
 
 def launchers_of(backend: object) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
 """A fork server: one backend's modules imported once, a fresh worker process forked per job.
 
 Started by `xbench.run.zygote` as `python -m xbench.worker.zygote TARGET FD`. It imports the
-backend's module and the modules its class names in `fork_preload` (its framework), touching
+backend's module and the modules its class names in `fork_preload` (`DeclaresForkPreload`: its
+framework), touching
 no device, then serves requests on the socket FD: each request (a JSON line with the worker's
 environment and working directory, and three file descriptors: the worker's stdin, stdout and
 stderr) is answered with a forked child's pid; when a child exits, its exit code follows.
@@ -25,6 +26,7 @@ import traceback
 import warnings
 from importlib.metadata import EntryPoint
 
+from xbench.contract import fork_preload_of
 from xbench.worker import main as worker
 
 MAX_FDS = 3  # stdin, stdout, stderr of a worker
@@ -47,7 +49,7 @@ def main(argv: list[str]) -> int:
 def preload(target: str) -> None:
     """Import the backend's class and the modules it names, without instantiating it."""
     cls = EntryPoint(name="", value=target, group=worker.BACKENDS_GROUP).load()
-    for module in getattr(cls, "fork_preload", ()):
+    for module in fork_preload_of(cls):
         importlib.import_module(module)
 
 
