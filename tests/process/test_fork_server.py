@@ -6,11 +6,17 @@ the run; XBENCH_WORKER_START=exec turns it off."""
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.process.test_compare_cli import FAST
 from xbench.results.records import read_records
-from xbench.run.zygote import START_VARIABLE
+from xbench.run.launcher import worker_environment
+from xbench.run.zygote import START_VARIABLE, ForkServers
+from xbench.worker.zygote import exit_status
 
 RUN = ("compare", *FAST, "--batch-sizes", "16,32", "--devices", "1,2", "--replicates", "2")
 ONE_PROCESS = ("compare", *FAST, "--batch-sizes", "16,32,64", "--devices", "1", "--replicates", "2")
@@ -84,3 +90,48 @@ def test_a_server_that_cannot_start_leaves_the_run_to_workers_from_scratch(fake_
     log = (out / "workers.log").read_text()
     assert log.count("no fork server for tests.support.fakes:UnforkableBackend") == 1, log
     assert "xbench_test_no_such_module" in log
+
+
+NUMPY = "tests.support.fakes:NumpyBackend"
+
+
+def test_a_forked_worker_leads_its_process_group_as_soon_as_its_pid_is_known(fake_backends, tmp_path):
+    """The launcher may kill a worker's group right after asking for it (an interrupt, a rank
+    that failed to start): the group must exist by then, as with a Popen'd worker."""
+    servers = ForkServers(tmp_path / "workers.log")
+    try:
+        with open(tmp_path / "worker.log", "ab") as log:
+            process = servers.fork(NUMPY, worker_environment(), frozenset(), log)
+        assert process is not None and os.getpgid(process.pid) == process.pid
+        os.killpg(process.pid, signal.SIGKILL)  # it waits for its job on stdin meanwhile
+        assert process.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        servers.close()
+        for stream in (process.stdin, process.stdout):
+            stream.close()
+
+
+def test_a_dead_server_takes_its_workers_with_it_and_later_workers_start_from_scratch(fake_backends, tmp_path):
+    servers = ForkServers(tmp_path / "workers.log")
+    try:
+        with open(tmp_path / "worker.log", "ab") as log:
+            process = servers.fork(NUMPY, worker_environment(), frozenset(), log)
+            (server,) = servers.servers.values()
+            server.process.kill()
+            assert process.wait(timeout=30) == -signal.SIGKILL
+            assert servers.fork(NUMPY, worker_environment(), frozenset(), log) is None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and Path(f"/proc/{process.pid}").exists():
+            time.sleep(0.05)
+        assert not Path(f"/proc/{process.pid}").exists(), "the worker outlived its server"
+        assert "no fork server for tests.support.fakes:NumpyBackend" in (tmp_path / "workers.log").read_text()
+    finally:
+        servers.close()
+        for stream in (process.stdin, process.stdout):
+            stream.close()
+
+
+@pytest.mark.parametrize("code,status,printed", [(None, 0, ""), (0, 0, ""), (3, 3, ""), ("no job", 1, "no job\n")])
+def test_a_forked_worker_ends_with_the_status_python_would_give(code, status, printed, capsys):
+    assert exit_status(code) == status
+    assert capsys.readouterr().err == printed

@@ -244,8 +244,9 @@ class ReplicateFacts(TypedDict):
 
 class ProcessFacts(TypedDict):
     """The worker process that ran the trial (from the launcher): `start_s` from asking for it
-    to its "ready" event (interpreter, framework import unless forked from a fork server,
-    device set-up), paid once by all of the process's trials; `forked`: from a fork server."""
+    to its "ready" event (interpreter and framework import, or a fork from the run's fork
+    server, whose own import the first forked worker waits for; then the device set-up), paid
+    once by all of the process's trials; `forked`: from a fork server (xbench.run.zygote)."""
 
     pid: int
     start_s: float

@@ -65,12 +65,17 @@ class Server:
 
     def __init__(self, target: str, env: Mapping[str, str], log: Path) -> None:
         ours, theirs = socket.socketpair()
-        with open(log, "ab") as stderr:
-            self.process = subprocess.Popen(
-                (sys.executable, "-m", "xbench.worker.zygote", target, str(theirs.fileno())),
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
-                env=dict(env), start_new_session=True)
-        theirs.close()
+        try:
+            with open(log, "ab") as stderr:
+                self.process = subprocess.Popen(
+                    (sys.executable, "-m", "xbench.worker.zygote", target, str(theirs.fileno())),
+                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
+                    env=dict(env), start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         self.channel = ours
         self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
         self.exits: dict[int, int] = {}
@@ -80,7 +85,13 @@ class Server:
         self.request_lock = threading.Lock()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
-        self.ready = self._first_reply(READY_TIMEOUT_S)
+        try:
+            self.ready = self._first_reply(READY_TIMEOUT_S)
+        except BaseException:  # interrupted while the framework imports
+            self.close()
+            raise
+        if self.ready is not None:
+            self.close()
 
     def _first_reply(self, timeout: float) -> str | None:
         """None once the server is ready, else why it is not."""
@@ -91,19 +102,25 @@ class Server:
         return None if "ready" in reply else str(reply.get("failed") or reply)
 
     def _read(self) -> None:
-        with self.channel.makefile("rb") as stream:
-            for line in stream:
-                message = json.loads(line)
-                if "exit" in message:
+        try:
+            with self.channel.makefile("rb") as stream:
+                for line in stream:
+                    message = json.loads(line)
                     with self.changed:
-                        self.exits[message["exit"]] = message["code"]
-                        self.changed.notify_all()
-                else:
+                        if "exit" in message:
+                            self.exits[message["exit"]] = message["code"]
+                            self.changed.notify_all()
+                            continue
+                        if "pid" in message:  # a pid used before may come again: not its old exit
+                            self.exits.pop(message["pid"], None)
                     self.replies.put(message)
-        with self.changed:
-            self.gone = True
-            self.changed.notify_all()
-        self.replies.put({"failed": "the fork server exited"})
+        except (OSError, ValueError):
+            pass  # a closed channel or a line it cannot read: the server is of no further use
+        finally:
+            with self.changed:
+                self.gone = True
+                self.changed.notify_all()
+            self.replies.put({"failed": "the fork server exited"})
 
     def fork(self, env: Mapping[str, str], stderr: IO[Any]) -> ForkedProcess:
         """A worker forked with `env`, its stderr `stderr`, and pipes for stdin and stdout."""
@@ -114,19 +131,22 @@ class Server:
         try:
             request = json.dumps({"env": dict(env), "cwd": os.getcwd()}).encode() + b"\n"
             with self.request_lock:
-                socket.send_fds(self.channel, [request], [stdin_read, stdout_write, stderr.fileno()])
+                sent = socket.send_fds(self.channel, [request], [stdin_read, stdout_write, stderr.fileno()])
+                if sent != len(request):
+                    raise OSError(f"sent {sent} of {len(request)} bytes")
                 reply = self.replies.get(timeout=REPLY_TIMEOUT_S)
+            if "pid" not in reply:
+                raise OSError(str(reply.get("failed") or reply))
         except (OSError, queue.Empty) as err:
             for fd in (stdin_write, stdout_read):
                 os.close(fd)
-            raise ServerGone(f"the fork server did not answer: {err}") from None
+            # A late answer would be taken for the next request's: no next request.
+            self.ready = f"the fork server did not answer: {err or 'no reply'}"
+            self.close()
+            raise ServerGone(self.ready) from None
         finally:
             os.close(stdin_read)
             os.close(stdout_write)
-        if "pid" not in reply:
-            for fd in (stdin_write, stdout_read):
-                os.close(fd)
-            raise ServerGone(str(reply.get("failed") or reply))
         return ForkedProcess(reply["pid"], os.fdopen(stdin_write, "wb"), os.fdopen(stdout_read, "rb"), self)
 
     def exit_code(self, pid: int, timeout: float | None) -> int:
@@ -140,6 +160,7 @@ class Server:
             return pid in self.exits or self.gone
 
     def close(self) -> None:
+        """Hang up: the server exits, and its workers with it (they die with their parent)."""
         with contextlib.suppress(OSError):
             self.channel.shutdown(socket.SHUT_RDWR)
         self.channel.close()
@@ -148,7 +169,8 @@ class Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        self.reader.join(timeout=10)
+        if self.reader is not threading.current_thread():
+            self.reader.join(timeout=10)
 
 
 class ForkServers:

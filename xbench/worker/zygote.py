@@ -15,6 +15,7 @@ the import, which is the same bytes in every process, is shared. A child runs ex
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -82,42 +83,67 @@ def serve(channel: socket.socket) -> None:
 
 
 def fork_worker(request: dict, fds: list[int], channel: socket.socket, wake: tuple[int, int]) -> int:
+    """Fork one worker; returns its pid once it leads its own process group, so that the
+    launcher's kill of that group reaches it from the first moment, as with a Popen'd worker."""
     sys.stdout.flush()
     sys.stderr.flush()
     server = os.getpid()
+    started_read, started_write = os.pipe()
     with warnings.catch_warnings():
         # The framework's import left idle pool threads (a BLAS pool, an allocator's
         # background thread) that register their own fork handlers; the child starts its
         # device context and thread pools afresh.
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
-    if pid:
-        for fd in fds:
-            os.close(fd)
-        return pid
-    try:  # the child: become what `python -m xbench.worker` would have been
+    if pid == 0:
+        os.setsid()  # first: leads its own process group, as the launcher's workers do
+        os.close(started_write)  # the server's read ends: the group exists
+        os._exit(run_worker(request, fds, (*wake, started_read, channel.fileno()), server))
+    os.close(started_write)
+    os.read(started_read, 1)  # returns at the child's close (or its death)
+    os.close(started_read)
+    for fd in fds:
+        os.close(fd)
+    return pid
+
+
+def run_worker(request: dict, fds: list[int], inherited: tuple[int, ...], server: int) -> int:
+    """In the forked child: become what `python -m xbench.worker` would have been, run it, and
+    end as Python would (exit handlers run, the exit status by SystemExit's rules)."""
+    try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.setsid()  # leads its own process group, as the launcher's workers do
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
-        for fd in (*fds, *wake, channel.fileno()):
+        for fd in (*fds, *inherited):
             if fd > 2:
                 os.close(fd)
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ["XBENCH_PARENT_PID"] = str(server)  # dies with this server
         os.chdir(request["cwd"])
-        code = worker.main()
+        code = exit_status(worker.main())
     except SystemExit as done:
-        code = done.code if isinstance(done.code, int) else 1
+        code = exit_status(done.code)
     except BaseException:
         traceback.print_exc()
         code = 1
+    try:
+        atexit._run_exitfuncs()  # e.g. a backend's temporary compiler cache, removed at exit
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(code)
+    return code
+
+
+def exit_status(code: object) -> int:
+    """The status `sys.exit(code)` gives: None 0, an int itself, anything else printed and 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
 
 
 def reap(channel: socket.socket, children: set[int]) -> None:
