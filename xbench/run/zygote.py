@@ -2,11 +2,11 @@
 from scratch: the interpreter and the backend's framework are imported once per run and
 backend, and each worker is a fresh process with its own device context and compilation.
 
-A worker process costs seconds before its first step: importing TensorFlow takes 2.5-3.5 s
-on a CPU, torch 1-4 s, jax with Flax 0.7-2 s; a fork of a process that has imported them
-takes milliseconds. Nothing else is shared: the server never touches a device and compiles
-nothing, so every replicate still pays (and shows the variation of) its own device set-up,
-compilation and autotuning.
+A worker process costs seconds before its first step, most of them importing its framework
+(measured: 0.4 to 4 s per process, docs/statistics.md); a fork of a process that has
+imported it takes milliseconds. Nothing else is shared: the server never touches a device
+and compiles nothing, so every replicate still pays (and shows the variation of) its own
+device set-up, compilation and autotuning.
 
 Used on Linux, for timing runs driven from the main thread (a server started by another
 thread would die with that thread: see `xbench.worker.main._die_with_parent`).
@@ -39,8 +39,8 @@ class ServerGone(Exception):
 
 
 class ForkedProcess:
-    """A forked worker as the launcher sees a `subprocess.Popen`: pid, stdin, stdout,
-    wait() and returncode (negative: killed by that signal)."""
+    """A forked worker as the launcher uses a `subprocess.Popen`: pid, stdin, stdout, wait()
+    and returncode (negative: killed by that signal)."""
 
     def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes], server: Server) -> None:
         self.pid = pid
@@ -52,11 +52,6 @@ class ForkedProcess:
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             self.returncode = self.server.exit_code(self.pid, timeout)
-        return self.returncode
-
-    def poll(self) -> int | None:
-        if self.returncode is None and self.server.has_exited(self.pid):
-            self.returncode = self.server.exit_code(self.pid, 0)
         return self.returncode
 
 
@@ -154,10 +149,6 @@ class Server:
             if not self.changed.wait_for(lambda: pid in self.exits or self.gone, timeout):
                 raise subprocess.TimeoutExpired(f"worker {pid}", timeout or 0)
             return self.exits.get(pid, -signal.SIGKILL)  # the server's death took its children
-
-    def has_exited(self, pid: int) -> bool:
-        with self.changed:
-            return pid in self.exits or self.gone
 
     def close(self) -> None:
         """Hang up: the server exits, and its workers with it (they die with their parent)."""
