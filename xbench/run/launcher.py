@@ -237,7 +237,7 @@ class Gang:
     last words), appended to the run's log when the gang stops."""
 
     def __init__(self, workers: list[Worker], events: queue.Queue[tuple[int, Arrival]], log_path: Path,
-                 logs: list[tuple[Path, int]], ranks: list[int | None]) -> None:
+                 logs: list[tuple[Path, int]], ranks: list[int | None], asked: float) -> None:
         self.workers = workers
         self.events = events
         self.log_path = log_path
@@ -248,7 +248,7 @@ class Gang:
         self.ahead: list[tuple[int, Arrival]] = []  # a fast member's events for a later trial
         self.exited: set[int] = set()  # members that exited without "done" after reporting a trial
         self.stopped = False
-        self.asked = time.monotonic()  # when its processes were asked for
+        self.asked = asked  # when its processes were asked for (time.monotonic)
         self.process: ProcessFacts | None = None  # once every member is ready
 
     @classmethod
@@ -274,8 +274,7 @@ class Gang:
         pids = ", ".join(str(w.process.pid) for w in workers)
         forked = ", forked from a fork server" if any(isinstance(w.process, ForkedProcess) for w in workers) else ""
         _append_log(log_path, f"=== {label}, worker pid(s) {pids}{forked}, {_now()}\n".encode())
-        gang = cls(workers, events, log_path, logs, ranks)
-        gang.asked = asked
+        gang = cls(workers, events, log_path, logs, ranks, asked)
         with _LIVE_LOCK:
             _LIVE.add(gang)
         return gang

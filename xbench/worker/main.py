@@ -362,8 +362,12 @@ def _one_line(err: BaseException) -> str:
 
 def load_target(target: str) -> Backend:
     """Import a backend from its entry-point value (used inside worker processes)."""
-    point = EntryPoint(name="", value=target, group=BACKENDS_GROUP)
-    return point.load()()
+    return backend_class(target)()
+
+
+def backend_class(target: str) -> type:
+    """The backend class an entry-point value names, imported and not instantiated."""
+    return EntryPoint(name="", value=target, group=BACKENDS_GROUP).load()
 
 
 if __name__ == "__main__":

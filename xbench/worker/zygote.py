@@ -2,10 +2,10 @@
 
 Started by `xbench.run.zygote` as `python -m xbench.worker.zygote TARGET FD`. It imports the
 backend's module and the modules its class names in `fork_preload` (`DeclaresForkPreload`: its
-framework), touching
-no device, then serves requests on the socket FD: each request (a JSON line with the worker's
-environment and working directory, and three file descriptors: the worker's stdin, stdout and
-stderr) is answered with a forked child's pid; when a child exits, its exit code follows.
+framework), touching no device, then serves requests on the socket FD: each request (a JSON
+line with the worker's environment and working directory, and three file descriptors: the
+worker's stdin, stdout and stderr) is answered with a forked child's pid; when a child exits,
+its exit code follows.
 
 What keeps a forked worker honest: it is a new process, with its own device context (the
 server never touched a device) and its own compilation (the server compiled nothing); only
@@ -25,7 +25,6 @@ import socket
 import sys
 import traceback
 import warnings
-from importlib.metadata import EntryPoint
 
 from xbench.contract import fork_preload_of
 from xbench.worker import main as worker
@@ -49,8 +48,7 @@ def main(argv: list[str]) -> int:
 
 def preload(target: str) -> None:
     """Import the backend's class and the modules it names, without instantiating it."""
-    cls = EntryPoint(name="", value=target, group=worker.BACKENDS_GROUP).load()
-    for module in fork_preload_of(cls):
+    for module in fork_preload_of(worker.backend_class(target)):
         importlib.import_module(module)
 
 
