@@ -68,6 +68,7 @@ from xbench_backends.jax.steps import (
     kernel_settings,
     optimizer,
     programs,
+    steady_cpu_scheduler,
     step_losses,
     use_compile_cache,
 )
@@ -128,6 +129,8 @@ class JaxPmapBackend:
         import jax
 
         use_compile_cache()
+        if platform == "cpu" or (platform == "auto" and not _cuda_plugin_present()):
+            steady_cpu_scheduler()
         if platform == "cpu":
             jax.config.update("jax_platforms", "cpu")
         # Only the CPU client reads this; it splits the host into `devices` logical devices.
@@ -164,6 +167,7 @@ class JaxPmapBackend:
         use_compile_cache()
         gpu = platform == "gpu" or (platform == "auto" and _cuda_plugin_present())
         if not gpu:
+            steady_cpu_scheduler()
             jax.config.update("jax_platforms", "cpu")
             jax.config.update("jax_num_cpu_devices", 1)
             jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -131,6 +131,22 @@ def use_compile_cache() -> bool:
     return True
 
 
+# XLA's CPU scheduler that overlaps independent ops (on by default) oversubscribes a small host
+# when simulated devices each run their step on it: on 2 cores, 2 devices' steps of the large
+# MLP flip within a process between ~10,500 and ~6,600 samples/s. Off, they hold ~10,500, and
+# one device is unchanged (docs/statistics.md, "Bimodal processes"). CPU compilation only.
+CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
+
+
+def steady_cpu_scheduler() -> None:
+    """Turn XLA's concurrency-optimized CPU scheduler off for this process, unless XLA_FLAGS
+    already sets it (the user's choice wins); call before jax's CPU client starts. Recorded
+    with the other flags (`kernel_settings`)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if CPU_SCHEDULER_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {CPU_SCHEDULER_FLAG}=false".strip()
+
+
 def kernel_settings() -> dict[str, Any]:
     """What decides which kernels run, as this process sees it: XLA's flags (autotuning
     level among them; unset means XLA's default, autotuning on) and the compilation cache."""
