@@ -9,11 +9,12 @@ the event stream.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -81,10 +82,7 @@ def main() -> int:
     if job.mode == "allreduce":
         run_allreduces(backend, job, emit, ranks)
     else:
-        works: dict[tuple, Work] = {}
-        action = _trial_action(job, info, ranks)
-        for trial in job.trials:
-            run_trial(backend, trial, works, emit, action)
+        run_trials(backend, job.trials, emit, _trial_action(job, info, ranks))
     emit(Done())
     return 0
 
@@ -170,6 +168,18 @@ class Ranks:
 
 # Runs one prepared trial; returns the measurement fields of its `Result`.
 Action = Callable[[Backend, Any, Trial, Work, Emit], dict[str, Any]]
+
+
+def run_trials(backend: Backend, trials: Sequence[Trial], emit: Emit, action: Action) -> None:
+    """Each trial in turn, none inheriting another's state: a framework's model state holds
+    reference cycles, so a finished trial's arrays outlive it until the cyclic collector runs,
+    and while they live they slow the next trials (jax's large MLP on 2 CPU devices, timed after
+    three other configurations in one process: 1,700 against 2,450 samples/s), so they are
+    collected before the next trial starts."""
+    works: dict[tuple, Work] = {}
+    for trial in trials:
+        run_trial(backend, trial, works, emit, action)
+        gc.collect()
 
 
 def run_trial(backend: Backend, trial: Trial, works: dict[tuple, Work], emit: Emit, action: Action) -> None:
