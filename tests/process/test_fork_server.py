@@ -98,7 +98,7 @@ NUMPY = "tests.support.fakes:NumpyBackend"
 def test_a_forked_worker_leads_its_process_group_as_soon_as_its_pid_is_known(fake_backends, tmp_path):
     """The launcher may kill a worker's group right after asking for it (an interrupt, a rank
     that failed to start): the group must exist by then, as with a Popen'd worker."""
-    servers = ForkServers(tmp_path / "workers.log")
+    servers = ForkServers(tmp_path / "workers.log", ready_timeout_s=60)
     try:
         with open(tmp_path / "worker.log", "ab") as log:
             process = servers.fork(NUMPY, worker_environment(), frozenset(), log)
@@ -111,8 +111,22 @@ def test_a_forked_worker_leads_its_process_group_as_soon_as_its_pid_is_known(fak
             stream.close()
 
 
+def test_a_server_slower_than_the_start_up_timeout_is_given_up(fake_backends, tmp_path):
+    servers = ForkServers(tmp_path / "workers.log", ready_timeout_s=2)
+    start = time.monotonic()
+    try:
+        with open(tmp_path / "worker.log", "ab") as log:
+            hanging = "tests.support.fakes:HangingPreloadBackend"
+            assert servers.fork(hanging, worker_environment(), frozenset(), log) is None
+        assert time.monotonic() - start < 20
+        assert "no answer within 2 s" in (tmp_path / "workers.log").read_text()
+    finally:
+        servers.close()
+    assert not [c for c in processes_below(os.getpid()) if "xbench.worker.zygote" in c]
+
+
 def test_a_dead_server_takes_its_workers_with_it_and_later_workers_start_from_scratch(fake_backends, tmp_path):
-    servers = ForkServers(tmp_path / "workers.log")
+    servers = ForkServers(tmp_path / "workers.log", ready_timeout_s=60)
     try:
         with open(tmp_path / "worker.log", "ab") as log:
             process = servers.fork(NUMPY, worker_environment(), frozenset(), log)

@@ -152,6 +152,14 @@ class UnforkableBackend(NumpyBackend):
     fork_preload: ClassVar[tuple[str, ...]] = ("xbench_test_no_such_module",)
 
 
+class HangingPreloadBackend(NumpyBackend):
+    """Its fork server's preload never finishes importing: the server must be given up after
+    the run's start-up timeout, not a fixed one."""
+
+    name: ClassVar[str] = "numpy-hanging-preload"
+    fork_preload: ClassVar[tuple[str, ...]] = ("tests.support.plugin_hangs_at_import",)
+
+
 class IncompleteBackend:
     """Lacks `run`: must show as unavailable, not crash the tool."""
 

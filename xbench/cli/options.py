@@ -42,8 +42,8 @@ CoordinatorOption = Annotated[Optional[str], typer.Option(
     metavar="HOST:PORT", help="spmd: node 0's address, the same on every node.")]
 StartupTimeoutOption = Annotated[Optional[float], typer.Option(
     metavar="SECONDS", help="Seconds a worker (every rank, every node under spmd) may take to start and find its "
-                            f"devices (default {STARTUP_TIMEOUT_S:g}); a multi-node run stops when another node "
-                            "never comes.")]
+                            f"devices (default {STARTUP_TIMEOUT_S:g}), and a fork server to import its framework; a "
+                            "multi-node run stops when another node never comes.")]
 
 
 def startup_timeout_s(value: float | None) -> float:

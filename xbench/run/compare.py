@@ -531,7 +531,7 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
     Returns the new records, each already in records.jsonl."""
     writer = RecordWriter(comparison.run_dir)
     with (compile_cache(comparison.spec.protocol) as cache_env,
-          zygote.fork_servers(comparison.run_dir / launcher.LOG_FILE) as servers):
+          zygote.fork_servers(comparison.run_dir / launcher.LOG_FILE, comparison.startup_timeout_s) as servers):
         ctx = launcher.Context(
             run_id=comparison.run_id,
             run_dir=comparison.run_dir,

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import IO, Any
 
 START_VARIABLE = "XBENCH_WORKER_START"  # "exec": every worker from scratch, no fork server
-READY_TIMEOUT_S = 300.0  # importing a framework
 REPLY_TIMEOUT_S = 30.0  # a fork
 
 
@@ -58,7 +57,7 @@ class ForkedProcess:
 class Server:
     """One fork server process and the thread that reads its messages."""
 
-    def __init__(self, target: str, env: Mapping[str, str], log: Path) -> None:
+    def __init__(self, target: str, env: Mapping[str, str], log: Path, ready_timeout_s: float) -> None:
         ours, theirs = socket.socketpair()
         try:
             with open(log, "ab") as stderr:
@@ -81,7 +80,7 @@ class Server:
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         try:
-            self.ready = self._first_reply(READY_TIMEOUT_S)
+            self.ready = self._first_reply(ready_timeout_s)
         except BaseException:  # interrupted while the framework imports
             self.close()
             raise
@@ -169,8 +168,9 @@ class ForkServers:
     worker is first asked of it. `fork` returns None where a worker must start from scratch
     (the server failed, or the caller is not the main thread)."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, ready_timeout_s: float) -> None:
         self.log = log
+        self.ready_timeout_s = ready_timeout_s  # the run's start-up timeout: the import is most of a start
         self.servers: dict[tuple, Server] = {}
         self.lock = threading.Lock()
 
@@ -185,7 +185,7 @@ class ForkServers:
             if server is None:
                 if threading.current_thread() is not threading.main_thread():
                     return None
-                server = self.servers[key] = Server(target, shared, self.log)
+                server = self.servers[key] = Server(target, shared, self.log, self.ready_timeout_s)
         try:
             return server.fork(env, stderr)
         except ServerGone as err:
@@ -207,13 +207,14 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def fork_servers(log: Path) -> Iterator[ForkServers | None]:
+def fork_servers(log: Path, ready_timeout_s: float) -> Iterator[ForkServers | None]:
     """Fork servers for the length of a run (None where they are off); their own output
-    goes to `log`."""
+    goes to `log`; one not ready within `ready_timeout_s` (the run's start-up timeout) is given
+    up for workers started from scratch."""
     if not enabled():
         yield None
         return
-    servers = ForkServers(log)
+    servers = ForkServers(log, ready_timeout_s)
     try:
         yield servers
     finally:
