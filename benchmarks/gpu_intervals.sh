@@ -7,6 +7,9 @@
 #   benchmarks/gpu_intervals.sh repeat   3 invocations of the large seed model at a host-bound and a GPU-bound
 #                                        batch, pairwise diffs, and a planted 20 % slowdown of jax
 #   benchmarks/gpu_intervals.sh planted  jax alone, 4 replicates, then the same with a planted 20 % slowdown; diff
+#   benchmarks/gpu_intervals.sh bound    3 invocations and a planted 20 % slowdown of jax on GPU-bound rows, run
+#                                        by run into results/gpu-bound (a second call carrying that folder runs
+#                                        what the first had no time for), then the analysis
 #   benchmarks/gpu_intervals.sh fork     worker start-up with and without the fork server (5 processes of each
 #                                        backend each), and jax's first call at each XLA autotuning level
 set -uo pipefail
@@ -37,6 +40,30 @@ case "${1:-}" in
       >"$out/run/planted.log" 2>&1
     xbench diff "$out/run/base" "$out/run/planted" 2>&1 | tee "$out/run/diff-base-planted.txt"
     tail -3 "$out/run/base.log" "$out/run/planted.log" ;;
+  bound)
+    # The large seed model at global batch 16,384 (GPU-bound on an H100 or H200; jax's first
+    # call there compiles and autotunes for 14-31 s, so one batch is what four runs' time
+    # allows), jax and torch, the GPU default of 3 replicates, no adaptive round. A run starts
+    # only with 150 s left of this call's 570; one that finished leaves NAME.done.
+    dir=results/gpu-bound; mkdir -p "$dir"
+    args=(--config configs/seed-study.toml --backends jax torch --devices 1 --model large
+          --global-batch 16384 --samples 16384 --time-budget 0 --no-verify)
+    for name in A B C planted; do
+      [ -e "$dir/$name.done" ] && continue
+      left=$(( 570 - SECONDS )); [ "$left" -lt 150 ] && break
+      rm -rf "${dir:?}/$name"
+      extra=(); [ "$name" = planted ] && extra=(--option jax.extra_work=0.2)
+      start=$SECONDS
+      timeout "$left" xbench compare "${args[@]}" "${extra[@]}" --out "$dir/$name" >"$dir/$name.log" 2>&1
+      code=$?; echo "$name: exit $code after $((SECONDS - start)) s" | tee -a "$dir/walls.txt"
+      [ "$code" = 0 ] && touch "$dir/$name.done"
+    done
+    runs=$(ls "$dir"/[ABC].done 2>/dev/null | wc -l)
+    if [ -e "$dir/planted.done" ] && [ "$runs" -ge 2 ]; then
+      timeout 60 python3 benchmarks/repeatability.py --analyse-only --runs "$runs" --planted jax.extra_work=0.2 \
+        --out "$dir" 2>&1 | tee "$dir/repeat.txt"
+    fi
+    cp -r "$dir" "$out/run/" ;;
   fork)
     args=(--config configs/seed-study.toml --backends jax torch --devices 1 --model medium --batch-sizes 64
           --replicates 5 --time-budget 0 --no-verify)
@@ -49,5 +76,5 @@ case "${1:-}" in
       XLA_FLAGS=--xla_gpu_autotune_level=$level timeout 90 python3 benchmarks/first_call.py --backend jax \
         --model large --batch 128 --samples 2 --steps 500 | sed "s/^/level $level /"
     done 2>&1 | tee "$out/run/autotune.txt" ;;
-  *) echo "usage: $0 seed|repeat|planted|fork" >&2; exit 2 ;;
+  *) echo "usage: $0 seed|repeat|planted|bound|fork" >&2; exit 2 ;;
 esac
