@@ -42,7 +42,7 @@ case "${1:-}" in
     tail -3 "$out/run/base.log" "$out/run/planted.log" ;;
   bound)
     # The large seed model at global batch 16,384 (GPU-bound on an H100 or H200; jax's first
-    # call there compiles and autotunes for 14-31 s, so one batch is what four runs' time
+    # call there compiles and autotunes for 14-32 s, so one batch is what four runs' time
     # allows), jax and torch, the GPU default of 3 replicates, no adaptive round. A run starts
     # only with 150 s left of this call's 570; one that finished leaves NAME.done.
     dir=results/gpu-bound; mkdir -p "$dir"
@@ -58,8 +58,8 @@ case "${1:-}" in
       code=$?; echo "$name: exit $code after $((SECONDS - start)) s" | tee -a "$dir/walls.txt"
       [ "$code" = 0 ] && touch "$dir/$name.done"
     done
-    runs=$(ls "$dir"/[ABC].done 2>/dev/null | wc -l)
-    if [ -e "$dir/planted.done" ] && [ "$runs" -ge 2 ]; then
+    runs=0; for name in A B C; do [ -e "$dir/$name.done" ] || break; runs=$((runs + 1)); done  # A, B, ... in order
+    if [ -e "$dir/planted.done" ] && [ "$runs" -ge 2 ] && [ "$SECONDS" -lt 530 ]; then
       timeout 60 python3 benchmarks/repeatability.py --analyse-only --runs "$runs" --planted jax.extra_work=0.2 \
         --out "$dir" 2>&1 | tee "$dir/repeat.txt"
     fi

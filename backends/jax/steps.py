@@ -143,7 +143,7 @@ def steady_cpu_scheduler() -> None:
     already sets it (the user's choice wins); call before jax's CPU client starts. Recorded
     with the other flags (`kernel_settings`)."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if CPU_SCHEDULER_FLAG not in flags:
+    if not any(token.split("=", 1)[0] == CPU_SCHEDULER_FLAG for token in flags.split()):
         os.environ["XLA_FLAGS"] = f"{flags} {CPU_SCHEDULER_FLAG}=false".strip()
 
 

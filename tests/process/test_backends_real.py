@@ -59,10 +59,11 @@ def test_jax_steadies_the_cpu_scheduler(fp32_run):
     """On CPU devices jax's workers run with XLA's concurrency-optimized scheduler off (it made
     2-device steps bimodal on 2 cores), and the record says so."""
     _, records = fp32_run
-    for record in records:
-        if record["trial"]["backend"] == "jax":
-            flags = record["replicate"]["settings"]["XLA_FLAGS"].split()
-            assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in flags
+    jax_records = [r for r in records if r["trial"]["backend"] == "jax"]
+    assert jax_records
+    for record in jax_records:
+        flags = record["replicate"]["settings"]["XLA_FLAGS"].split()
+        assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in flags
 
 
 def test_tf32_policy_is_applied(tmp_path):

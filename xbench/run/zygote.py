@@ -85,7 +85,7 @@ class Server:
             self.close()
             raise
         if self.ready is not None:
-            self.close()
+            self.close(at_once=True)
 
     def _first_reply(self, timeout: float) -> str | None:
         """None once the server is ready, else why it is not."""
@@ -149,11 +149,16 @@ class Server:
                 raise subprocess.TimeoutExpired(f"worker {pid}", timeout or 0)
             return self.exits.get(pid, -signal.SIGKILL)  # the server's death took its children
 
-    def close(self) -> None:
-        """Hang up: the server exits, and its workers with it (they die with their parent)."""
+    def close(self, at_once: bool = False) -> None:
+        """Hang up: the server exits, and its workers with it (they die with their parent).
+        `at_once`: a server that never became ready (an import that does not return cannot
+        hear the hang-up) is killed with its process group, whatever its import started."""
         with contextlib.suppress(OSError):
             self.channel.shutdown(socket.SHUT_RDWR)
         self.channel.close()
+        if at_once:
+            with contextlib.suppress(OSError):
+                os.killpg(self.process.pid, signal.SIGKILL)  # it leads its own session
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:

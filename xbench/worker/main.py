@@ -173,9 +173,9 @@ Action = Callable[[Backend, Any, Trial, Work, Emit], dict[str, Any]]
 def run_trials(backend: Backend, trials: Sequence[Trial], emit: Emit, action: Action) -> None:
     """Each trial in turn, none inheriting another's state: a framework's model state holds
     reference cycles, so a finished trial's arrays outlive it until the cyclic collector runs,
-    and while they live they slow the next trials (jax's large MLP on 2 CPU devices, timed after
-    three other configurations in one process: 1,700 against 2,450 samples/s), so they are
-    collected before the next trial starts."""
+    and while they live they can slow the next trials (the large MLP on 2 simulated CPU
+    devices, timed after three other configurations in one process: docs/statistics.md,
+    "Bimodal processes"), so they are collected before the next trial starts."""
     works: dict[tuple, Work] = {}
     for trial in trials:
         run_trial(backend, trial, works, emit, action)

@@ -16,6 +16,7 @@ the import, which is the same bytes in every process, is shared. A child runs ex
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import json
 import os
@@ -47,9 +48,14 @@ def main(argv: list[str]) -> int:
 
 
 def preload(target: str) -> None:
-    """Import the backend's class and the modules it names, without instantiating it."""
+    """Import the backend's class and the modules it names, without instantiating it; then
+    move everything imported out of the cyclic collector's reach, so that a worker's collection
+    between trials (`worker.run_trials`) neither walks the framework's objects nor copies the
+    pages it shares with this process."""
     for module in fork_preload_of(worker.backend_class(target)):
         importlib.import_module(module)
+    gc.collect()
+    gc.freeze()
 
 
 def serve(channel: socket.socket) -> None:

@@ -18,6 +18,9 @@ OFF = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
     ("--xla_dump_to=/tmp/x", f"--xla_dump_to=/tmp/x {OFF}"),
     ("--xla_cpu_enable_concurrency_optimized_scheduler=true", "--xla_cpu_enable_concurrency_optimized_scheduler=true"),
     (OFF, OFF),
+    ("--xla_cpu_enable_concurrency_optimized_scheduler", "--xla_cpu_enable_concurrency_optimized_scheduler"),
+    ("--xla_dump_to=/tmp/xla_cpu_enable_concurrency_optimized_scheduler",
+     f"--xla_dump_to=/tmp/xla_cpu_enable_concurrency_optimized_scheduler {OFF}"),
 ])
 def test_flag_added_unless_set(monkeypatch, before, after):
     if before is None:
