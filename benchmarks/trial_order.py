@@ -1,11 +1,13 @@
 """Does a configuration run slower when other configurations ran before it in the same worker
 process? One fresh interpreter per sample (this script re-runs itself) sets up a backend on
 simulated CPU devices, then prepares and times each configuration of `--order` in turn, as a
-worker runs a job's trials, with or without `gc.collect()` between them (`--collect`, what
-`xbench.worker.main.run_trials` does).
+worker runs a job's trials, with or without `gc.collect()` between them (`--collect`) and the
+backend's `forget_trial` before it (`--forget`): what `xbench.worker.main.run_trials` does
+is both.
 
     python benchmarks/trial_order.py --order medium:32 large:256 medium:256 large:32 --samples 4
     python benchmarks/trial_order.py --order medium:32 large:256 medium:256 large:32 --samples 4 --collect
+    python benchmarks/trial_order.py --order medium:32 large:256 medium:256 large:32 --samples 4 --collect --forget
 
 Prints one JSON line per sample: each configuration's samples/s per timed window (`--windows`
 windows of `--steps` steps, after 2 untimed steps).
@@ -28,7 +30,7 @@ def one_sample(args) -> dict:
     from xbench.contract.work import build_work
     from xbench.experiment.spec import load_spec
     from xbench.run.plan import plan_trials
-    from xbench.worker.main import load_target
+    from xbench.worker.main import forget, load_target
 
     backend = load_target(TARGET)
     backend.setup(args.devices, "cpu")
@@ -50,6 +52,8 @@ def one_sample(args) -> dict:
             windows.append(round(int(batch) * args.steps / (time.perf_counter() - start)))
         out[item] = windows
         del prepared
+        if args.forget:
+            forget(backend)
         if args.collect:
             gc.collect()
     return out
@@ -63,6 +67,7 @@ def main() -> int:
     parser.add_argument("--windows", type=int, default=6)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--collect", action="store_true", help="gc.collect() between configurations")
+    parser.add_argument("--forget", action="store_true", help="the backend's forget_trial between configurations")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -73,7 +78,8 @@ def main() -> int:
         if child.returncode != 0:
             print(child.stderr[-2000:], file=sys.stderr)
             return 1
-        print(json.dumps({"collect": args.collect, **json.loads(child.stdout.strip().splitlines()[-1])}), flush=True)
+        sample = json.loads(child.stdout.strip().splitlines()[-1])
+        print(json.dumps({"collect": args.collect, "forget": args.forget, **sample}), flush=True)
     return 0
 
 

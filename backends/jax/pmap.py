@@ -320,6 +320,15 @@ class JaxPmapBackend:
         prepared.state = state
         jax.block_until_ready(state)
 
+    def forget_trial(self) -> None:
+        """Drop jax's caches of the finished trial's compiled programs and traces (the next
+        trial's shapes differ, so it compiles afresh anyway): on simulated CPU devices, a
+        trial timed after others in a process otherwise sometimes runs at the slower of two
+        speeds (docs/statistics.md, "Bimodal processes")."""
+        import jax
+
+        jax.clear_caches()
+
     def memory_peak_bytes(self, prepared: JaxPrepared) -> dict[str, Any] | None:
         """Each device's peak bytes in use, or None where the platform reports none. JAX keeps
         no per-trial counter: the peak covers the worker process so far."""

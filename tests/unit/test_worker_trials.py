@@ -49,3 +49,41 @@ def test_no_trial_starts_beside_the_last_ones_state():
     assert backend.found_alive == [False, False, False]
     assert [type(e).__name__ for e in events].count("Result") == 3
     assert all(e.status == "ok" for e in events if type(e).__name__ == "Result")
+
+
+class ForgetfulBackend(NumpyBackend):
+    """Has `forget_trial`; notes, when a trial is prepared, how often it was called before."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.forgotten = 0
+        self.fails = fails
+        self.seen: list[int] = []
+
+    def prepare(self, trial, work):
+        self.seen.append(self.forgotten)
+        return super().prepare(trial, work)
+
+    def forget_trial(self) -> None:
+        self.forgotten += 1
+        if self.fails:
+            raise RuntimeError("cache already gone")
+
+
+def _three_trials(backend) -> list:
+    spec = load_spec(None, {"models": ["medium"], "batch_sizes": [16, 32, 64], "devices": [1], "samples": 64})
+    events: list = []
+    run_trials(backend, plan_trials(spec, ["numpy"]), events.append, lambda *_: {})
+    return [e.status for e in events if type(e).__name__ == "Result"]
+
+
+def test_a_backend_forgets_each_trial_before_the_next_starts():
+    backend = ForgetfulBackend()
+    assert _three_trials(backend) == ["ok", "ok", "ok"]
+    assert backend.seen == [0, 1, 2] and backend.forgotten == 3
+
+
+def test_a_failing_forget_stops_no_trial(capsys):
+    backend = ForgetfulBackend(fails=True)
+    assert _three_trials(backend) == ["ok", "ok", "ok"]
+    assert backend.seen == [0, 1, 2]
+    assert "cache already gone" in capsys.readouterr().err

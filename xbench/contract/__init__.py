@@ -55,7 +55,8 @@ A backend lists the launchers it supports in `launchers` (first = preferred).
 Optional abilities. Beyond `Backend`, a backend may declare `programs`, `variants`,
 `families`, `launchers` and `fork_preload` (`DeclaresPrograms`, `DeclaresVariants`,
 `DeclaresFamilies`, `DeclaresLaunchers`, `DeclaresForkPreload`) and have the methods of
-`SpmdCapable`, `Verifiable`, `AllReduceCapable`, `ReportsMemory` and `ValidatesOptions`.
+`SpmdCapable`, `Verifiable`, `AllReduceCapable`, `ReportsMemory`, `ForgetsTrials` and
+`ValidatesOptions`.
 Each is a runtime-checkable Protocol: the core asks `isinstance(backend, Verifiable)`, and
 an ability a backend lacks is absent, not an error.
 
@@ -73,6 +74,7 @@ from xbench.contract.abilities import (
     DeclaresLaunchers,
     DeclaresPrograms,
     DeclaresVariants,
+    ForgetsTrials,
     ReportsMemory,
     SpmdCapable,
     ValidatesOptions,
@@ -123,8 +125,8 @@ from xbench.models.model_spec import ModelSpec
 __all__ = [
     "ADAM", "AS_WRITTEN", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL", "LAUNCHERS", "PLAIN", "PROGRAMS",
     "Adam", "AllReduceCapable", "Availability", "Backend", "DeclaresFamilies", "DeclaresForkPreload",
-    "DeclaresLaunchers", "DeclaresPrograms",
-    "DeclaresVariants", "DeviceInfo", "DeviceUnavailable", "ModelSpec", "Param", "Prepared", "PreparedInfo", "Process",
+    "DeclaresLaunchers", "DeclaresPrograms", "DeclaresVariants", "DeviceInfo", "DeviceUnavailable", "ForgetsTrials",
+    "ModelSpec", "Param", "Prepared", "PreparedInfo", "Process",
     "ReportsMemory", "SpmdCapable", "TimingProtocol", "Trial", "Unsupported", "ValidatesOptions", "Variant",
     "Verifiable", "Work", "backend_label", "backend_of_implementation", "cnn", "families_of", "fork_preload_of",
     "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of", "lstm", "missing_methods",

@@ -25,6 +25,7 @@ from xbench.contract import (
     Backend,
     DeviceInfo,
     DeviceUnavailable,
+    ForgetsTrials,
     Process,
     ReportsMemory,
     SpmdCapable,
@@ -173,13 +174,24 @@ Action = Callable[[Backend, Any, Trial, Work, Emit], dict[str, Any]]
 def run_trials(backend: Backend, trials: Sequence[Trial], emit: Emit, action: Action) -> None:
     """Each trial in turn, none inheriting another's state: a framework's model state holds
     reference cycles, so a finished trial's arrays outlive it until the cyclic collector runs,
-    and while they live they can slow the next trials (the large MLP on 2 simulated CPU
-    devices, timed after three other configurations in one process: docs/statistics.md,
-    "Bimodal processes"), so they are collected before the next trial starts."""
+    and while they, or the framework's caches of its compiled programs, live they can slow the
+    next trials (the large MLP on 2 simulated CPU devices, timed after three other
+    configurations in one process: docs/statistics.md, "Bimodal processes"). So the backend
+    forgets the trial (`ForgetsTrials`) and its garbage is collected before the next starts."""
     works: dict[tuple, Work] = {}
     for trial in trials:
         run_trial(backend, trial, works, emit, action)
+        forget(backend)
         gc.collect()
+
+
+def forget(backend: Backend) -> None:
+    """The backend's `forget_trial`, if it has one; its failure is logged, and the next trials run."""
+    if isinstance(backend, ForgetsTrials):
+        try:
+            backend.forget_trial()
+        except Exception:
+            traceback.print_exc()
 
 
 def run_trial(backend: Backend, trial: Trial, works: dict[tuple, Work], emit: Emit, action: Action) -> None:
