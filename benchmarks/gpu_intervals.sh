@@ -10,10 +10,41 @@
 #   benchmarks/gpu_intervals.sh bound    3 invocations and a planted 20 % slowdown of jax on GPU-bound rows, run
 #                                        by run into results/gpu-bound (a second call carrying that folder runs
 #                                        what the first had no time for), then the analysis
+#   benchmarks/gpu_intervals.sh seeds    3 invocations of the seed study's 1-device half as configured, run by run
+#                                        into results/gpu-seeds (resumable likewise), then the analysis
 #   benchmarks/gpu_intervals.sh fork     worker start-up with and without the fork server (5 processes of each
 #                                        backend each), and jax's first call at each XLA autotuning level
 set -uo pipefail
 source "$(dirname "$0")/_gpu_setup.sh"
+
+# runs DIR MIN_LEFT PLANTED COMPARE_ARGS...: invocations A, B, C (and, with PLANTED as
+# BACKEND.extra_work=F, a planted run) of one `xbench compare`, run by run into DIR; a run starts
+# only with MIN_LEFT s left of this call's $CALL_S (570 by default), one that finished leaves
+# NAME.done, so a second call carrying DIR runs what the first had no time for; then the
+# analysis of what finished.
+CALL_S=${CALL_S:-570}
+runs() {
+  local dir=$1 min_left=$2 planted=$3; shift 3
+  mkdir -p "$dir"
+  local names=(A B C); [ -n "$planted" ] && names+=(planted)
+  for name in "${names[@]}"; do
+    [ -e "$dir/$name.done" ] && continue
+    local left=$(( CALL_S - SECONDS )); [ "$left" -lt "$min_left" ] && break
+    rm -rf "${dir:?}/$name"
+    local extra=(); [ "$name" = planted ] && extra=(--option "$planted")
+    local start=$SECONDS
+    timeout "$left" xbench compare "$@" "${extra[@]}" --out "$dir/$name" >"$dir/$name.log" 2>&1
+    local code=$?; echo "$name: exit $code after $((SECONDS - start)) s" | tee -a "$dir/walls.txt"
+    [ "$code" = 0 ] && touch "$dir/$name.done"
+  done
+  local done_runs=0; for name in A B C; do [ -e "$dir/$name.done" ] || break; done_runs=$((done_runs + 1)); done
+  local plant=(); [ -n "$planted" ] && [ -e "$dir/planted.done" ] && plant=(--planted "$planted")
+  if [ "$done_runs" -ge 2 ] && [ "$SECONDS" -lt $(( CALL_S - 40 )) ]; then
+    timeout 60 python3 benchmarks/repeatability.py --analyse-only --runs "$done_runs" "${plant[@]}" --out "$dir" \
+      2>&1 | tee "$dir/repeat.txt"
+  fi
+  cp -r "$dir" "$out/run/"
+}
 
 case "${1:-}" in
   seed)
@@ -42,28 +73,15 @@ case "${1:-}" in
     tail -3 "$out/run/base.log" "$out/run/planted.log" ;;
   bound)
     # The large seed model at global batch 16,384 (GPU-bound on an H100 or H200; jax's first
-    # call there compiles and autotunes for 14-32 s, so one batch is what four runs' time
-    # allows), jax and torch, the GPU default of 3 replicates, no adaptive round. A run starts
-    # only with 150 s left of this call's 570; one that finished leaves NAME.done.
-    dir=results/gpu-bound; mkdir -p "$dir"
-    args=(--config configs/seed-study.toml --backends jax torch --devices 1 --model large
-          --global-batch 16384 --samples 16384 --time-budget 0 --no-verify)
-    for name in A B C planted; do
-      [ -e "$dir/$name.done" ] && continue
-      left=$(( 570 - SECONDS )); [ "$left" -lt 150 ] && break
-      rm -rf "${dir:?}/$name"
-      extra=(); [ "$name" = planted ] && extra=(--option jax.extra_work=0.2)
-      start=$SECONDS
-      timeout "$left" xbench compare "${args[@]}" "${extra[@]}" --out "$dir/$name" >"$dir/$name.log" 2>&1
-      code=$?; echo "$name: exit $code after $((SECONDS - start)) s" | tee -a "$dir/walls.txt"
-      [ "$code" = 0 ] && touch "$dir/$name.done"
-    done
-    runs=0; for name in A B C; do [ -e "$dir/$name.done" ] || break; runs=$((runs + 1)); done  # A, B, ... in order
-    if [ -e "$dir/planted.done" ] && [ "$runs" -ge 2 ] && [ "$SECONDS" -lt 530 ]; then
-      timeout 60 python3 benchmarks/repeatability.py --analyse-only --runs "$runs" --planted jax.extra_work=0.2 \
-        --out "$dir" 2>&1 | tee "$dir/repeat.txt"
-    fi
-    cp -r "$dir" "$out/run/" ;;
+    # call there compiles and autotunes for 14-32 s), jax and torch, the default replicates, no
+    # adaptive round; then a planted slowdown of jax. BATCH=8192 in the environment: that batch.
+    batch=${BATCH:-16384}
+    runs "results/gpu-bound${BATCH:+-$BATCH}" 150 jax.extra_work=0.2 --config configs/seed-study.toml \
+      --backends jax torch --devices 1 --model large --global-batch "$batch" --samples 16384 --time-budget 0 --no-verify ;;
+  seeds)
+    # The seed study's 1-device half as configured (verification, adaptive replicates), three
+    # invocations: the wall time of each, and whether they agree.
+    runs results/gpu-seeds 250 "" --config configs/seed-study.toml --backends jax torch --devices 1 ;;
   fork)
     args=(--config configs/seed-study.toml --backends jax torch --devices 1 --model medium --batch-sizes 64
           --replicates 5 --time-budget 0 --no-verify)
@@ -76,5 +94,5 @@ case "${1:-}" in
       XLA_FLAGS=--xla_gpu_autotune_level=$level timeout 90 python3 benchmarks/first_call.py --backend jax \
         --model large --batch 128 --samples 2 --steps 500 | sed "s/^/level $level /"
     done 2>&1 | tee "$out/run/autotune.txt" ;;
-  *) echo "usage: $0 seed|repeat|planted|bound|fork" >&2; exit 2 ;;
+  *) echo "usage: $0 seed|repeat|planted|bound|seeds|fork" >&2; exit 2 ;;
 esac

@@ -91,3 +91,11 @@ def test_warmup_rounds_up_to_whole_calls():
 
     spec = build_spec({"protocol": {"steps": 10, "steps_per_call": 5, "warmup_steps": 1}})
     assert warmup_steps(spec.protocol) == 5
+
+
+def test_two_replicates_by_default_on_every_platform_and_a_specs_own_kept():
+    from xbench.experiment.spec import resolve_protocol
+
+    for gpu in (True, False):
+        assert resolve_protocol(load_spec(None).protocol, gpu, order_seed=1).replicates == 2
+        assert resolve_protocol(load_spec(None, {"replicates": 5}).protocol, gpu, order_seed=1).replicates == 5

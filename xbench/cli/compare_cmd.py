@@ -82,7 +82,7 @@ def compare(
                                 "exactly --steps).")] = None,
     replicates: Annotated[Optional[int], typer.Option(
         metavar="INT", help="Fresh worker processes per configuration before adaptive ones, at least 2 (default: "
-                            "3 on GPUs, 2 on CPUs).")] = None,
+                            "2).")] = None,
     target_ci: Annotated[Optional[float], typer.Option(
         metavar="FRACTION", help="Stop a replicate's windows once their 95% interval is within this fraction of "
                                  f"the mean (default {PROTOCOL.target_ci:g}; 0: run every window).")] = None,

@@ -10,7 +10,7 @@ class TimingProtocol:
     """How each configuration is timed; see `xbench.worker.measure`.
 
     A configuration is measured by `replicates` replicates, each a fresh worker process (a
-    fresh start of the framework); None until resolved: 3 on GPUs, 2 on CPUs. Within a
+    fresh start of the framework); None until resolved: 2. Within a
     replicate, warmup runs whole calls (at least `warmup_steps` steps, rounded up to a
     multiple of `steps_per_call`), then up to `repeats` windows are timed. A window has
     `steps` steps, or a whole multiple of them when that is needed to last `min_window_s`.
