@@ -12,14 +12,16 @@ BACKEND.extra_work=F` then adds one more run, OUT/planted, with `--option BACKEN
 backends/extra_work.py). `--analyse-only` analyses the runs already in OUT. Prints:
 
 - per configuration, each run's mean throughput, the relative sd between the runs (the sd of
-  the log run means, with 3 runs or more) and whether it is host-bound (in any run);
+  the log run means, with 3 runs or more), the part of it that the runs' replicates do not
+  explain ("net": the variance of the log run means less the mean variance of a run's log
+  mean from its own replicates, at least 0) and whether it is host-bound (in any run);
 - per ordered pair of runs (X, Y): the exit status of `xbench diff X Y` (its output in
   OUT/diff-X-Y.txt; ordered, since only a slowdown of Y fails it), the configurations it
   flags, and how many of Y's means lie in X's 95 % interval;
 - the median relative sd of the configurations the run-level variation applies to (host-bound,
-  or on simulated CPU devices) and of the others, and the setting suggested for `xbench
-  compare --run-variation`: the root mean square of the former (each includes its runs' own
-  sampling error, so it errs on the wide side);
+  or on simulated CPU devices) and of the others, and the settings suggested for `xbench
+  compare --run-variation` and `--device-run-variation`: the root mean square of each
+  group's net sd;
 - for a planted run: the share of that backend's configurations that `xbench diff A planted`
   calls a regression, and their median ratio against the 1 / (1 + F) expected.
 
@@ -155,19 +157,38 @@ def pairwise(out: Path, records: dict[str, list[Record]], threshold: float) -> l
                    total > 0 and inside >= TARGET_INSIDE * total)]
 
 
-def run_means(records: dict[str, list[Record]]) -> dict[str, tuple[list[float], bool]]:
-    """Per configuration measured in every run: its mean throughput in each, and whether the
-    run-level variation applies to it (host-bound in any run, or on simulated CPU devices)."""
+@dataclass(frozen=True)
+class RunMeans:
+    """One configuration across the runs."""
+
+    means: list[float]  # its mean throughput in each run
+    host: bool  # the run-level variation applies (host-bound in any run, or on simulated CPU devices)
+    replicate_var: float  # the mean over runs of the variance of a run's log mean from its replicates
+
+
+def run_means(records: dict[str, list[Record]]) -> dict[str, RunMeans]:
+    """Per configuration measured in every run: its means, regime and replicate noise."""
     runs = [{row.trial_id: row for row in rows_from_records(recs) if row.throughput is not None}
             for recs in records.values()]
-    return {config: ([run[config].measured.mean for run in runs],
-                     any(run[config].host_bound or run[config].simulated for run in runs))
+    return {config: RunMeans([run[config].measured.mean for run in runs],
+                             any(run[config].host_bound or run[config].simulated for run in runs),
+                             statistics.fmean(_mean_var(run[config].measured) for run in runs))
             for config in runs[0] if all(config in run for run in runs)}
+
+
+def _mean_var(measured) -> float:
+    """The variance of a run's log mean that its replicates explain (its pooled spread / n; 0 unknown)."""
+    return measured.log_var / measured.replicates if measured.log_var == measured.log_var else 0.0
 
 
 def relative_sd(means: list[float]) -> float:
     """The sd of the log run means (nan with fewer than 3 runs)."""
     return statistics.stdev(math.log(m) for m in means) if len(means) >= 3 else math.nan
+
+
+def net_sd(found: RunMeans) -> float:
+    """The run-to-run sd beyond what the runs' replicates explain (nan with fewer than 3 runs)."""
+    return math.sqrt(max(0.0, relative_sd(found.means) ** 2 - found.replicate_var))
 
 
 def percent(value: float) -> str:
@@ -183,22 +204,26 @@ def run_to_run(records: dict[str, list[Record]]) -> None:
     then the medians and the suggested --run-variation."""
     found = run_means(records)
     print(f"{'configuration':44s} " + " ".join(f"{name + ' samples/s':>14s}" for name in records)
-          + "  rel. sd  host-bound or CPU")
-    for config, (means, host) in found.items():
-        print(f"{config:44s} " + " ".join(f"{m:14,.0f}" for m in means)
-              + f"  {percent(relative_sd(means)):>7s}  {'yes' if host else '-'}")
+          + "  rel. sd      net  host-bound or CPU")
+    for config, one in found.items():
+        print(f"{config:44s} " + " ".join(f"{m:14,.0f}" for m in one.means)
+              + f"  {percent(relative_sd(one.means)):>7s}  {percent(net_sd(one)):>7s}  {'yes' if one.host else '-'}")
     if len(records) < 3:
         print("run-to-run variation: needs --runs 3 or more")
         return
-    host = [relative_sd(means) for means, bound in found.values() if bound]
-    others = [relative_sd(means) for means, bound in found.values() if not bound]
+    host = [one for one in found.values() if one.host]
+    others = [one for one in found.values() if not one.host]
     print(f"run-to-run relative sd (sd of log run means, {len(records)} runs), median: host-bound or on a CPU "
-          f"{median_text(host)}, others {median_text(others)}")
-    if host:  # the root mean square: calibrated on average; it includes each run's replicate noise, so errs wide
-        rms = math.sqrt(statistics.fmean(sd**2 for sd in host))
-        print(f"suggested: xbench compare --run-variation {rms:.3f} (the root mean square of those rows' relative sd)")
-    else:
-        print("suggested: no host-bound configuration; --run-variation applies to none here")
+          f"{median_text([relative_sd(one.means) for one in host])}, others "
+          f"{median_text([relative_sd(one.means) for one in others])}")
+    groups = (("--run-variation", host, "host-bound or CPU"), ("--device-run-variation", others, "device-bound"))
+    for option, group, regime in groups:
+        if group:  # the root mean square: calibrated on average
+            rms = math.sqrt(statistics.fmean(net_sd(one) ** 2 for one in group))
+            print(f"suggested: xbench compare {option} {rms:.3f} (the root mean square of the net sd of the "
+                  f"{len(group)} {regime} rows)")
+        else:
+            print(f"suggested: no {regime} configuration; {option} applies to none here")
 
 
 def planted(out: Path, first: str, plant: Planted, threshold: float) -> Target:

@@ -321,13 +321,15 @@ class JaxPmapBackend:
         jax.block_until_ready(state)
 
     def forget_trial(self) -> None:
-        """Drop jax's caches of the finished trial's compiled programs and traces (the next
-        trial's shapes differ, so it compiles afresh anyway): on simulated CPU devices, a
-        trial timed after others in a process otherwise sometimes runs at the slower of two
-        speeds (docs/statistics.md, "Bimodal processes")."""
+        """On CPUs, drop jax's caches of the finished trial's compiled programs and traces:
+        on simulated CPU devices a trial timed after others in a process otherwise sometimes
+        runs at the slower of two speeds (docs/statistics.md, "Bimodal processes"). Not on
+        GPUs, where no such mode was seen and the next trial would recompile the small
+        helper programs it shares with the last one (with autotuning) for nothing."""
         import jax
 
-        jax.clear_caches()
+        if self.devices and self.devices[0].platform == "cpu":
+            jax.clear_caches()
 
     def memory_peak_bytes(self, prepared: JaxPrepared) -> dict[str, Any] | None:
         """Each device's peak bytes in use, or None where the platform reports none. JAX keeps

@@ -93,9 +93,23 @@ def test_warmup_rounds_up_to_whole_calls():
     assert warmup_steps(spec.protocol) == 5
 
 
-def test_two_replicates_by_default_on_every_platform_and_a_specs_own_kept():
+def test_replicates_by_platform_unless_the_spec_gives_them():
     from xbench.experiment.spec import resolve_protocol
 
-    for gpu in (True, False):
-        assert resolve_protocol(load_spec(None).protocol, gpu, order_seed=1).replicates == 2
+    for gpu, replicates in ((True, 3), (False, 2)):
+        assert resolve_protocol(load_spec(None).protocol, gpu, order_seed=1).replicates == replicates
         assert resolve_protocol(load_spec(None, {"replicates": 5}).protocol, gpu, order_seed=1).replicates == 5
+    assert load_spec(ROOT / "configs" / "seed-study.toml").protocol.replicates == 2
+
+
+def test_device_run_variation_read_resolved_and_refused_in_one_line():
+    from xbench.contract.timing import DEFAULT_DEVICE_RUN_VARIATION
+    from xbench.experiment.spec import resolve_protocol
+
+    assert resolve_protocol(load_spec(None).protocol, True, order_seed=1).device_run_variation == \
+        DEFAULT_DEVICE_RUN_VARIATION == 0.002
+    given = load_spec(None, {"device_run_variation": 0.01}).protocol
+    assert resolve_protocol(given, True, order_seed=1).device_run_variation == 0.01
+    with pytest.raises(SpecError, match="device_run_variation") as caught:
+        load_spec(None, {"device_run_variation": -1})
+    assert "\n" not in str(caught.value)

@@ -29,6 +29,7 @@ from xbench.cli.options import (
 )
 from xbench.cli.running import check_resume_alone, run_dir_option, run_plan
 from xbench.contract import TimingProtocol
+from xbench.contract.timing import DEFAULT_DEVICE_RUN_VARIATION
 from xbench.errors import XbenchError
 from xbench.experiment import load_spec
 from xbench.run import compare as comparison
@@ -82,7 +83,7 @@ def compare(
                                 "exactly --steps).")] = None,
     replicates: Annotated[Optional[int], typer.Option(
         metavar="INT", help="Fresh worker processes per configuration before adaptive ones, at least 2 (default: "
-                            "2).")] = None,
+                            "3 on GPUs, 2 on CPUs).")] = None,
     target_ci: Annotated[Optional[float], typer.Option(
         metavar="FRACTION", help="Stop a replicate's windows once their 95% interval is within this fraction of "
                                  f"the mean (default {PROTOCOL.target_ci:g}; 0: run every window).")] = None,
@@ -105,6 +106,9 @@ def compare(
                                  "benchmarks/repeatability.py); widens host-bound rows' intervals, and every row's "
                                  "on simulated CPU devices, to cover a rerun (default 0.10 on GPUs, 0.03 on "
                                  "CPUs).")] = None,
+    device_run_variation: Annotated[Optional[float], typer.Option(
+        metavar="FRACTION", help="The same for the rows whose step is the device's (not host-bound, on a GPU) "
+                                 f"(default {DEFAULT_DEVICE_RUN_VARIATION:g}).")] = None,
     compile_cache: Annotated[Optional[CompileCache], typer.Option(
         help="run: the replicates of this run share compiled programs; off: each compiles afresh (default "
              "off).")] = None,
@@ -152,7 +156,7 @@ def compare(
         "trial_timeout_s": trial_timeout, "min_window_s": min_window, "replicates": replicates,
         "target_ci": target_ci, "window_budget_s": window_budget, "compile_cache": value(compile_cache),
         "interval_target": interval_target, "time_budget_s": time_budget, "max_replicates": max_replicates,
-        "run_variation": run_variation,
+        "run_variation": run_variation, "device_run_variation": device_run_variation,
         "order_seed": order_seed, "seed": seed, "samples": samples, "options": backend_options(option),
         "variants": names(variants), "single_device": value(single_device),
     }

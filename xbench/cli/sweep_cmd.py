@@ -45,7 +45,7 @@ def sweep(
         help="Matmul precision, set explicitly in every backend (default fp32).")] = None,
     replicates: Annotated[Optional[int], typer.Option(
         metavar="INT", help="Fresh worker processes per configuration; the fit's intervals come from them "
-                            "(default: 2).")] = None,
+                            "(default: 3 on GPUs, 2 on CPUs).")] = None,
     window_budget: Annotated[Optional[float], typer.Option(
         metavar="SECONDS", help="Seconds of timed windows per replicate at most; shorter: a faster, noisier sweep "
                                 "(default 1).")] = None,

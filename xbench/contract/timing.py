@@ -10,7 +10,7 @@ class TimingProtocol:
     """How each configuration is timed; see `xbench.worker.measure`.
 
     A configuration is measured by `replicates` replicates, each a fresh worker process (a
-    fresh start of the framework); None until resolved: 2. Within a
+    fresh start of the framework); None until resolved: 3 on GPUs, 2 on CPUs. Within a
     replicate, warmup runs whole calls (at least `warmup_steps` steps, rounded up to a
     multiple of `steps_per_call`), then up to `repeats` windows are timed. A window has
     `steps` steps, or a whole multiple of them when that is needed to last `min_window_s`.
@@ -33,7 +33,9 @@ class TimingProtocol:
     a configuration's mean between whole runs on this machine (measure it with
     benchmarks/repeatability.py; None until resolved: DEFAULT_RUN_VARIATION); the intervals of
     host-bound rows, and of every row on simulated CPU devices, include it, since the
-    replicates of one run share the run's state and cannot see it."""
+    replicates of one run share the run's state and cannot see it. `device_run_variation`:
+    the same for the other rows, whose step is the device's (None until resolved:
+    DEFAULT_DEVICE_RUN_VARIATION)."""
 
     warmup_steps: int = 2
     steps: int = 4
@@ -50,6 +52,7 @@ class TimingProtocol:
     time_budget_s: float | None = None
     max_replicates: int = 12
     run_variation: float | None = None
+    device_run_variation: float | None = None
 
     @property
     def least_windows(self) -> int:
@@ -71,6 +74,11 @@ DEFAULT_TIME_BUDGET_S = {"cpu": 120.0, "gpu": 150.0}
 # 9-19 %. It widens every row on a CPU (the host is the device) and host-bound rows on a GPU;
 # measure yours and pass --run-variation. (At 5 % on the CPU no interval could reach ±10 %.)
 DEFAULT_RUN_VARIATION = {"cpu": 0.03, "gpu": 0.10}
+# The same for rows whose step is the device's (not host-bound, on a real accelerator), which
+# replicates alone would put at ±0.1 % or less: one H100, three runs of the large seed MLP at
+# global batch 8,192 and 16,384, torch's and jax's means moved 0.1-0.2 % between runs (up to
+# 0.4 %), one H200's 0.02-0.04 %. Without it an interval of ±0.05 % missed a rerun 0.17 % away.
+DEFAULT_DEVICE_RUN_VARIATION = 0.002
 
 
 def window_protocol(nbytes: int) -> TimingProtocol:

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from xbench.contract.timing import DEFAULT_INTERVAL_TARGET, DEFAULT_RUN_VARIATION, DEFAULT_TIME_BUDGET_S, TimingProtocol
+from xbench.contract.timing import (
+    DEFAULT_DEVICE_RUN_VARIATION,
+    DEFAULT_INTERVAL_TARGET,
+    DEFAULT_RUN_VARIATION,
+    DEFAULT_TIME_BUDGET_S,
+    TimingProtocol,
+)
 from xbench.errors import SpecError
 from xbench.models import Dim, broken_families, families, family, presets
 from xbench.models.model_spec import ModelSpec
@@ -40,10 +46,11 @@ class DataSpec:
 
 
 # Replicates (fresh worker processes) per configuration when the spec leaves it open.
-# Two fresh processes per configuration, then adaptive ones where an interval is wide and more
-# replicates can narrow it: the spread comes from a configuration's group (docs/statistics.md),
-# and on a GPU a third planned replicate of a host-bound row narrows its ±28 % by about 2 points.
-DEFAULT_REPLICATES = 2
+# Fresh processes per configuration before adaptive ones. More on GPUs, where processes differ
+# most and a device-bound row's interval rests on its replicates alone: two processes that
+# happen to get the same autotuned kernels look precise (jax, large @8,192 on one H100: processes
+# at 2.69-3.43 M samples/s; a run whose two agreed within 0.5 % missed a rerun 14 % lower).
+DEFAULT_REPLICATES = {"gpu": 3, "cpu": 2}
 MIN_REPLICATES = 2  # an interval over replicate means needs two of them
 COMPILE_CACHES = ("run", "off")
 
@@ -338,6 +345,10 @@ def _protocol(table: Any, source: str) -> TimingProtocol:
         run_variation=(None if table.get("run_variation") is None
                        else _non_negative_number(table, "run_variation", 0.0, where, maximum=MAX_TARGET_CI,
                                                  why="a fraction of the mean: write 5 % as 0.05")),
+        device_run_variation=(None if table.get("device_run_variation") is None
+                              else _non_negative_number(table, "device_run_variation", 0.0, where,
+                                                        maximum=MAX_TARGET_CI,
+                                                        why="a fraction of the mean: write 0.2 % as 0.002")),
     )
     if protocol.steps % protocol.steps_per_call:
         raise SpecError(
@@ -360,13 +371,15 @@ def resolve_protocol(protocol: TimingProtocol, gpu: bool, order_seed: int) -> Ti
     platform's), and the seed of the run order."""
     return replace(
         protocol,
-        replicates=protocol.replicates or DEFAULT_REPLICATES,
+        replicates=protocol.replicates or DEFAULT_REPLICATES["gpu" if gpu else "cpu"],
         interval_target=(protocol.interval_target if protocol.interval_target is not None
                          else DEFAULT_INTERVAL_TARGET["gpu" if gpu else "cpu"]),
         time_budget_s=(protocol.time_budget_s if protocol.time_budget_s is not None
                        else default_time_budget_s(gpu)),
         run_variation=(protocol.run_variation if protocol.run_variation is not None
                        else DEFAULT_RUN_VARIATION["gpu" if gpu else "cpu"]),
+        device_run_variation=(protocol.device_run_variation if protocol.device_run_variation is not None
+                              else DEFAULT_DEVICE_RUN_VARIATION),
         order_seed=protocol.order_seed if protocol.order_seed is not None else order_seed,
     )
 

@@ -219,8 +219,9 @@ READING_NOTES = (
     "the run's state of the machine, so host-bound rows (and every row on simulated CPU devices) also carry "
     "the machine's run-to-run variation (the spec's run_variation, by default measured on this project's "
     "machines; "
-    "benchmarks/repeatability.py measures yours), so that their interval covers a rerun; the other rows' "
-    "intervals cover another set of processes in the same run. After the planned "
+    "benchmarks/repeatability.py measures yours), so that their interval covers a rerun; the other rows, whose "
+    "step is the device's, carry a smaller run-to-run term (device_run_variation, 0.2 % by default; absent in "
+    "runs made before it). After the planned "
     "replicates, configurations wider than the interval target get more replicates, round by round, while the "
     "time budget lasts; those still wider are marked \"wide\". step ms is the global batch over the median "
     "throughput; 1st call s is the slowest replicate's first call (compilation), excluded from throughput.",

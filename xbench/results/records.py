@@ -86,6 +86,7 @@ class StoredProtocol(_StoredProtocolBase, total=False):
     time_budget_s: float | None
     max_replicates: int
     run_variation: float | None
+    device_run_variation: float | None
 
 
 class _StoredTrialBase(TypedDict):
@@ -622,7 +623,7 @@ def _protocol_problem(protocol: Any) -> str | None:
         return None
     if not isinstance(protocol, dict):
         return f"has trial.protocol {_brief(protocol)}, not a table"
-    for key in ("interval_target", "run_variation"):
+    for key in ("interval_target", "run_variation", "device_run_variation"):
         value = protocol.get(key)
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                       and 0 <= value <= 1):

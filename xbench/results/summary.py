@@ -84,6 +84,7 @@ class Row:
     unit: str = "samples"  # what a sample holds, as tables count throughput: "tokens", "images"
     units_per_sample: int = 1  # e.g. a sequence's tokens
     run_variation: float = 0.0  # relative sd of a row's mean between runs on this machine (the spec's)
+    device_run_variation: float = 0.0  # the same for a row whose step is the device's (absent in older runs)
     simulated: bool = False  # measured on simulated CPU devices: the host is the device
     interval_target: float = 0.0  # the ±95 % the spec asked of each interval, as a fraction (0: none)
     framework: str = ""  # the framework behind the backend, as its worker named it ("" before it started)
@@ -129,8 +130,9 @@ class Row:
     @property
     def run_var(self) -> float:
         """The run-level variance of the row's log mean: the spec's run_variation squared for
-        host-bound rows and for every row on simulated CPU devices, else 0."""
-        return self.run_variation ** 2 if self.host_bound or self.simulated else 0.0
+        host-bound rows and for every row on simulated CPU devices, else its
+        device_run_variation squared."""
+        return (self.run_variation if self.host_bound or self.simulated else self.device_run_variation) ** 2
 
 
 def throughput_samples(record: Record) -> np.ndarray:
@@ -278,6 +280,7 @@ def _row(records: Sequence[Record]) -> Row:
         scaling=None,
         planned=max(len(replicates), protocol.get("replicates") or 0),
         run_variation=float(protocol.get("run_variation") or 0.0),
+        device_run_variation=float(protocol.get("device_run_variation") or 0.0),
         simulated=any(_simulated(r) for r in records),
         framework=_framework(records),
         interval_target=float(protocol.get("interval_target") or 0.0),

@@ -1,4 +1,4 @@
-"""`forget_trial` (the contract's `ForgetsTrials`): the jax backends drop jax's caches of a
+"""`forget_trial` (the contract's `ForgetsTrials`): on CPUs the jax backends drop jax's caches of a
 finished trial's compiled programs, and a trial prepared afterwards compiles afresh and trains
 exactly as the first did."""
 
@@ -58,3 +58,16 @@ def test_caches_dropped_and_the_next_trial_trains_the_same(devices, cls, n, prog
     backend.forget_trial()
     assert probe._cache_size() == 0
     assert backend.train(backend.prepare(_trial(backend.name, n, program), work), 3) == first
+
+
+def test_kept_on_gpus(devices):
+    import types
+
+    import jax
+
+    backend = JaxPmapBackend()
+    backend.devices = [types.SimpleNamespace(platform="gpu")]
+    probe = jax.jit(lambda x: x * 2)
+    probe(1.0)
+    backend.forget_trial()
+    assert probe._cache_size() == 1
