@@ -73,11 +73,13 @@ case "${1:-}" in
     tail -3 "$out/run/base.log" "$out/run/planted.log" ;;
   bound)
     # The large seed model at global batch 16,384 (GPU-bound on an H100 or H200; jax's first
-    # call there compiles and autotunes for 14-32 s), jax and torch, the default replicates, no
-    # adaptive round; then a planted slowdown of jax. BATCH=8192 in the environment: that batch.
+    # call there compiles and autotunes for 14-37 s), jax and torch, the seed-study config's 2
+    # replicates, no adaptive round; then a planted slowdown of jax. BATCH=8192 in the
+    # environment: that batch; REPLICATES=3: that many replicates.
     batch=${BATCH:-16384}
     runs "results/gpu-bound${BATCH:+-$BATCH}" 150 jax.extra_work=0.2 --config configs/seed-study.toml \
-      --backends jax torch --devices 1 --model large --global-batch "$batch" --samples 16384 --time-budget 0 --no-verify ;;
+      --backends jax torch --devices 1 --model large --global-batch "$batch" --samples 16384 --time-budget 0 --no-verify \
+      ${REPLICATES:+--replicates "$REPLICATES"} ;;
   seeds)
     # The seed study's 1-device half as configured (verification, adaptive replicates), three
     # invocations: the wall time of each, and whether they agree.

@@ -162,8 +162,9 @@ class RunMeans:
     """One configuration across the runs."""
 
     means: list[float]  # its mean throughput in each run
+    log_means: list[float]  # the mean log of its replicate means in each run (the interval's centre)
     host: bool  # the run-level variation applies (host-bound in any run, or on simulated CPU devices)
-    replicate_var: float  # the mean over runs of the variance of a run's log mean from its replicates
+    replicate_var: float  # the mean over runs of the variance of a run's log mean from its own replicates
 
 
 def run_means(records: dict[str, list[Record]]) -> dict[str, RunMeans]:
@@ -171,24 +172,38 @@ def run_means(records: dict[str, list[Record]]) -> dict[str, RunMeans]:
     runs = [{row.trial_id: row for row in rows_from_records(recs) if row.throughput is not None}
             for recs in records.values()]
     return {config: RunMeans([run[config].measured.mean for run in runs],
+                             [statistics.fmean(math.log(m) for m in run[config].means) for run in runs],
                              any(run[config].host_bound or run[config].simulated for run in runs),
-                             statistics.fmean(_mean_var(run[config].measured) for run in runs))
+                             statistics.fmean(_mean_var(run[config].means) for run in runs))
             for config in runs[0] if all(config in run for run in runs)}
 
 
-def _mean_var(measured) -> float:
-    """The variance of a run's log mean that its replicates explain (its pooled spread / n; 0 unknown)."""
-    return measured.log_var / measured.replicates if measured.log_var == measured.log_var else 0.0
+def _mean_var(means: tuple[float, ...]) -> float:
+    """The variance of a run's log mean that its own replicates estimate, without bias (the
+    pooled spread is floored at each row's own, so it would be biased upward); 0 with one."""
+    return statistics.variance(math.log(m) for m in means) / len(means) if len(means) >= 2 else 0.0
 
 
-def relative_sd(means: list[float]) -> float:
+def gross_var(found: RunMeans) -> float:
+    """The variance of the log run means (nan with fewer than 3 runs)."""
+    return statistics.variance(found.log_means) if len(found.log_means) >= 3 else math.nan
+
+
+def relative_sd(found: RunMeans) -> float:
     """The sd of the log run means (nan with fewer than 3 runs)."""
-    return statistics.stdev(math.log(m) for m in means) if len(means) >= 3 else math.nan
+    return math.sqrt(gross_var(found))
 
 
 def net_sd(found: RunMeans) -> float:
-    """The run-to-run sd beyond what the runs' replicates explain (nan with fewer than 3 runs)."""
-    return math.sqrt(max(0.0, relative_sd(found.means) ** 2 - found.replicate_var))
+    """The run-to-run sd beyond what the runs' replicates explain, at least 0 (nan with fewer than 3 runs)."""
+    net = gross_var(found) - found.replicate_var
+    return math.nan if math.isnan(net) else math.sqrt(max(0.0, net))
+
+
+def group_net_sd(group: list[RunMeans]) -> float:
+    """The root mean square net sd of a group of rows: the variances averaged before the clip at
+    0 (clipping each row first would bias it upward)."""
+    return math.sqrt(max(0.0, statistics.fmean(gross_var(one) - one.replicate_var for one in group)))
 
 
 def percent(value: float) -> str:
@@ -200,28 +215,28 @@ def median_text(values: list[float]) -> str:
 
 
 def run_to_run(records: dict[str, list[Record]]) -> None:
-    """Per configuration, each run's mean, the relative sd between runs and whether host-bound;
-    then the medians and the suggested --run-variation."""
+    """Per configuration, each run's mean, the relative sd between runs (gross and net) and
+    whether host-bound; then the medians and the suggested --run-variation and
+    --device-run-variation."""
     found = run_means(records)
     print(f"{'configuration':44s} " + " ".join(f"{name + ' samples/s':>14s}" for name in records)
           + "  rel. sd      net  host-bound or CPU")
     for config, one in found.items():
         print(f"{config:44s} " + " ".join(f"{m:14,.0f}" for m in one.means)
-              + f"  {percent(relative_sd(one.means)):>7s}  {percent(net_sd(one)):>7s}  {'yes' if one.host else '-'}")
+              + f"  {percent(relative_sd(one)):>7s}  {percent(net_sd(one)):>7s}  {'yes' if one.host else '-'}")
     if len(records) < 3:
         print("run-to-run variation: needs --runs 3 or more")
         return
     host = [one for one in found.values() if one.host]
     others = [one for one in found.values() if not one.host]
     print(f"run-to-run relative sd (sd of log run means, {len(records)} runs), median: host-bound or on a CPU "
-          f"{median_text([relative_sd(one.means) for one in host])}, others "
-          f"{median_text([relative_sd(one.means) for one in others])}")
+          f"{median_text([relative_sd(one) for one in host])}, others "
+          f"{median_text([relative_sd(one) for one in others])}")
     groups = (("--run-variation", host, "host-bound or CPU"), ("--device-run-variation", others, "device-bound"))
     for option, group, regime in groups:
         if group:  # the root mean square: calibrated on average
-            rms = math.sqrt(statistics.fmean(net_sd(one) ** 2 for one in group))
-            print(f"suggested: xbench compare {option} {rms:.3f} (the root mean square of the net sd of the "
-                  f"{len(group)} {regime} rows)")
+            print(f"suggested: xbench compare {option} {group_net_sd(group):.3f} (the root mean square of the net "
+                  f"sd of the {len(group)} {regime} rows" + (", too few to rely on" if len(group) < 4 else "") + ")")
         else:
             print(f"suggested: no {regime} configuration; {option} applies to none here")
 

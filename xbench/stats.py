@@ -321,12 +321,18 @@ def log_interval(means: Values, spread: LogSpread, confidence: float = CONFIDENC
     """The interval of a configuration's (geometric) mean throughput from its replicate means
     and its pooled spread: exp(mean log ± t(df) · sqrt(var / n + run_var)). `run_var`: the
     variance of a whole run's log mean on this machine (measured over several invocations), a
-    level of variation the replicates of one run share and cannot see. nan without a spread."""
+    level of variation the replicates of one run share and cannot see. It is a given constant,
+    not estimated from these replicates, so df is Welch-Satterthwaite's for the sum (the
+    spread's df scaled up by the share run_var adds), not the spread's alone: a t of 12.7 at
+    one degree of freedom must not multiply a known term. nan without a spread."""
     x = np.log(np.asarray(means, dtype=float))
     if not spread.known or x.size == 0:
         return _NAN, _NAN
     center = float(x.mean())
-    half = _t_quantile(confidence, min(spread.df, MAX_DF)) * math.sqrt(spread.var / x.size + run_var)
+    sampled = spread.var / x.size
+    total = sampled + run_var
+    df = total ** 2 / (sampled ** 2 / spread.df) if sampled > 0 else MAX_DF
+    half = _t_quantile(confidence, min(df, MAX_DF)) * math.sqrt(total)
     return math.exp(center - half), math.exp(center + half)
 
 

@@ -103,3 +103,23 @@ def test_a_run_level_variance_widens_the_interval_and_more_replicates_do_not_rem
     spread = stats.LogSpread(0.02 ** 2, 30)
     low, high = stats.log_interval(np.ones(100), spread, run_var=0.05 ** 2)
     assert (high - low) / 2 > 0.09  # about 1.96 x 5 %, whatever the replicates
+
+
+def test_a_known_run_level_term_is_not_multiplied_by_a_small_samples_t():
+    # Two replicates (one degree of freedom, t = 12.7) that agree: the interval is the run-level
+    # term's, at the normal quantile, not 12.7 times it; without that term, t(1) applies.
+    spread = stats.LogSpread(1e-8, 1.0)
+    low, high = stats.log_interval(np.ones(2), spread, run_var=0.03 ** 2)
+    assert math.log(high) == pytest.approx(1.96 * 0.03, rel=0.01) and math.log(low) == pytest.approx(-1.96 * 0.03,
+                                                                                                        rel=0.01)
+    low, high = stats.log_interval(np.ones(2), spread)
+    assert math.log(high) == pytest.approx(12.706 * math.sqrt(1e-8 / 2), rel=0.01)
+
+
+def test_the_diff_floor_is_the_run_level_terms_alone():
+    from xbench.results.diff import _floor
+
+    few = stats.log_ratio(np.ones(2), stats.LogSpread(1e-4, 1.0), np.ones(2), stats.LogSpread(1e-4, 1.0))
+    assert few.df < 3
+    floor = _floor(few, 0.03 ** 2, 0.05)
+    assert floor == pytest.approx(math.expm1((1.96 + 0.8416) * math.sqrt(2) * 0.03), rel=0.01)

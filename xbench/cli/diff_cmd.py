@@ -70,7 +70,8 @@ def _say_power(err: Console, result: Diff, limit: float) -> None:
     if noisy:
         floor = min(row.floor for row in noisy)
         err.print(f"[yellow]{len(noisy)} configuration(s) could not detect a change of {shown} whatever their "
-                  f"replicates: this machine's run-to-run variation (run_variation in the runs' spec) alone hides "
+                  f"replicates: this machine's run-to-run variation (run_variation or device_run_variation in the "
+                  f"runs' spec) alone hides "
                   f"changes below {100 * floor:.3g}%; compare with a larger --threshold, or on a quieter machine[/]")
 
 
@@ -79,8 +80,9 @@ def diff_table(result: Diff, a: Path, b: Path, limit: float) -> Table:
     table = Table(title=f"xbench diff: B = {b} over A = {a}", title_justify="left",
                   caption=f"B/A: ratio of (geometric) mean throughputs with its 95% interval, from the replicate "
                           f"means with each backend's pooled spread (reps: A/B replicates); p adj.: its test after "
-                          f"Holm's correction over the {len(result.rows)} configurations (on simulated CPU devices "
-                          f"and host-bound rows the runs' run-to-run variation counts too); detects: the smallest "
+                          f"Holm's correction over the {len(result.rows)} configurations (the runs' run-to-run "
+                          f"variation counts too: run_variation on simulated CPU devices and host-bound rows, "
+                          f"device_run_variation on the others); detects: the smallest "
                           f"change the row would find significant 80% of the time; regression: p adj. < "
                           f"{SIGNIFICANCE} and B/A < {1 - limit:.3f}; improvement: p adj. < {SIGNIFICANCE} and B/A > "
                           f"{1 + limit:.3f}; no change: not significant where detects ≤ {100 * limit:.3g}%",

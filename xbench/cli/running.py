@@ -129,7 +129,7 @@ def _say_precision(err: Console, plan: comparison.Comparison, rows: list[Row]) -
         line += (f"; {targeted - within - floored} (marked \"wide\") need more replicates: a longer --time-budget than "
                  f"{protocol.time_budget_s:g} s, or a larger --max-replicates than {protocol.max_replicates}")
     if floored:
-        device = (protocol.device_run_variation or 0.0) >= protocol.interval_target
+        device = 1.96 * (protocol.device_run_variation or 0.0) >= protocol.interval_target
         line += (f"; {floored} cannot reach {target}: this machine's run-to-run variation (--run-variation "
                  f"{protocol.run_variation:g}"
                  + (f", --device-run-variation {protocol.device_run_variation:g}" if device else "")

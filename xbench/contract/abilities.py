@@ -120,9 +120,9 @@ class ReportsMemory(Protocol):
 @runtime_checkable
 class ForgetsTrials(Protocol):
     """Lets go of what the framework keeps for a finished trial in its own caches (compiled
-    programs, traced functions), so that the next trial in the worker process starts as a
-    process's first trial would. Without it, the core only collects the finished trial's
-    garbage (`xbench.worker.main.run_trials`)."""
+    programs, traced functions), so that the next trial in the worker process inherits less
+    of it. Without it, the core only collects the finished trial's garbage
+    (`xbench.worker.main.run_trials`)."""
 
     def forget_trial(self) -> None:
         """Called after each trial, its prepared state dropped, outside any timed window."""

@@ -75,9 +75,10 @@ DEFAULT_TIME_BUDGET_S = {"cpu": 120.0, "gpu": 150.0}
 # measure yours and pass --run-variation. (At 5 % on the CPU no interval could reach ±10 %.)
 DEFAULT_RUN_VARIATION = {"cpu": 0.03, "gpu": 0.10}
 # The same for rows whose step is the device's (not host-bound, on a real accelerator), which
-# replicates alone would put at ±0.1 % or less: one H100, three runs of the large seed MLP at
-# global batch 8,192 and 16,384, torch's and jax's means moved 0.1-0.2 % between runs (up to
-# 0.4 %), one H200's 0.02-0.04 %. Without it an interval of ±0.05 % missed a rerun 0.17 % away.
+# replicates alone can put at ±0.01 %: on one H100 such rows' means moved 0.1-0.2 % between
+# three runs (up to 0.5 %), on one H200 0.02-0.04 %; an interval of ±0.004 % from two processes
+# that agreed missed a rerun 0.17 % away. (A program whose processes draw different autotuned
+# kernels varies far more between runs, but that is between processes: replicates show it.)
 DEFAULT_DEVICE_RUN_VARIATION = 0.002
 
 

@@ -45,11 +45,11 @@ class DataSpec:
     samples: int = 4096
 
 
-# Replicates (fresh worker processes) per configuration when the spec leaves it open.
-# Fresh processes per configuration before adaptive ones. More on GPUs, where processes differ
-# most and a device-bound row's interval rests on its replicates alone: two processes that
-# happen to get the same autotuned kernels look precise (jax, large @8,192 on one H100: processes
-# at 2.69-3.43 M samples/s; a run whose two agreed within 0.5 % missed a rerun 14 % lower).
+# Replicates (fresh worker processes) per configuration, before adaptive ones, when the spec
+# leaves it open. More on GPUs, where processes differ most and a device-bound row's interval
+# rests mostly on its replicates: two processes that happen to get the same autotuned kernels
+# look precise (the large seed MLP at global batch 8,192 on one H100: 18 processes at 2.62-3.45 M
+# samples/s; a run whose two agreed within 0.5 % missed a rerun 14 % lower).
 DEFAULT_REPLICATES = {"gpu": 3, "cpu": 2}
 MIN_REPLICATES = 2  # an interval over replicate means needs two of them
 COMPILE_CACHES = ("run", "off")

@@ -106,10 +106,11 @@ def _holm_adjusted(rows: list[DiffRow]) -> tuple[DiffRow, ...]:
 
 
 def _floor(ratio: stats.LogRatio, run_var: float, level: float) -> float:
-    """The detectable change with unlimited replicates: only the two runs' shifts remain."""
+    """The detectable change with unlimited replicates: only the two runs' shifts remain, a
+    known variance (no degrees of freedom lost to estimating it)."""
     if not run_var:
         return 0.0
-    return replace(ratio, se=(2 * run_var) ** 0.5).detectable(level, POWER)
+    return replace(ratio, se=(2 * run_var) ** 0.5, df=stats.MAX_DF).detectable(level, POWER)
 
 
 def _diff_row(key: Key, a: Row, b: Row) -> DiffRow:
