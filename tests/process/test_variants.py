@@ -58,14 +58,14 @@ def test_malformed_variants_are_one_line_spec_errors(variants, message):
 
 
 def test_single_device_takes_three_words():
-    assert spec().single_device == "plain"
+    assert spec().single_device == "both"
     with pytest.raises(SpecError, match="single_device"):
         spec(single_device="jit")
 
 
 def test_lineups_take_variants_by_name_or_all_and_plain_only_where_a_backend_has_it():
     entries = [entry("a", programs=(DATA_PARALLEL, PLAIN), variants=(FUSED, GRAPHS)), entry("b")]
-    lineups = choose_lineups(spec(variants=["a:graphs"]), entries)
+    lineups = choose_lineups(spec(variants=["a:graphs"], single_device="plain"), entries)
     assert [v.name for v in lineups["a"].variants] == [AS_WRITTEN, "graphs"]
     assert lineups["a"].programs(1) == (PLAIN,) and lineups["a"].programs(2) == (DATA_PARALLEL,)
     assert lineups["b"] == Lineup()  # no plain program: its 1-device trial stays data-parallel
@@ -132,16 +132,27 @@ def variant_record(batch, devices, replicate, step_s, variant=AS_WRITTEN, progra
     return out
 
 
-def test_speedup_counts_against_the_faster_one_device_program_and_says_which():
+def test_speedup_counts_against_the_same_program_and_the_plain_one_apart():
     records = [variant_record(32, d, r, s, program=p, noise=0.001, seed=10 * r + d)
                for r in range(3)
                for d, p, s in ((1, DATA_PARALLEL, 2e-3), (1, PLAIN, 1e-3), (2, DATA_PARALLEL, 1.25e-3))]
     rows = rows_from_records(records)
     assert [(r.devices, r.program) for r in rows] == [(1, PLAIN), (1, DATA_PARALLEL), (2, DATA_PARALLEL)]
     two = rows[2]
+    assert two.baseline == DATA_PARALLEL and two.scaling.speedup == pytest.approx(1.6, rel=0.02)
+    assert two.vs_plain.speedup == pytest.approx(0.8, rel=0.02)
+    assert rows[1].vs_plain.speedup == pytest.approx(0.5, rel=0.02)
+    cells = dict(zip(RESULT_HEADERS, result_cells(two)))
+    assert cells["speedup"].startswith("1.6") and cells["vs plain"].startswith("0.8")
+    assert rows[0].label == "b plain"
+
+
+def test_without_the_same_program_on_one_device_the_speedup_is_marked_as_over_the_plain_one():
+    records = [variant_record(32, d, r, s, program=p, noise=0.001, seed=10 * r + d)
+               for r in range(3) for d, p, s in ((1, PLAIN, 1e-3), (2, DATA_PARALLEL, 1.25e-3))]
+    two = rows_from_records(records)[1]
     assert two.baseline == PLAIN and two.scaling.speedup == pytest.approx(0.8, rel=0.02)
     assert dict(zip(RESULT_HEADERS, result_cells(two)))["speedup"].endswith("vs plain")
-    assert rows[0].label == "b plain"
 
 
 def test_variants_are_rows_of_their_own_scaled_against_their_own_one_device_run():

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from xbench.report.bottom_line import bottom_line
-from xbench.report.terminal import COMPACT_HEADERS, bottom_line_text, compact_speedup, model_tables
+from xbench.report.bottom_line import bottom_line, contests
+from xbench.report.terminal import bottom_line_text, compact_headers, compact_speedup, model_tables
 from xbench.results.summary import rows_from_records
 
 
@@ -101,7 +101,7 @@ def test_the_compact_table_keeps_every_column_whole_at_100_and_120(width):
     rows = study(lambda b, d, n: n * 1e-5 / d)
     text = rendered(rows, width)
     header = next(line for line in text.splitlines() if line.startswith("program"))
-    assert all(h in header for h in COMPACT_HEADERS)
+    assert all(h in header for h in compact_headers(rows))
     assert max(len(line) for line in text.splitlines()) <= width
 
 
@@ -147,3 +147,73 @@ def test_the_speedup_floor_counts_both_sides_run_variation():
         rec["trial"]["protocol"] = {"run_variation": 0.03, "interval_target": 0.1}
     said = " ".join(sentences(rows_from_records(records)))
     assert "more replicates will not decide it" in said
+
+
+# -- like with like: a program against itself, the plain program apart -------------------------
+
+def program_record(backend, devices, batch, replicate, step_s, program="data-parallel", framework=None):
+    out = record(backend, devices, batch, replicate, step_s, spread=0.01, framework=framework)
+    out["trial"]["program"] = program
+    out["trial_id"] = f"{backend}/m/d{devices}/b{batch}" + ("/plain" if program == "plain" else "") + \
+        f"/r{replicate}"
+    return out
+
+
+def plain_slower_study(backends=("fast",), replicates=4):
+    """The plain 1-device program 3x slower than the data-parallel program on 1 device, and the
+    data-parallel program 0.8x as fast on 2 devices as on 1: the program gives 3x, the devices
+    lose, 2.4x in all."""
+    records = []
+    for backend in backends:
+        for r in range(replicates):
+            records += [program_record(backend, 1, 64, r, 3e-3, program="plain"),
+                        program_record(backend, 1, 64, r, 1e-3),
+                        program_record(backend, 2, 64, r, 1e-3 / 0.8)]
+    return rows_from_records(records)
+
+
+def test_devices_are_judged_on_the_same_program_and_the_plain_program_apart():
+    rows = plain_slower_study()
+    two = next(r for r in rows if r.devices == 2)
+    assert two.scaling.speedup == pytest.approx(0.8, rel=0.03) and two.baseline == "data-parallel"
+    assert two.vs_plain.speedup == pytest.approx(2.4, rel=0.03)
+    text = rendered(rows, 120)
+    line = next(line for line in text.splitlines() if line.startswith("fast ") and "  2  " in line)
+    assert re.search(r"0\.[78]\d× \(", line) and re.search(r"  2\.[34]\d×  ", line) and "single better" in line
+    said = " ".join(sentences(rows))
+    assert "beat 1" not in said and "2 devices are slower than 1" in said
+    assert re.search(r"fast against fast plain .*on 2 devices 2\.[34]\d× \(.*\) at batch 64 = 3\.0\d× from the "
+                     r"program × 0\.[78]\d× from the devices", said)
+
+
+def test_plain_programs_are_ranked_among_themselves_and_a_backend_without_one_on_its_data_parallel_program():
+    # "plug" declares no plain program: on 1 device it meets jax's data-parallel program only.
+    records = [program_record("jax", d, 64, r, s, program=p) for r in range(3)
+               for d, p, s in ((1, "plain", 3e-3), (1, "data-parallel", 1e-3), (2, "data-parallel", 0.6e-3))]
+    records += [program_record("plug", d, 64, r, s) for r in range(3) for d, s in ((1, 1.1e-3), (2, 0.65e-3))]
+    found = contests(rows_from_records(records))
+    assert {(c.devices, c.best.program, c.rival.program) for c in found} == {(1, "data-parallel", "data-parallel"),
+                                                                         (2, "data-parallel", "data-parallel")}
+    lead = sentences(rows_from_records(records))[0]
+    assert "jax leads in 2 of 2 configurations" in lead and re.search(r"by 1\.0\d× to 1\.1\d×", lead)
+
+
+def test_a_speedup_over_the_plain_program_asked_explicitly_says_it_is_over_another_program():
+    records = [program_record("fast", d, 64, r, s, program=p) for r in range(3)
+               for d, p, s in ((1, "plain", 3e-3), (2, "data-parallel", 1e-3))]
+    rows = rows_from_records(records)
+    two = next(r for r in rows if r.devices == 2)
+    assert two.baseline == "plain" and two.vs_plain is None
+    assert compact_speedup(two).endswith("vs plain")
+    said = " ".join(sentences(rows))
+    assert "beat 1" not in said and "another program" in said and "--single-device both" in said
+    assert "Above linear" in said and "another program (plain)" in said
+    assert "above linear" in rendered(rows, 120)
+
+
+def test_a_speedup_beyond_the_device_count_is_flagged_with_its_likely_cause():
+    records = [program_record("fast", d, 64, r, 1e-3 / (2.6 if d == 2 else 1.0)) for r in range(3) for d in (1, 2)]
+    rows = rows_from_records(records)
+    said = " ".join(sentences(rows))
+    assert "Above linear, so not the devices' doing alone: 2." in said and "likely" in said
+    assert "above linear" in rendered(rows, 120)

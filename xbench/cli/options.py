@@ -36,8 +36,9 @@ VariantsOption = Annotated[Optional[list[str]], typer.Option(
                                        "(default: none; `xbench backends` lists each backend's variants).")]
 SingleDevice = Enum("SingleDevice", {name: name for name in SINGLE_DEVICE}, type=str)  # type: ignore[misc]
 SingleDeviceOption = Annotated[Optional[SingleDevice], typer.Option(
-    help="The 1-device program: plain (no distribution, where a backend has it; default), data-parallel (one "
-         "replica), or both (speedup against the faster).")]
+    help="The 1-device programs: both (default: the data-parallel program with one replica, the baseline of its "
+         "own speedup, and the plain program without distribution, compared separately), data-parallel, or plain "
+         "(the speedup is then over another program, and the output says so).")]
 CoordinatorOption = Annotated[Optional[str], typer.Option(
     metavar="HOST:PORT", help="spmd: node 0's address, the same on every node.")]
 StartupTimeoutOption = Annotated[Optional[float], typer.Option(

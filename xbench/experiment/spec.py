@@ -71,11 +71,11 @@ class Spec:
     # Variants to time besides each backend's program as written: "BACKEND:VARIANT" names,
     # or "all" (every variant of every selected backend); checked against the backends later.
     variants: tuple[str, ...] = ()
-    # The 1-device trial: "plain", each backend's single-device program without distribution
-    # (where it has one; others run their data-parallel program on one device), the
-    # "data-parallel" program with one replica, or "both" (speedups then count against the
-    # faster, and the table shows what going data-parallel costs).
-    single_device: str = "plain"
+    # The 1-device trials: "both" (the data-parallel program with one replica, the baseline of
+    # its own speedup, and each backend's plain single-device program without distribution,
+    # where it has one, compared separately), "data-parallel" alone, or "plain" alone (the
+    # speedup is then taken over another program, and every output says so).
+    single_device: str = "both"
 
     def global_batch(self, batch: int, devices: int) -> int:
         """The batch one step processes over all devices."""

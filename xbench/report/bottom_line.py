@@ -14,14 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xbench import stats
-from xbench.contract import AS_WRITTEN, backend_label, implementation
+from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, backend_label, implementation
 from xbench.results.summary import (
     BENEFICIAL_SPEEDUP,
     INCONCLUSIVE,
     SINGLE_PREFERRED_BELOW,
     Row,
+    above_linear,
     full_rows,
     geomean_rate,
+    program_kind,
     ratio_of,
     verdict,
 )
@@ -46,6 +48,7 @@ class Contest:
     best: Row
     rival: Row
     margin: stats.LogRatio
+    kind: str = DATA_PARALLEL  # the kind of program both rows are (`summary.program_kind`)
 
     @property
     def significant(self) -> bool:
@@ -58,7 +61,8 @@ class Contest:
 
     @property
     def where(self) -> str:
-        return f"{_plural(self.devices, 'device')}, {batch_phrase(self.best)}"
+        plain = ", plain programs" if self.kind == PLAIN else ""
+        return f"{_plural(self.devices, 'device')}, {batch_phrase(self.best)}{plain}"
 
 
 def bottom_line(rows: Sequence[Row]) -> list[ModelBottomLine]:
@@ -75,6 +79,7 @@ def _sentences(rows: list[Row]) -> list[str]:
     sentences = _fastest_sentences(rows)
     sentences += [s for s in (_devices_sentence(label, [r for r in rows if r.label == label])
                               for label in _device_labels(rows)) if s]
+    sentences += _plain_sentences(rows)
     sentences += _undecided_sentences(rows)
     sentences += _caveats(rows)
     return sentences
@@ -84,19 +89,22 @@ def _sentences(rows: list[Row]) -> list[str]:
 
 
 def contests(rows: Sequence[Row]) -> list[Contest]:
-    """Per configuration measured by at least two frameworks: the fastest row against the
-    fastest row of any other framework (a framework's own backends, variants and programs do
-    not count as rivals: the question is which framework)."""
-    groups: dict[tuple[int, int], list[Row]] = {}
+    """Per configuration and kind of program measured by at least two frameworks: the fastest
+    row against the fastest row of any other framework (a framework's own backends and variants
+    do not count as rivals: the question is which framework). Plain programs meet plain ones
+    and data-parallel ones data-parallel ones, so that a program's own overhead is never
+    counted as a framework's; a backend without a plain program meets the others on 1 device
+    with its data-parallel program."""
+    groups: dict[tuple[int, int, str], list[Row]] = {}
     for row in rows:
-        groups.setdefault((row.devices, row.global_batch), []).append(row)
+        groups.setdefault((row.devices, row.global_batch, program_kind(row)), []).append(row)
     found = []
-    for (devices, batch), group in sorted(groups.items()):
+    for (devices, batch, kind), group in sorted(groups.items(), key=lambda item: (*item[0][:2], item[0][2] != PLAIN)):
         ranked = sorted(group, key=geomean_rate, reverse=True)  # the ratio's own scale
         best = ranked[0]
         rival = next((r for r in ranked if framework(r) != framework(best)), None)
         if rival is not None:
-            found.append(Contest(devices, batch, best, rival, ratio_of(best, rival)))
+            found.append(Contest(devices, batch, best, rival, ratio_of(best, rival), kind))
     return found
 
 
@@ -189,11 +197,22 @@ def _margin(c: Contest) -> str:
 
 
 def _devices_sentence(label: str, rows: list[Row]) -> str:
-    """At the largest device count measured: from which batch on the verdict is beneficial."""
+    """At the largest device count measured: from which batch on the verdict is beneficial,
+    the program against itself on 1 device; where the speedups were taken over the plain
+    program instead (`--single-device plain`), the ratios alone, said to mix program and devices."""
     most = max(r.devices for r in rows)
     multi = sorted((r for r in rows if r.devices == most and r.scaling is not None), key=_batch_of)
     if not multi:
         return ""
+    if any(r.baseline == PLAIN for r in multi):
+        return (f"{label}: {most} devices run {_listed(f'{_speedup(r)} at {batch_phrase(r)}' for r in multi)} the "
+                "plain 1-device program's throughput; that is another program, so these ratios mix what the "
+                "program and what the devices do (time the same program on 1 device: --single-device both)."
+                + _above_linear_sentence(multi))
+    return _verdicts_sentence(label, most, multi) + _above_linear_sentence(multi)
+
+
+def _verdicts_sentence(label: str, most: int, multi: list[Row]) -> str:
     verdicts = [verdict(r) for r in multi]
     lead, every = f"{label}: {most} devices", "every batch measured"
     best = max(multi, key=lambda r: r.scaling.speedup if r.scaling else 0.0)
@@ -213,6 +232,45 @@ def _devices_sentence(label: str, rows: list[Row]) -> str:
         return (f"{lead} beat 1 at {helped} but not at every larger one (best {_speedup(best)} at "
                 f"{batch_phrase(best)}).")
     return f"{lead} never clearly beat 1 (best {_speedup(best)} at {batch_phrase(best)}; {_counted(verdicts)})."
+
+
+def _above_linear_sentence(multi: list[Row]) -> str:
+    """Speedups beyond the device count, with their likely cause: no N devices do more than N
+    times one device's arithmetic, so such a figure says something about the 1-device row."""
+    beyond = [(r, cause) for r in multi if (cause := above_linear(r)) is not None]
+    if not beyond:
+        return ""
+    return (" Above linear, so not the devices' doing alone: "
+            + _listed(f"{_speedup(r)} at {batch_phrase(r)} (likely {cause})" for r, cause in beyond) + ".")
+
+
+# Against the program a user would write for one device ----------------------------------------
+
+
+def _plain_sentences(rows: list[Row]) -> list[str]:
+    """Per data-parallel program with a plain single-device sibling: its throughput on the most
+    devices over the plain program's, split into the program's share (the data-parallel program
+    on 1 device over the plain one) and the devices' share (the speedup), which multiply to it."""
+    sentences = []
+    written = [r for r in rows if r.variant == AS_WRITTEN]  # a tuned variant's would repeat the pattern
+    for label in dict.fromkeys(r.label for r in written if r.vs_plain is not None and r.devices > 1):
+        mine = [r for r in rows if r.label == label and r.vs_plain is not None]
+        most = max(r.devices for r in mine)
+        multi = sorted((r for r in mine if r.devices == most), key=_batch_of)
+        single = {_batch_of(r): r for r in mine if r.devices == 1}
+        plain = backend_label(implementation(multi[0].backend, multi[0].variant, PLAIN), multi[0].launcher)
+        parts = [_plain_part(r, single.get(_batch_of(r))) for r in multi]
+        sentences.append(f"{label} against {plain} (the program you would write for one device): on "
+                         f"{_plural(most, 'device')} {_listed(parts)}.")
+    return sentences
+
+
+def _plain_part(row: Row, single: Row | None) -> str:
+    assert row.vs_plain is not None
+    total = f"{_ratio(row.vs_plain)} at {batch_phrase(row)}"
+    if single is None or single.vs_plain is None or row.scaling is None:
+        return total
+    return f"{total} = {single.vs_plain.speedup:.2f}× from the program × {row.scaling.speedup:.2f}× from the devices"
 
 
 def _device_labels(rows: list[Row]) -> list[str]:
@@ -244,8 +302,11 @@ def _batch_of(row: Row) -> int:
 
 
 def _speedup(row: Row) -> str:
-    s = row.scaling
-    assert s is not None
+    assert row.scaling is not None
+    return _ratio(row.scaling)
+
+
+def _ratio(s: stats.Scaling) -> str:
     interval = "" if math.isnan(s.ci_low) else f" ({s.ci_low:.2f}–{s.ci_high:.2f})"
     return f"{s.speedup:.2f}×{interval}"
 

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from xbench.contract import PLAIN
 from xbench.report.bottom_line import ModelBottomLine
 from xbench.report.words import (
     NUMERIC_COLUMNS,
@@ -25,6 +26,8 @@ from xbench.report.words import (
     replicates_text,
     result_cells,
     result_headers,
+    speedup_text,
+    vs_plain_text,
 )
 from xbench.results.allreduce import format_size, ok_results, result_from_record
 from xbench.results.records import AllReduceRecord
@@ -90,11 +93,15 @@ def model_tables(rows: Sequence[Row], busbw: Busbw | None = None, wide: bool = F
 # Spaces between columns, a rule under the header: eight columns fit 80 characters.
 COMPACT_STYLE: dict[str, Any] = {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True,
                                  "show_edge": False}
-COMPACT_HEADERS = ("program", "dev", "batch", "samples/s", "speedup (95%)", "verdict", "reps", "notes")
+COMPACT_HEADERS = ("program", "dev", "batch", "samples/s", "speedup (95%)", "vs plain", "verdict", "reps", "notes")
+PLAIN_HEADER = "vs plain"  # shown where some backend's plain program ran
 COMPACT_VERDICTS = {"multi-device beneficial": "beneficial", "single device preferred": "single better",
                     "baseline": ""}
-COMPACT_NOTE = ("±: the 95% interval of the mean over fresh worker processes; speedup: over the same program's "
-                f"faster 1-device run; verdict: the zone holding the whole speedup interval (beneficial ≥ "
+COMPACT_NOTE = ("±: the 95% interval of the mean over fresh worker processes; speedup: over the same program "
+                "on 1 device (\"vs plain\" in it: over the plain program, another program); vs plain: over the "
+                "plain single-device program (\"plain\" rows), program and devices together (--wide: its "
+                "interval); verdict: the zone "
+                "holding the whole speedup interval (beneficial ≥ "
                 f"{BENEFICIAL_SPEEDUP:.2f}, single better ≤ {SINGLE_PREFERRED_BELOW:.2f}, about even between, "
                 "inconclusive across one); --wide adds step ms, 1st call, efficiency and MFU; the report explains "
                 "every column")
@@ -126,28 +133,46 @@ def _compact_table(model: str, rows: list[Row], notes: bool = True) -> Table:
     facts = model_facts(rows, brief=True)
     table = Table(title=f"model {model}" + (f" — {facts}" if facts else ""), title_justify="left",
                   caption=_compact_caption(rows, notes_below=not notes), caption_justify="left", **COMPACT_STYLE)
-    for header in COMPACT_HEADERS if notes else COMPACT_HEADERS[:-1]:
+    headers = compact_headers(rows, narrow=not notes)
+    for header in headers if notes else headers[:-1]:
         shown = rate_header(rows) if header == "samples/s" else header
-        numeric = header in ("dev", "batch", "samples/s", "speedup (95%)", "reps")
+        numeric = header in ("dev", "batch", "samples/s", "speedup (95%)", PLAIN_HEADER, "reps")
         table.add_column(shown, justify="right" if numeric else "left", no_wrap=header not in WRAPPED,
                          min_width=COMPACT_MIN_WIDTH.get(header, len(shown)), max_width=COMPACT_MAX_WIDTH.get(header),
                          overflow="fold")
     for row in full_rows(rows):
-        table.add_row(*_compact_cells(row)[:len(table.columns)])
+        cells = _compact_cells(row)
+        table.add_row(*[cells[h] for h in headers][:len(table.columns)])
     return table
 
 
-def _compact_cells(row: Row) -> list[str]:
-    head = [escape(row.label), str(row.devices), f"{row.global_batch:,}"]
+def compact_headers(rows: Sequence[Row], narrow: bool = False) -> tuple[str, ...]:
+    """COMPACT_HEADERS, without "vs plain" where no plain program ran (it would be empty) or
+    the terminal is `narrow` (the lines under the table say it then)."""
+    plain = any(r.program == PLAIN for r in rows) and not narrow
+    return tuple(h for h in COMPACT_HEADERS if plain or h != PLAIN_HEADER)
+
+
+def _compact_cells(row: Row) -> dict[str, str]:
+    cells = dict.fromkeys(COMPACT_HEADERS, "")
+    cells.update({"program": escape(row.label), "dev": str(row.devices), "batch": f"{row.global_batch:,}"})
     if row.throughput is None:
-        return [*head, f"[red]{row.status}[/]", "", "", "", ""]
+        cells["samples/s"] = f"[red]{row.status}[/]"
+        return cells
     said = verdict(row)
-    shown = COMPACT_VERDICTS.get(said, said.replace("slower than ", "") + " faster" if said.startswith("slower than")
-                                 else said)
+    shown = COMPACT_VERDICTS.get(said, said)
     style = VERDICT_STYLE.get(said)
     note = ", ".join(brief_notes(row))
-    return [*head, rate_with_interval(row), compact_speedup(row), f"[{style}]{shown}[/]" if style else escape(shown),
-            replicates_text(row), f"[yellow]{escape(note)}[/]" if row.unstable or row.throttled else escape(note)]
+    cells.update({"samples/s": rate_with_interval(row), "speedup (95%)": compact_speedup(row),
+                  PLAIN_HEADER: vs_plain_text(row, interval=False),
+                  "verdict": f"[{style}]{shown}[/]" if style else escape(shown), "reps": replicates_text(row),
+                  "notes": f"[yellow]{escape(note)}[/]" if row.unstable or row.throttled else escape(note)})
+    return cells
+
+
+def _notes_below(row: Row) -> list[str]:
+    vs_plain = vs_plain_text(row, interval=False) if row.program != PLAIN else ""
+    return ([f"vs plain {vs_plain}"] if vs_plain else []) + brief_notes(row)
 
 
 def rate_with_interval(row: Row) -> str:
@@ -163,16 +188,16 @@ def rate_with_interval(row: Row) -> str:
 
 
 def compact_speedup(row: Row) -> str:
-    """e.g. "0.78× (0.70–0.86)": `speedup_text` without the program it is taken against."""
-    s = row.scaling
-    if s is None:
-        return "" if row.devices > 1 else "1.00×"
-    return f"{s.speedup:.2f}×" + ("" if math.isnan(s.ci_low) else f" ({s.ci_low:.2f}–{s.ci_high:.2f})")
+    """e.g. "0.78× (0.70–0.86)", as `speedup_text` says it."""
+    return speedup_text(row)
 
 
 def _compact_caption(rows: list[Row], notes_below: bool = False) -> str:
-    lines = [f"{row.label} d{row.devices} b{row.global_batch}: {escape(', '.join(brief_notes(row)))}"
-             for row in full_rows(rows) if notes_below and row.throughput is not None and brief_notes(row)]
+    """The notes of each row (where they sit under the table, with its ratio to the plain
+    program), the columns' meaning and the rows that failed."""
+    lines = [f"{row.label} d{row.devices} b{row.global_batch}: {escape(', '.join(said))}"
+             for row in full_rows(rows) if notes_below and row.throughput is not None
+             and (said := _notes_below(row))]
     lines += [COMPACT_NOTE]
     lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}" for r in rows if r.throughput is None]
     return "\n".join(lines)
@@ -330,8 +355,9 @@ def _caption(rows: list[Row]) -> str:
     lines = [
         f"{modes} scaling; samples/s: mean of the replicates' means (reps: replicates, each a fresh worker "
         "process); ±95%: half-width of the 95% interval of the replicate means, their spread pooled over the "
-        "backend's configurations; speedup (95% interval) over the same backend and "
-        "variant's faster 1-device program (\"vs plain\": its plain single-device program); verdict: the zone "
+        "backend's configurations; speedup (95% interval) over the same program on 1 device (\"vs plain\" in it: "
+        "over the plain program, another program, as --single-device plain asks); vs plain: over the backend's plain "
+        "single-device program, program and devices together; verdict: the zone "
         f"that holds the whole speedup interval (beneficial ≥ {BENEFICIAL_SPEEDUP:.2f}, single device ≤ "
         f"{SINGLE_PREFERRED_BELOW:.2f}, about even between; inconclusive: it spans one); wide: ±95% above the "
         "interval target; unstable: replicates disagree beyond "

@@ -18,6 +18,7 @@ from xbench.results.summary import (
     BusyHost,
     Fastest,
     Row,
+    above_linear,
     can_narrow,
     gpu_util_pct,
     mfu,
@@ -27,8 +28,8 @@ from xbench.results.summary import (
 )
 
 RESULT_HEADERS = ("backend", "dev", "batch", "samples/s", "±95%", "step ms", "MFU", "1st call s", "speedup",
-                  "eff.", "verdict", "reps", "notes")
-NUMERIC_COLUMNS = frozenset(range(1, 10)) | {11}
+                  "eff.", "vs plain", "verdict", "reps", "notes")
+NUMERIC_COLUMNS = frozenset(range(1, 11)) | {12}
 
 
 def result_cells(row: Row, brief: bool = False) -> tuple[str, ...]:
@@ -38,8 +39,8 @@ def result_cells(row: Row, brief: bool = False) -> tuple[str, ...]:
     assert t is not None, "rows without a measurement go to the problems list"
     return (row.label, str(row.devices), str(row.global_batch), *rate_cells(row),
             f"{row.step_ms:.3f}", mfu_text(row), f"{row.first_call_s:.2f}", speedup_text(row),
-            f"{row.scaling.efficiency:.0%}" if row.scaling and row.devices > 1 else "", verdict(row),
-            replicates_text(row),
+            f"{row.scaling.efficiency:.0%}" if row.scaling and row.devices > 1 else "", vs_plain_text(row),
+            verdict(row), replicates_text(row),
             ", ".join(brief_notes(row)) if brief else "; ".join(notes(row)))
 
 
@@ -105,14 +106,29 @@ def mfu_text(row: Row) -> str:
 
 
 def speedup_text(row: Row) -> str:
-    """e.g. "0.87× (0.80–0.95)": the speedup and its 95 % interval, and which 1-device program
-    it is taken against where that is not the data-parallel one on N devices."""
+    """e.g. "0.87× (0.80–0.95)": the speedup over the same program on 1 device and its 95 %
+    interval; "vs plain" where it is taken over the plain program instead (another program)."""
     s = row.scaling
     if s is None:
-        return "1.00×" if row.devices == 1 else ""
-    interval = "" if math.isnan(s.ci_low) else f" ({s.ci_low:.2f}–{s.ci_high:.2f})"
-    against = f" vs {row.baseline}" if row.baseline == PLAIN or row.devices == 1 else ""
-    return f"{s.speedup:.2f}×{interval}{against}"
+        return "1.00×" if row.devices == 1 and row.program != PLAIN else ""
+    against = " vs plain" if row.baseline == PLAIN and row.program != PLAIN else ""
+    return ratio_text(s) + against
+
+
+def vs_plain_text(row: Row, interval: bool = True) -> str:
+    """e.g. "2.53× (2.41–2.66)": a data-parallel row's throughput over its backend's plain
+    single-device program's; "1.00×" on the plain row itself, "" where no plain program ran;
+    without `interval`, the ratio alone (a narrow table's)."""
+    if row.program == PLAIN:
+        return "1.00×"
+    if row.vs_plain is None:
+        return ""
+    return ratio_text(row.vs_plain) if interval else f"{row.vs_plain.speedup:.2f}×"
+
+
+def ratio_text(s: stats.Scaling) -> str:
+    """e.g. "0.87× (0.80–0.95)", or the ratio alone where a side has no spread."""
+    return f"{s.speedup:.2f}×" + ("" if math.isnan(s.ci_low) else f" ({s.ci_low:.2f}–{s.ci_high:.2f})")
 
 
 FASTEST_HEADERS = ("dev", "batch", "fastest", "samples/s", "±95%", "fastest as written", "samples/s", "±95%",
@@ -173,6 +189,10 @@ def _labels(row: Row) -> list[tuple[str, str]]:
         busy = util is not None and util < HOST_BOUND_GPU_UTIL_PCT
         found.append((f"host-bound: {row.host_bound}", f"host-bound (GPU {util:.0f}%)" if busy
                       else "host-bound (flat step)"))
+    cause = above_linear(row)
+    if cause is not None and row.scaling is not None:
+        found.append((f"above linear: {row.scaling.speedup:.2f}× on {row.devices} devices; likely cause: {cause}",
+                      "above linear"))
     if row.throttled:
         throttled = sorted({f"r{r.index}" for r in row.replicates if r.throttled})
         found.append(("throttled: " + ", ".join(row.throttled), f"throttled {','.join(throttled)}"))
@@ -225,14 +245,17 @@ READING_NOTES = (
     "replicates, configurations wider than the interval target get more replicates, round by round, while the "
     "time budget lasts; those still wider are marked \"wide\". step ms is the global batch over the median "
     "throughput; 1st call s is the slowest replicate's first call (compilation), excluded from throughput.",
-    "speedup is the N-device mean over the same backend and variant's 1-device mean with the same work per "
-    "step, a ratio of geometric means, with its 95 % interval from the same model as the intervals (the two "
-    "sides' pooled spreads, Welch-Satterthwaite degrees of freedom); eff. = "
-    "speedup / devices. The 1-device mean is the faster of the backend's two 1-device programs: the "
-    "data-parallel program with one replica, and the plain program a user writes for one device (no "
-    "distribution at all; shown as \"plain\"); \"vs plain\" marks a speedup taken against the plain one. "
-    "When both 1-device programs ran, the slower one shows its ratio to the faster (\"0.70× vs plain\": what "
-    "going data-parallel costs on one device), and its verdict says so when the difference is significant.",
+    "speedup answers whether devices help: the N-device mean over the same program's 1-device mean (same "
+    "backend, variant and program, the same work per step), a ratio of geometric means, with its 95 % interval "
+    "from the same model as the intervals (the two sides' pooled spreads, Welch-Satterthwaite degrees of "
+    "freedom); eff. = speedup / devices. vs plain answers what a user gains over the program they would write "
+    "for one device (no distribution at all; its rows are shown as \"plain\"): a data-parallel row's mean "
+    "over the plain program's on 1 device, so that on N devices it is the program's share (the 1-device "
+    "data-parallel row's vs plain) times the devices' share (the speedup). Where the data-parallel program did "
+    "not run on 1 device (--single-device plain), the speedup is taken over the plain program and marked "
+    "\"vs plain\": it then mixes the two shares. A speedup beyond the device count is marked \"above "
+    "linear\" with its likely cause. Plain programs are ranked against plain ones, data-parallel ones "
+    "against data-parallel ones on the same device count.",
     "Variants: \"as-written\" is each program as the framework's docs teach it; a named variant (shown as "
     "backend+variant; `xbench backends` lists them) turns on what a performance engineer would, and passes the same "
     "verification. Fastest per configuration: the row with the highest mean, the fastest as-written row beside "

@@ -78,6 +78,7 @@ class Row:
     variant: str = AS_WRITTEN
     program: str = DATA_PARALLEL  # "plain": the single-device program without distribution
     baseline: str | None = None  # the 1-device program the speedup is taken against
+    vs_plain: stats.Scaling | None = None  # throughput over the plain single-device program's
     flops_per_sample: int | None = None  # model FLOPs of a training step per sample
     peak: Peak | None = None  # each device's dense peak at the trial's precision; None: unknown
     precision: str = "fp32"
@@ -299,26 +300,61 @@ def _row(records: Sequence[Record]) -> Row:
 
 
 def _with_scaling(row: Row, rows: list[Row]) -> Row:
-    """Attach speedup against the same backend and variant on 1 device with the same work per
-    step (the same global batch under strong scaling, the same per-device batch under weak):
-    the faster of its 1-device programs, data-parallel with one replica or plain, so that
-    going data-parallel is charged its own cost. A 1-device row slower than its sibling
-    program gets its ratio to it (what that program costs on one device); the faster one is
-    the baseline. The sample on each side is the replicate means."""
+    """Attach the speedup that says whether devices help: the row's throughput over the same
+    program's on 1 device (same backend, variant, program and launcher, the same work per step:
+    the same global batch under strong scaling, the same per-device batch under weak), so that
+    a program is compared with itself. Where that program did not run on 1 device (`--single-device
+    plain`) the speedup is taken over the plain program, and `baseline` says it is another
+    program. Separately, a data-parallel row gets its ratio to the plain single-device program
+    (`vs_plain`): what a user gains over the program they would write without distribution,
+    program and devices together. The sample on each side is the replicate means."""
     if row.throughput is None or not row.all_reduce:
         return row
-    bases = [base for base in full_rows(rows) if base.devices == 1 and base.throughput is not None
-             and base.trial_id != row.trial_id and _same_work(base, row)
-             and (base.backend, base.variant, base.model, base.launcher)
-             == (row.backend, row.variant, row.model, row.launcher)]
-    if not bases:
+    bases = {base.program: base for base in one_device_rows(row, rows)}
+    plain = bases.get(PLAIN)
+    if row.program != PLAIN and plain is not None:
+        row = replace(row, vs_plain=_ratio(row, plain))
+    if row.devices == 1:
         return row
-    base = max(bases, key=lambda b: b.measured.mean)
-    if row.devices == 1 and base.measured.mean <= row.throughput.mean:
+    base = bases.get(row.program) or plain
+    if base is None:
         return row
-    scaling = stats.scaling(row.measured, base.measured, row.devices, run_vars=(row.run_var, base.run_var),
-                            shared=variance_group(row) == variance_group(base))
-    return replace(row, scaling=scaling, baseline=base.program)
+    if base is plain:
+        row = replace(row, vs_plain=None)  # the speedup already is the ratio to the plain program
+    return replace(row, scaling=_ratio(row, base), baseline=base.program)
+
+
+def one_device_rows(row: Row, rows: Sequence[Row]) -> list[Row]:
+    """The measured 1-device rows of the row's backend, variant, model and launcher with the same
+    work per step (the row itself excluded)."""
+    return [base for base in full_rows(rows) if base.devices == 1 and base.throughput is not None
+            and base.trial_id != row.trial_id and _same_work(base, row)
+            and (base.backend, base.variant, base.model, base.launcher)
+            == (row.backend, row.variant, row.model, row.launcher)]
+
+
+def _ratio(row: Row, base: Row) -> stats.Scaling:
+    return stats.scaling(row.measured, base.measured, row.devices, run_vars=(row.run_var, base.run_var),
+                         shared=variance_group(row) == variance_group(base))
+
+
+# A speedup above the device count by more than this factor is flagged with its likely cause.
+ABOVE_LINEAR_MARGIN = 1.05
+
+
+def above_linear(row: Row) -> str | None:
+    """Why a speedup beyond the device count most likely arose, or None where it is not beyond
+    it: N devices cannot do more than N times one device's arithmetic."""
+    s = row.scaling
+    if s is None or row.devices < 2 or not s.speedup > row.devices * ABOVE_LINEAR_MARGIN:
+        return None
+    if row.baseline == PLAIN and row.program != PLAIN:
+        return "the 1-device row is another program (plain)"
+    if row.host_bound:
+        return "host-bound steps (the 1-device row measures dispatch, which N devices overlap)"
+    if row.simulated:
+        return "simulated devices (the CPU's cores and caches are shared unevenly)"
+    return "a per-device batch that fits faster memory, or a slow 1-device row: see its notes"
 
 
 def _same_work(base: Row, row: Row) -> bool:
@@ -398,8 +434,7 @@ def verdict(row: Row) -> str:
     if row.throughput is None:
         return row.status
     if row.devices == 1:
-        slower = row.scaling is not None and row.scaling.ci_high < 1
-        return f"slower than {row.baseline}" if slower else "baseline"
+        return "baseline"
     if row.scaling is None:
         return "no 1-device result"
     s = row.scaling
@@ -505,13 +540,14 @@ class Fastest:
 
 
 def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
-    """Per configuration with at least two measured rows, in reading order."""
+    """Per configuration with at least two measured rows of one kind of program, in reading
+    order: plain programs against plain ones, data-parallel ones against data-parallel ones."""
     groups: dict[tuple, list[Row]] = {}
     for row in full_rows(rows):
         if row.throughput is not None:
-            groups.setdefault((row.model, row.devices, row.global_batch), []).append(row)
+            groups.setdefault((row.model, row.devices, row.global_batch, program_kind(row)), []).append(row)
     found = []
-    for (model, devices, batch), group in groups.items():
+    for (model, devices, batch, _), group in groups.items():
         if len(group) < 2:
             continue
         ranked = sorted(group, key=geomean_rate, reverse=True)  # the scale of the ratios beside it
@@ -522,6 +558,12 @@ def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
         tied = tuple(r.label for r in ranked[1:] if r.label not in untested and not ratio_of(best, r).ci_low > 1)
         found.append(Fastest(model, devices, batch, best, written, gain, tied, untested))
     return found
+
+
+def program_kind(row: Row) -> str:
+    """What a row is ranked among: "plain" (the single-device program without distribution)
+    or "data-parallel" (the program that runs on 1 to N devices), whatever its variant."""
+    return PLAIN if row.program == PLAIN else DATA_PARALLEL
 
 
 def geomean_rate(row: Row) -> float:
