@@ -207,7 +207,7 @@ def test_a_speedup_over_the_plain_program_asked_explicitly_says_it_is_over_anoth
     assert compact_speedup(two).endswith("vs plain")
     said = " ".join(sentences(rows))
     assert "beat 1" not in said and "another program" in said and "--single-device both" in said
-    assert "Above linear" in said and "another program (plain)" in said
+    assert "Above linear" in said and "another program, the plain one" in said
     assert "above linear" in rendered(rows, 120)
 
 

@@ -205,10 +205,10 @@ def _devices_sentence(label: str, rows: list[Row]) -> str:
     if not multi:
         return ""
     if any(r.baseline == PLAIN for r in multi):
-        return (f"{label}: {most} devices run {_listed(f'{_speedup(r)} at {batch_phrase(r)}' for r in multi)} the "
-                "plain 1-device program's throughput; that is another program, so these ratios mix what the "
-                "program and what the devices do (time the same program on 1 device: --single-device both)."
-                + _above_linear_sentence(multi))
+        return (f"{label} on {most} devices against the plain 1-device program: "
+                f"{_listed(f'{_speedup(r)} at {batch_phrase(r)}' for r in multi)}; that is another program, so "
+                "these ratios mix what the program and what the devices do (--single-device both times the same "
+                "program on 1 device)." + _above_linear_sentence(multi))
     return _verdicts_sentence(label, most, multi) + _above_linear_sentence(multi)
 
 

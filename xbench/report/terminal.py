@@ -80,7 +80,7 @@ def model_tables(rows: Sequence[Row], busbw: Busbw | None = None, wide: bool = F
     tables = []
     for model in dict.fromkeys(row.model for row in rows):
         mine = [r for r in rows if r.model == model]
-        tables.append(_model_table(model, mine) if wide else _compact_table(model, mine, notes=width >= NOTES_FIT))
+        tables.append(_model_table(model, mine) if wide else _compact_table(model, mine, width))
         costs = _cost_table(model, mine, busbw or {}, compact=not wide)
         if costs is not None:
             tables.append(costs)
@@ -110,7 +110,8 @@ COMPACT_NOTE = ("±: the 95% interval of the mean over fresh worker processes; s
 WRAPPED = ("program", "notes")  # long variant names wrap rather than squeeze the notes away
 COMPACT_MIN_WIDTH = {"program": 9, "notes": 12}
 COMPACT_MAX_WIDTH = {"program": 20}
-NOTES_FIT = 96  # narrower terminals get the notes under the table instead of in a column
+NOTES_FIT = 96  # narrower terminals get the notes under the table instead of in a column ...
+PLAIN_FIT = 112  # ... and so do those narrower than this where the "vs plain" column takes its room
 
 
 def bottom_line_text(found: Sequence[ModelBottomLine]) -> Group:
@@ -127,13 +128,16 @@ def bottom_line_text(found: Sequence[ModelBottomLine]) -> Group:
     return Group(*parts)
 
 
-def _compact_table(model: str, rows: list[Row], notes: bool = True) -> Table:
-    """Eight short columns; only the notes wrap, and no column can shrink to nothing. Without
-    `notes`, each row's notes are listed under the table."""
+def _compact_table(model: str, rows: list[Row], width: int) -> Table:
+    """Eight or nine short columns; only the notes wrap, and no column can shrink to nothing. On
+    a terminal narrower than NOTES_FIT, or PLAIN_FIT with a "vs plain" column, each row's notes
+    are listed under the table."""
+    headers = compact_headers(rows, narrow=width < NOTES_FIT)
+    notes = width >= (PLAIN_FIT if PLAIN_HEADER in headers else NOTES_FIT)
     facts = model_facts(rows, brief=True)
     table = Table(title=f"model {model}" + (f" — {facts}" if facts else ""), title_justify="left",
-                  caption=_compact_caption(rows, notes_below=not notes), caption_justify="left", **COMPACT_STYLE)
-    headers = compact_headers(rows, narrow=not notes)
+                  caption=_compact_caption(rows, notes_below=not notes, plain_below=PLAIN_HEADER not in headers),
+                  caption_justify="left", **COMPACT_STYLE)
     for header in headers if notes else headers[:-1]:
         shown = rate_header(rows) if header == "samples/s" else header
         numeric = header in ("dev", "batch", "samples/s", "speedup (95%)", PLAIN_HEADER, "reps")
@@ -170,8 +174,8 @@ def _compact_cells(row: Row) -> dict[str, str]:
     return cells
 
 
-def _notes_below(row: Row) -> list[str]:
-    vs_plain = vs_plain_text(row, interval=False) if row.program != PLAIN else ""
+def _notes_below(row: Row, plain: bool) -> list[str]:
+    vs_plain = vs_plain_text(row, interval=False) if plain and row.program != PLAIN else ""
     return ([f"vs plain {vs_plain}"] if vs_plain else []) + brief_notes(row)
 
 
@@ -192,12 +196,12 @@ def compact_speedup(row: Row) -> str:
     return speedup_text(row)
 
 
-def _compact_caption(rows: list[Row], notes_below: bool = False) -> str:
+def _compact_caption(rows: list[Row], notes_below: bool = False, plain_below: bool = False) -> str:
     """The notes of each row (where they sit under the table, with its ratio to the plain
-    program), the columns' meaning and the rows that failed."""
+    program where that has no column), the columns' meaning and the rows that failed."""
     lines = [f"{row.label} d{row.devices} b{row.global_batch}: {escape(', '.join(said))}"
              for row in full_rows(rows) if notes_below and row.throughput is not None
-             and (said := _notes_below(row))]
+             and (said := _notes_below(row, plain_below))]
     lines += [COMPACT_NOTE]
     lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}" for r in rows if r.throughput is None]
     return "\n".join(lines)

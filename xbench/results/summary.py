@@ -349,7 +349,7 @@ def above_linear(row: Row) -> str | None:
     if s is None or row.devices < 2 or not s.speedup > row.devices * ABOVE_LINEAR_MARGIN:
         return None
     if row.baseline == PLAIN and row.program != PLAIN:
-        return "the 1-device row is another program (plain)"
+        return "the 1-device row is another program, the plain one"
     if row.host_bound:
         return "host-bound steps (the 1-device row measures dispatch, which N devices overlap)"
     if row.simulated:
