@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, TINY
+from xbench.report.bottom_line import contests
 from xbench.results.records import read_records
+from xbench.results.summary import full_rows, rows_from_records
 
 pytestmark = [
     pytest.mark.slow,
@@ -88,3 +90,10 @@ def test_compare_times_it(plugin_env):
         assert record["backend"]["weights_hash"] == record["work"]["weights_hash"]
         assert record["backend"]["params"] == record["work"]["params"] == 54_403
         assert record["backend"]["precision"] == {"param_dtype": "float32", "compute_dtype": "float32"}
+    # It has no plain program: on 1 device it is ranked against jax's data-parallel program,
+    # never against jax's plain one, which is ranked among plain programs.
+    rows = rows_from_records(read_records(out))
+    for contest in contests(full_rows(rows)):
+        assert contest.best.program == contest.rival.program == "data-parallel", contest
+    assert {(r.backend, r.program) for r in rows if r.devices == 1} == {(NAME, "data-parallel"), ("jax", "plain"),
+                                                                        ("jax", "data-parallel")}
