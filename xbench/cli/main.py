@@ -62,18 +62,23 @@ def _root(version: bool = typer.Option(False, "--version", help="Print xbench's 
 # Any: click's type is not importable by name here, and its `format_message` is what is used.
 _CLICK_ERROR: type[Any] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
-# Options that take several values, written the natural way: `--backends tf jax`.
-VARIADIC = {"--backends", "--model", "--batch-sizes", "--global-batch", "--per-device-batch", "--devices", "--sizes",
-            "--params", "--batch", "--validate", "--runs", "--fits"}
+def variadic_options() -> frozenset[str]:
+    """Every option of every command that takes several values (a list), so that each takes
+    them the same natural way: `--backends tf jax`, `--variants jax:fused torch:compile`. No
+    command has both such an option and a positional argument, which this would swallow."""
+    group: Any = typer.main.get_command(app)
+    return frozenset(flag for command in group.commands.values() for param in command.params
+                     if param.param_type_name == "option" and param.multiple for flag in param.opts)
 
 
 def expand_variadic(argv: list[str]) -> list[str]:
     """Rewrite `--backends tf jax` as `--backends tf --backends jax` for the parser."""
+    variadic = variadic_options()
     out: list[str] = []
     option = None
     for token in argv:
         if token.startswith("-"):
-            option = token if token in VARIADIC else None
+            option = token if token in variadic else None
             out.append(token)
         elif option and out[-1] != option:
             out += [option, token]

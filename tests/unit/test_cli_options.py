@@ -1,0 +1,44 @@
+"""One rule for options: every option of every command that takes several values takes them
+after one flag, as --backends does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from xbench.cli.main import app, expand_variadic, variadic_options
+
+
+def commands() -> dict[str, Any]:
+    group: Any = typer.main.get_command(app)
+    return dict(group.commands)
+
+
+def test_every_option_that_takes_a_list_takes_its_values_after_one_flag():
+    found = []
+    for name, command in commands().items():
+        for param in command.params:
+            if param.param_type_name != "option" or not param.multiple:
+                continue
+            flag = param.opts[0]
+            found.append(flag)
+            assert expand_variadic([name, flag, "a", "b"]) == [name, flag, "a", flag, "b"], (name, flag)
+            parser = command.make_parser(command.make_context(name, [], resilient_parsing=True))
+            values, rest, _ = parser.parse_args(expand_variadic([flag, "a", "b"]))
+            assert list(values[param.name]) == ["a", "b"] and not rest, (name, flag)
+    assert {"--backends", "--variants", "--option", "--model", "--devices"} <= set(found) <= variadic_options()
+
+
+def test_docs_example_of_two_variants_after_one_flag_parses():
+    args = expand_variadic(["compare", "--backends", "tf", "torch", "--variants", "tf:xla", "torch:compile",
+                            "--no-verify"])
+    assert args == ["compare", "--backends", "tf", "--backends", "torch", "--variants", "tf:xla", "--variants",
+                    "torch:compile", "--no-verify"]
+
+
+def test_no_command_mixes_a_list_option_with_a_positional_argument():
+    for name, command in commands().items():
+        lists = [p for p in command.params if p.param_type_name == "option" and p.multiple]
+        positional = [p for p in command.params if p.param_type_name == "argument"]
+        assert not (lists and positional), name
