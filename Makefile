@@ -9,17 +9,24 @@ ARGS   ?= --backends tf jax
 # (a bare `torch` would pull a multi-GB CUDA build). Override with TORCH= to skip it.
 TORCH  ?= torch==2.13.0
 
-.PHONY: compare test setup setup-dev clean
+.PHONY: compare test check setup setup-dev clean
 
 compare: $(VENV)/.installed-all
 	$(BIN)/xbench compare $(ARGS)
 
 # Lint and types first (seconds), then the tests: unit/ (fast), process/ and backends/ (start
-# worker processes and frameworks).
+# worker processes and frameworks); the slowest tests are listed at the end.
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
+
+# The inner loop: lint, types and tests/unit, which start no process and import no framework
+# (tests/unit/conftest.py holds them to it): well under a minute.
+check: $(VENV)/.installed-dev
+	$(BIN)/ruff check --quiet xbench backends tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 setup: $(VENV)/.installed-all
 setup-dev: $(VENV)/.installed-dev

@@ -70,6 +70,8 @@ def run_cli(capsys):
 
 
 TINY = ("--batch-sizes", "16", "--repeats", "3", "--steps", "2", "--warmup-steps", "0")
+# A short unverified protocol for runs of the numpy fakes.
+FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0", "--no-verify")
 
 
 @pytest.fixture(scope="session")

@@ -6,11 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import order_seed_starting_with
+from tests.conftest import FAST, order_seed_starting_with
 from tests.support.processes import TAG, new_tag, tagged_processes
 from xbench.results.records import SCHEMA_VERSION, read_records
-
-FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0", "--no-verify")
 
 
 def records_of(run_dir: Path) -> dict[str, dict]:
@@ -194,3 +192,9 @@ def test_schema_1_records_are_migrated_and_newer_ones_refused(tmp_path):
     newer.write_text(json.dumps({"schema": 99}) + "\n")
     with pytest.raises(XbenchError, match="schema 99, newer than this xbench understands"):
         read_records(tmp_path)
+
+
+def test_a_run_directory_name_too_long_for_the_file_system_is_one_line(fake_backends, run_cli, tmp_path):
+    code, _, err = run_cli("compare", "--backends", "numpy", *FAST, "--out", str(tmp_path / ("a" * 300)))
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and "File name too long" in line and "choose another --out" in line and len(line) < 300

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAKES, ROOT
-from tests.process.test_compare_cli import FAST
+from tests.conftest import FAKES, FAST, ROOT
 from xbench.errors import XbenchError
 from xbench.results.records import read_records, read_run
 from xbench.run import registry

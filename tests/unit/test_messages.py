@@ -4,7 +4,6 @@ reasonable length."""
 import pytest
 
 from tests.conftest import entry_point
-from tests.process.test_compare_cli import FAST
 from xbench.run import registry
 
 
@@ -12,12 +11,6 @@ def one_error(err: str) -> str:
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in err, err
     return errors[0]
-
-
-def test_a_run_directory_name_too_long_for_the_file_system_is_one_line(fake_backends, run_cli, tmp_path):
-    code, _, err = run_cli("compare", "--backends", "numpy", *FAST, "--out", str(tmp_path / ("a" * 300)))
-    line = one_error(err)
-    assert code == 2 and "File name too long" in line and "choose another --out" in line and len(line) < 300
 
 
 def test_a_device_count_below_one_is_named_as_devices(fake_backends, run_cli):
