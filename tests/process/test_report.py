@@ -53,8 +53,10 @@ def test_plots_show_the_measured_series(report_dir):
     rows = [r for r in rows_from_records(read_records(report_dir)) if r.model == "medium"]
     fig = throughput_figure(rows, "medium")
     lines = {line.get_label(): line for line in fig.axes[0].get_lines() if not line.get_label().startswith("_")}
-    # On 1 device each backend runs its plain program (no strategy, no pmap): a series of its own.
-    assert set(lines) == {"tf plain, 1 device", "tf, 2 devices", "jax plain, 1 device", "jax, 2 devices"}
+    # On 1 device each backend runs its plain program (no strategy, no pmap), a series of its own,
+    # besides its data-parallel program, the baseline of the speedup.
+    assert set(lines) == {"tf plain, 1 device", "tf, 1 device", "tf, 2 devices", "jax plain, 1 device",
+                          "jax, 1 device", "jax, 2 devices"}
     for row in rows:
         label = f"{row.label}, {row.devices} device{'s' if row.devices > 1 else ''}"
         assert list(lines[label].get_ydata()) == [row.throughput.mean]
