@@ -10,8 +10,9 @@ import pytest
 from xbench.contract.timing import TimingProtocol
 from xbench.experiment import load_spec
 from xbench.report.words import RESULT_HEADERS, notes, result_cells
+from xbench.results.conditions import host_bound_reason
 from xbench.results.records import RECORDS_FILE, SCHEMA_VERSION, read_records
-from xbench.results.summary import host_bound_reason, rows_from_records, verdict
+from xbench.results.summary import rows_from_records, verdict
 from xbench.run.plan import group_trials, plan_trials
 from xbench.worker.measure import measure, stop_reason
 

@@ -17,8 +17,9 @@ from xbench.errors import Interrupted, XbenchError
 from xbench.report.bottom_line import bottom_line
 from xbench.report.terminal import bottom_line_text, busbw_by_size, devices_line, model_tables
 from xbench.report.words import busy_text
+from xbench.results.conditions import busy_host
 from xbench.results.records import RECORDS_FILE, RUN_FILE, finished_trials, iter_records, last_line_torn
-from xbench.results.summary import Row, busy_host, rows_from_records
+from xbench.results.summary import Row, rows_from_records
 from xbench.run import compare as comparison
 from xbench.run.adaptive import reached
 

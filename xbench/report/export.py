@@ -7,8 +7,9 @@ from typing import Any
 
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL
 from xbench.report.words import notes
+from xbench.results.conditions import energy_mj_per_sample, gpu_util_pct, memory_gib
 from xbench.results.records import Record, StoredDeviceInfo
-from xbench.results.summary import Row, energy_mj_per_sample, gpu_util_pct, memory_gib, mfu, rows_from_records, verdict
+from xbench.results.summary import Row, mfu, rows_from_records, verdict
 
 
 def flat_rows(records: Sequence[Record]) -> list[dict[str, Any]]:

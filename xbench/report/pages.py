@@ -29,6 +29,7 @@ from xbench.report.words import (
     spread_text,
 )
 from xbench.results.allreduce import ok_results
+from xbench.results.conditions import busy_host
 from xbench.results.records import (
     ALLREDUCE_FILE,
     RUN_FILE,
@@ -41,7 +42,7 @@ from xbench.results.records import (
     read_run,
     write_atomic,
 )
-from xbench.results.summary import Row, busy_host, fastest_rows, full_rows, rows_from_records
+from xbench.results.summary import Row, fastest_rows, full_rows, rows_from_records
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"

@@ -30,18 +30,9 @@ from xbench.report.words import (
     vs_plain_text,
 )
 from xbench.results.allreduce import format_size, ok_results, result_from_record
+from xbench.results.conditions import energy_mj_per_sample, gpu_util_pct, memory_gib
 from xbench.results.records import AllReduceRecord
-from xbench.results.summary import (
-    BENEFICIAL_SPEEDUP,
-    SINGLE_PREFERRED_BELOW,
-    Row,
-    energy_mj_per_sample,
-    fastest_rows,
-    full_rows,
-    gpu_util_pct,
-    memory_gib,
-    verdict,
-)
+from xbench.results.summary import BENEFICIAL_SPEEDUP, SINGLE_PREFERRED_BELOW, Row, fastest_rows, full_rows, verdict
 
 Busbw = Mapping[tuple[str, int, int], float]  # (backend, devices, bytes) -> busbw in bytes/s
 

@@ -11,16 +11,14 @@ from collections.abc import Sequence
 
 from xbench import stats
 from xbench.contract import PLAIN
+from xbench.results.conditions import HOST_BOUND_GPU_UTIL_PCT, BusyHost, gpu_util_pct
 from xbench.results.summary import (
     BENEFICIAL_SPEEDUP,
-    HOST_BOUND_GPU_UTIL_PCT,
     SINGLE_PREFERRED_BELOW,
-    BusyHost,
     Fastest,
     Row,
     above_linear,
     can_narrow,
-    gpu_util_pct,
     mfu,
     run_floor,
     verdict,

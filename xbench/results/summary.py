@@ -14,126 +14,19 @@ records, so nothing cached can go stale.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from xbench import stats
-from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, backend_label, implementation, trial_id
+from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, trial_id
 from xbench.models.model_spec import ModelSpec
+from xbench.results.conditions import host_bound_reason
 from xbench.results.peaks import Peak, peak_for
-from xbench.results.records import Record, StoredModel, Telemetry
-
-
-@dataclass(frozen=True)
-class Breakdown:
-    """Where a multi-device step's time goes: its compute-only twin (the same step without
-    the gradient all-reduce) against the full step, both at the median throughput."""
-
-    compute_ms: float
-    comm_ms: float  # exposed communication: full step - compute-only step
-    comm_fraction: float  # of the full step
-
-
-@dataclass(frozen=True)
-class Replicate:
-    """One replicate's share of a row: what its record says."""
-
-    index: int
-    status: str
-    reason: str | None
-    windows: tuple[float, ...] = ()  # samples/s per timed window
-    first_call_s: float | None = None
-    telemetry: Telemetry | None = None
-    throttled: tuple[str, ...] = ()  # why this replicate counts as throttled (empty: it does not)
-    stopped: str | None = None  # why its timed windows ended (xbench.worker.measure.stop_reason)
-
-
-@dataclass(frozen=True)
-class Row:
-    """One configuration as tables show it, its replicates combined."""
-
-    backend: str
-    model: str
-    devices: int
-    global_batch: int
-    per_device_batch: int
-    scaling_mode: str  # "strong" or "weak"
-    status: str  # "ok" when at least one replicate measured, else the last replicate's status
-    reason: str | None
-    params: int | None
-    replicates: tuple[Replicate, ...]
-    throughput: stats.Replicated | None  # samples/s, two levels: windows within replicates
-    step_ms: float | None  # global batch / median throughput
-    first_call_s: float | None  # the slowest first call: compilation without a warm cache
-    scaling: stats.Scaling | None
-    all_reduce: bool = True  # False for a compute-only twin (--breakdown)
-    breakdown: Breakdown | None = None
-    launcher: str = "subprocess"  # "spmd": one process per device
-    ranks: int = 1  # processes whose window times the step time is the maximum of
-    host_bound: str | None = None  # why the step measures host dispatch rather than arithmetic
-    planned: int = 0  # replicates the run's spec asked for (records may hold fewer: an interrupted run)
-    variant: str = AS_WRITTEN
-    program: str = DATA_PARALLEL  # "plain": the single-device program without distribution
-    baseline: str | None = None  # the 1-device program the speedup is taken against
-    vs_plain: stats.Scaling | None = None  # throughput over the plain single-device program's
-    flops_per_sample: int | None = None  # model FLOPs of a training step per sample
-    peak: Peak | None = None  # each device's dense peak at the trial's precision; None: unknown
-    precision: str = "fp32"
-    unit: str = "samples"  # what a sample holds, as tables count throughput: "tokens", "images"
-    units_per_sample: int = 1  # e.g. a sequence's tokens
-    run_variation: float = 0.0  # relative sd of a row's mean between runs on this machine (the spec's)
-    device_run_variation: float = 0.0  # the same for a row whose step is the device's (absent in older runs)
-    simulated: bool = False  # measured on simulated CPU devices: the host is the device
-    interval_target: float = 0.0  # the ±95 % the spec asked of each interval, as a fraction (0: none)
-    framework: str = ""  # the framework behind the backend, as its worker named it ("" before it started)
-
-    @property
-    def trial_id(self) -> str:
-        """The configuration's id (its replicates' ids add "/r<k>")."""
-        return trial_id(self.backend, self.model, self.devices, self.global_batch, self.launcher, self.all_reduce,
-                        self.variant, self.program)
-
-    @property
-    def implementation(self) -> str:
-        return implementation(self.backend, self.variant, self.program)
-
-    @property
-    def label(self) -> str:
-        return backend_label(self.implementation, self.launcher)
-
-    @property
-    def measured(self) -> stats.Replicated:
-        """The throughput of a row the caller knows was measured (ValueError otherwise)."""
-        if self.throughput is None:
-            raise ValueError(f"{self.trial_id} has no measurement ({self.status})")
-        return self.throughput
-
-    @property
-    def means(self) -> tuple[float, ...]:
-        """Each measured replicate's mean throughput: the sample behind intervals and tests."""
-        return self.throughput.means if self.throughput else ()
-
-    @property
-    def failed_replicates(self) -> tuple[Replicate, ...]:
-        return tuple(r for r in self.replicates if r.status != "ok")
-
-    @property
-    def throttled(self) -> tuple[str, ...]:
-        return tuple(f"r{r.index}: {why}" for r in self.replicates for why in r.throttled)
-
-    @property
-    def unstable(self) -> bool:
-        return bool(self.throughput and self.throughput.unstable)
-
-    @property
-    def run_var(self) -> float:
-        """The run-level variance of the row's log mean: the spec's run_variation squared for
-        host-bound rows and for every row on simulated CPU devices, else its
-        device_run_variation squared."""
-        return (self.run_variation if self.host_bound or self.simulated else self.device_run_variation) ** 2
+from xbench.results.records import Record, StoredModel
+from xbench.results.rows import Breakdown, Replicate, Row, full_rows, program_kind, variance_group
 
 
 def throughput_samples(record: Record) -> np.ndarray:
@@ -151,13 +44,6 @@ def rows_from_records(records: Sequence[Record]) -> list[Row]:
     rows = sorted((_row(group) for group in groups.values()), key=_display_order(records))
     rows = _with_pooled_intervals([replace(row, host_bound=host_bound_reason(row, rows)) for row in rows])
     return [_with_breakdown(_with_scaling(row, rows), rows) for row in rows]
-
-
-def variance_group(row: Row) -> tuple:
-    """The configurations whose processes vary alike, so that their intervals share one spread
-    (`stats.pooled_log_spreads`): one program of one backend, started one way, in one regime
-    (host-bound steps vary with the host's scheduling, device-bound ones with the device's)."""
-    return row.backend, row.variant, row.program, row.launcher, row.host_bound is not None
 
 
 def _with_pooled_intervals(rows: list[Row]) -> list[Row]:
@@ -235,11 +121,6 @@ def mfu(row: Row) -> tuple[float, float, float] | None:
         return None
     scale = row.flops_per_sample / (row.devices * row.peak.flops)
     return t.mean * scale, t.ci_low * scale, t.ci_high * scale
-
-
-def full_rows(rows: Sequence[Row]) -> list[Row]:
-    """The rows of real training steps (compute-only twins only feed the breakdown)."""
-    return [row for row in rows if row.all_reduce]
 
 
 def _config_key(record: Record) -> str:
@@ -376,49 +257,6 @@ def _with_breakdown(row: Row, rows: list[Row]) -> Row:
     return row
 
 
-# Host-bound: the GPU computed for less than this share of the timed windows, or the step time
-# grew by less than FLAT_STEP_GROWTH while the batch grew FLAT_BATCH_SPAN-fold or more.
-HOST_BOUND_GPU_UTIL_PCT = 50.0
-FLAT_STEP_GROWTH = 1.25
-FLAT_BATCH_SPAN = 4
-
-
-def host_bound_reason(row: Row, rows: Sequence[Row]) -> str | None:
-    """Why this row's step time measures the host (Python, the framework's dispatch, launch
-    latency) rather than the devices' arithmetic, or None. Such a number is real (a user's own
-    loop pays it too) but says nothing about the devices or the model's size."""
-    if row.throughput is None:
-        return None
-    util = gpu_util_pct(row)
-    if util is not None and util < HOST_BOUND_GPU_UTIL_PCT:
-        return f"GPU busy {util:.0f} % of the time"
-    flat = _flat_span(row, rows)
-    if flat is not None:
-        return f"step time flat from batch {flat[0]} to {flat[1]}"
-    return None
-
-
-def _flat_span(row: Row, rows: Sequence[Row]) -> tuple[int, int] | None:
-    """The batch range over which this row's group (same backend, model, devices, kind of
-    step) keeps a step time within FLAT_STEP_GROWTH of its smallest batch's, when that range
-    spans FLAT_BATCH_SPAN or more and holds this row."""
-    group = sorted(((r, r.step_ms) for r in rows if r.step_ms is not None and _same_group(r, row)),
-                   key=lambda timed: timed[0].global_batch)
-    if len(group) < 2:
-        return None
-    smallest, smallest_ms = group[0]
-    flat = [r for r, step_ms in group if step_ms <= FLAT_STEP_GROWTH * smallest_ms]
-    widest = max(r.global_batch for r in flat)
-    if widest < FLAT_BATCH_SPAN * smallest.global_batch or row not in flat:
-        return None
-    return smallest.global_batch, widest
-
-
-def _same_group(a: Row, b: Row) -> bool:
-    return ((a.implementation, a.model, a.devices, a.launcher, a.all_reduce, a.scaling_mode)
-            == (b.implementation, b.model, b.devices, b.launcher, b.all_reduce, b.scaling_mode))
-
-
 # Verdict thresholds on speedup (the seed study's). A verdict names the zone that holds the
 # speedup's whole 95 % interval; an interval that spans a threshold is inconclusive.
 BENEFICIAL_SPEEDUP = 1.10
@@ -469,61 +307,6 @@ def wide(row: Row) -> bool:
     return not t.ci_half_width <= row.interval_target * t.mean
 
 
-def _telemetry(row: Row) -> list[Telemetry]:
-    """The telemetry of each replicate that has some."""
-    return [r.telemetry for r in row.replicates if r.telemetry]
-
-
-def _measured_telemetry(row: Row) -> list[Telemetry]:
-    """Each measured replicate's telemetry over its timed windows, or (where the driver had
-    no sample of them) over the untimed stretch after them."""
-    found = []
-    for telemetry in _telemetry(row):
-        if any(d.get("util_mean_pct") is not None for d in telemetry.get("devices") or []):
-            found.append(telemetry)
-        elif telemetry.get("after_windows"):
-            found.append(telemetry["after_windows"])
-    return found
-
-
-def _present(values: Iterable[float | None]) -> list[float]:
-    return [v for v in values if v is not None]
-
-
-def gpu_util_pct(row: Row) -> float | None:
-    """Mean NVML utilisation over the devices and replicates."""
-    values = _present(d.get("util_mean_pct") for t in _measured_telemetry(row) for d in t.get("devices") or [])
-    return sum(values) / len(values) if values else None
-
-
-def memory_gib(row: Row) -> float | None:
-    """The framework's own peak where it has one (pitfall 6), else NVML's peak 'used'."""
-    telemetry = _telemetry(row)
-    peaks = _framework_peaks(telemetry)
-    if peaks:
-        return max(peaks) / 2**30
-    used = [mib for mib in _present(d.get("nvml_memory_max_mib") for t in telemetry for d in t.get("devices") or [])
-            if mib]
-    return max(used) / 1024 if used else None
-
-
-def _framework_peaks(telemetry: Iterable[Telemetry]) -> list[int]:
-    peaks: list[int] = []
-    for t in telemetry:
-        memory = t.get("framework_memory")
-        if memory:
-            peaks += memory.get("peak_bytes") or []
-    return peaks
-
-
-def energy_mj_per_sample(row: Row) -> float | None:
-    """Mean over replicates of NVML energy per sample."""
-    values = _present(t.get("energy_per_sample_j") for t in _telemetry(row))
-    if not values:
-        values = [v for v in _present(t.get("energy_per_sample_j") for t in _measured_telemetry(row)) if v]
-    return 1e3 * sum(values) / len(values) if values else None
-
-
 @dataclass(frozen=True)
 class Fastest:
     """One configuration (model, devices, global batch) across backends, variants and
@@ -560,12 +343,6 @@ def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
     return found
 
 
-def program_kind(row: Row) -> str:
-    """What a row is ranked among: "plain" (the single-device program without distribution)
-    or "data-parallel" (the program that runs on 1 to N devices), whatever its variant."""
-    return PLAIN if row.program == PLAIN else DATA_PARALLEL
-
-
 def geomean_rate(row: Row) -> float:
     """The geometric mean of a row's replicate means: what `ratio_of` compares, so that the row
     ranked first never trails the next by a ratio below 1."""
@@ -577,33 +354,3 @@ def ratio_of(b: Row, a: Row) -> stats.LogRatio:
     """b's throughput over a's, from the model behind their intervals."""
     return stats.log_ratio(b.means, b.measured.log_spread, a.means, a.measured.log_spread, run_var=a.run_var,
                            b_run_var=b.run_var, shared=variance_group(a) == variance_group(b))
-
-
-@dataclass(frozen=True)
-class BusyHost:
-    """The host's load while replicates ran, where it exceeded the cores it had."""
-
-    load: float  # the median 1-minute load average as replicates started
-    cores: int  # the cores the workers could use
-
-
-def busy_host(records: Sequence[Record]) -> BusyHost | None:
-    """The host's load when it exceeded its cores while replicates ran (other programs were
-    competing with the measurement), else None. A replicate's own worker stays within the
-    cores it has (about 1.7 on 2 cores here), so a median above them means something else ran."""
-    loads: list[float] = []
-    cores: list[int] = []
-    for record in records:
-        facts = record.get("replicate")
-        before = facts.get("host_before") if facts else None
-        if not before:
-            continue
-        load, count = before.get("loadavg_1m"), before.get("cpus_allowed") or before.get("cpu_count")
-        if isinstance(load, (int, float)) and not isinstance(load, bool) and 0 <= load < 1e6:  # advice, never data
-            loads.append(float(load))
-        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
-            cores.append(count)
-    if not loads or not cores:
-        return None
-    load, available = float(np.median(loads)), min(cores)
-    return BusyHost(load, available) if load > available else None
