@@ -194,7 +194,7 @@ def _loaded(load, cores=2):
 
 def test_a_host_busier_than_its_cores_is_named_and_an_idle_one_is_not():
     from xbench.report.words import busy_text
-    from xbench.results.summary import busy_host
+    from xbench.results.conditions import busy_host
 
     busy = busy_host([_loaded(3.7), _loaded(4.1), _loaded(1.2)])
     assert busy is not None and busy.load == pytest.approx(3.7) and busy.cores == 2
