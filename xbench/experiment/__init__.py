@@ -6,10 +6,7 @@ from xbench.experiment.spec import (
     COMPILE_CACHES,
     DEFAULT_RAW,
     DEFAULT_REPLICATES,
-    MAX_ELEMENTS,
     MAX_NAME_LENGTH,
-    MAX_SECONDS,
-    MAX_SEED,
     MIN_REPLICATES,
     PLATFORMS,
     PRECISIONS,
@@ -24,6 +21,7 @@ from xbench.experiment.spec import (
     presets,
     resolve_protocol,
 )
+from xbench.experiment.values import MAX_ELEMENTS, MAX_SECONDS, MAX_SEED
 
 __all__ = [
     "ALL_VARIANTS", "COMPILE_CACHES", "DEFAULT_RAW", "DEFAULT_REPLICATES", "MAX_ELEMENTS", "MAX_NAME_LENGTH",

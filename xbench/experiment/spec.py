@@ -24,6 +24,25 @@ from xbench.contract.timing import (
     TimingProtocol,
 )
 from xbench.errors import SpecError
+from xbench.experiment.values import (
+    MAX_COUNT,
+    MAX_DEVICES,
+    MAX_ELEMENTS,
+    MAX_SECONDS,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TARGET_CI,
+    SEED_RANGE_WHY,
+    as_table,
+    brief,
+    choice,
+    integer,
+    non_negative_number,
+    positive_list,
+    positive_number,
+    reject_unknown,
+    str_list,
+)
 from xbench.models import Dim, broken_families, families, family, presets
 from xbench.models.model_spec import ModelSpec
 
@@ -149,7 +168,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
     (for every selected model), `samples` (data size), and protocol keys (`repeats`, ...).
     """
     merged = dict(raw)
-    protocol = _as_table(merged.get("protocol", {}), "protocol")
+    protocol = as_table(merged.get("protocol", {}), "protocol")
     for key, value in overrides.items():
         if value is None:
             continue
@@ -157,12 +176,12 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
             merged["models"] = _select_models(merged.get("models", []), value)
         elif key == "batch_sizes":
             sizes = list(value) if isinstance(value, (list, tuple)) else value  # _positive_list says what is wrong
-            merged["models"] = [{**_as_table(m, "models"), "batch_sizes": sizes}
+            merged["models"] = [{**as_table(m, "models"), "batch_sizes": sizes}
                                 for m in merged.get("models", [])]
         elif key in TimingProtocol.__dataclass_fields__:
             protocol[key] = value
         elif key == "samples":
-            merged["data"] = {**_as_table(merged.get("data", {}), "data"), "samples": value}
+            merged["data"] = {**as_table(merged.get("data", {}), "data"), "samples": value}
         elif key == "options":
             merged["options"] = _merge_options(merged.get("options", {}), value)
         else:
@@ -175,10 +194,10 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
 def _select_models(tables: Any, wanted: Any) -> list[dict[str, Any]]:
     by_name = {}
     for table in tables if isinstance(tables, list) else []:
-        table = _as_table(table, "models")
+        table = as_table(table, "models")
         by_name[_model_key(table, "[[models]]")] = table
     chosen = []
-    for name in _str_list({"models": wanted}, "models", None, "the command line"):
+    for name in str_list({"models": wanted}, "models", None, "the command line"):
         if name in by_name:
             chosen.append(by_name[name])
         elif name in presets():
@@ -190,30 +209,30 @@ def _select_models(tables: Any, wanted: Any) -> list[dict[str, Any]]:
 
 
 def _merge_options(base: Any, extra: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    merged = {name: _as_table(table, f"options.{name}") for name, table in _as_table(base or {}, "options").items()}
-    for name, table in _as_table(extra, "options").items():
-        merged.setdefault(name, {}).update(_as_table(table, f"options.{name}"))
+    merged = {name: as_table(table, f"options.{name}") for name, table in as_table(base or {}, "options").items()}
+    for name, table in as_table(extra, "options").items():
+        merged.setdefault(name, {}).update(as_table(table, f"options.{name}"))
     return merged
 
 
 def build_spec(raw: Mapping[str, Any], source: str = "spec") -> Spec:
     """Validate a raw mapping and return the frozen `Spec`; the single validation point."""
-    _reject_unknown(raw, _TOP_KEYS, "the top level", source)
+    reject_unknown(raw, _TOP_KEYS, "the top level", source)
     defaults = Spec(models=())
     spec = Spec(
         models=_models(raw.get("models"), source),
-        backends=tuple(_str_list(raw, "backends", None, source)) if "backends" in raw else (),
-        devices=tuple(_positive_list(raw, "devices", defaults.devices, source, maximum=MAX_DEVICES)),
-        scaling=_choice(raw, "scaling", SCALINGS, defaults.scaling, source),
-        precision=_choice(raw, "precision", PRECISIONS, defaults.precision, source),
-        platform=_choice(raw, "platform", PLATFORMS, defaults.platform, source),
-        learning_rate=_positive_number(raw, "learning_rate", defaults.learning_rate, source),
-        seed=_integer(raw, "seed", defaults.seed, source, minimum=0, maximum=MAX_SEED, why=SEED_RANGE_WHY),
+        backends=tuple(str_list(raw, "backends", None, source)) if "backends" in raw else (),
+        devices=tuple(positive_list(raw, "devices", defaults.devices, source, maximum=MAX_DEVICES)),
+        scaling=choice(raw, "scaling", SCALINGS, defaults.scaling, source),
+        precision=choice(raw, "precision", PRECISIONS, defaults.precision, source),
+        platform=choice(raw, "platform", PLATFORMS, defaults.platform, source),
+        learning_rate=positive_number(raw, "learning_rate", defaults.learning_rate, source),
+        seed=integer(raw, "seed", defaults.seed, source, minimum=0, maximum=MAX_SEED, why=SEED_RANGE_WHY),
         data=_data(raw.get("data", {}), source),
         protocol=_protocol(raw.get("protocol", {}), source),
         options=_options(raw.get("options", {}), source),
         variants=_variants(raw, source),
-        single_device=_choice(raw, "single_device", SINGLE_DEVICE, defaults.single_device, source),
+        single_device=choice(raw, "single_device", SINGLE_DEVICE, defaults.single_device, source),
     )
     _check_batches(spec)
     _check_array_sizes(spec)
@@ -225,7 +244,7 @@ def _models(value: Any, source: str) -> tuple[ModelSpec, ...]:
         value = DEFAULT_RAW["models"]
     if not isinstance(value, list) or not value:
         raise SpecError(f"'models' in {source} must be a non-empty list of [[models]] tables")
-    models = tuple(_model(_as_table(table, "models"), source) for table in value)
+    models = tuple(_model(as_table(table, "models"), source) for table in value)
     names = [m.name for m in models]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -238,7 +257,7 @@ def _model(table: dict[str, Any], source: str) -> ModelSpec:
     name = _model_key(table, where)
     family_name = _family_name(table, where)
     fam = family(family_name)
-    _reject_unknown(table, _MODEL_KEYS | set(fam.dims), f"a [[models]] table of family {family_name!r}", source)
+    reject_unknown(table, _MODEL_KEYS | set(fam.dims), f"a [[models]] table of family {family_name!r}", source)
     preset = presets()[table["preset"]][1] if "preset" in table else {}
     if name is None:
         raise SpecError(f"a model of family {family_name!r} without a 'preset' in {source} needs a 'name'")
@@ -252,7 +271,7 @@ def _model(table: dict[str, Any], source: str) -> ModelSpec:
         raise SpecError(f"'dropout' in {where} must be a number in [0, 1), got {dropout!r}")
     if dropout and family_name != "mlp":
         raise SpecError(f"model {name!r} in {source}: family {family_name!r} has no dropout; remove 'dropout'")
-    batch_sizes = tuple(_positive_list(table, "batch_sizes", preset.get("batch_sizes"), where, maximum=MAX_ELEMENTS))
+    batch_sizes = tuple(positive_list(table, "batch_sizes", preset.get("batch_sizes"), where, maximum=MAX_ELEMENTS))
     if family_name == "mlp":
         return ModelSpec(name=name, widths=tuple(dims["widths"]), dropout=float(dropout), batch_sizes=batch_sizes,
                          inputs=dims["inputs"], outputs=dims["outputs"])
@@ -267,7 +286,7 @@ def _family_name(table: Mapping[str, Any], where: str) -> str:
         broken = broken_families().get(given) if isinstance(given, str) else None
         if broken:
             raise SpecError(f"model family {given!r} in {where} failed to load: {broken}")
-        raise SpecError(f"unknown model family {_brief(given)} in {where}; choose one of: {', '.join(families())}")
+        raise SpecError(f"unknown model family {brief(given)} in {where}; choose one of: {', '.join(families())}")
     if given is not None and from_preset is not None and given != from_preset:
         raise SpecError(f"preset {table['preset']!r} in {where} is of family {from_preset!r}, not {given!r}; "
                         "drop one of 'preset' and 'family'")
@@ -284,8 +303,8 @@ def _dim(table: Mapping[str, Any], key: str, dim: Dim, preset: Mapping[str, Any]
     if key not in table and default is None:
         raise SpecError(f"model family {family_name!r} in {where} needs {key!r} ({dim.doc})")
     if dim.is_list:
-        return tuple(_positive_list(table, key, default, where, unique=False, maximum=dim.maximum))
-    return _integer(table, key, default, where, minimum=dim.minimum, maximum=dim.maximum, why=dim.doc)
+        return tuple(positive_list(table, key, default, where, unique=False, maximum=dim.maximum))
+    return integer(table, key, default, where, minimum=dim.minimum, maximum=dim.maximum, why=dim.doc)
 
 
 def _model_key(table: Mapping[str, Any], where: str) -> str | None:
@@ -294,59 +313,59 @@ def _model_key(table: Mapping[str, Any], where: str) -> str | None:
     preset_name = table.get("preset")
     if preset_name is not None and not isinstance(preset_name, str):
         raise SpecError(f"'preset' in {where} must be a string, one of: {', '.join(presets())}; "
-                        f"got {_brief(preset_name)}")
+                        f"got {brief(preset_name)}")
     if preset_name is not None and preset_name not in presets():
-        raise SpecError(f"unknown model preset {_brief(preset_name)} in {where}; choose one of: {', '.join(presets())}")
+        raise SpecError(f"unknown model preset {brief(preset_name)} in {where}; choose one of: {', '.join(presets())}")
     if "name" not in table:
         return preset_name
     name = table["name"]
     if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
         raise SpecError(
-            f"model name {_brief(name)} in {where} must be a string of 1 to {MAX_NAME_LENGTH} letters, digits, "
+            f"model name {brief(name)} in {where} must be a string of 1 to {MAX_NAME_LENGTH} letters, digits, "
             "'_', '.' or '-', starting with a letter or digit (it becomes part of file names and trial ids)"
         )
     return name
 
 
 def _data(table: Any, source: str) -> DataSpec:
-    table = _as_table(table, "data")
-    _reject_unknown(table, set(DataSpec.__dataclass_fields__), "[data]", source)
-    return DataSpec(samples=_integer(table, "samples", DataSpec.samples, f"[data] of {source}", minimum=1,
+    table = as_table(table, "data")
+    reject_unknown(table, set(DataSpec.__dataclass_fields__), "[data]", source)
+    return DataSpec(samples=integer(table, "samples", DataSpec.samples, f"[data] of {source}", minimum=1,
                                      maximum=MAX_ELEMENTS))
 
 
 def _protocol(table: Any, source: str) -> TimingProtocol:
-    table = _as_table(table, "protocol")
+    table = as_table(table, "protocol")
     where = f"[protocol] of {source}"
-    _reject_unknown(table, set(TimingProtocol.__dataclass_fields__), "[protocol]", source)
+    reject_unknown(table, set(TimingProtocol.__dataclass_fields__), "[protocol]", source)
     d = TimingProtocol()
     protocol = TimingProtocol(
-        warmup_steps=_integer(table, "warmup_steps", d.warmup_steps, where, minimum=0, maximum=MAX_STEPS),
-        steps=_integer(table, "steps", d.steps, where, minimum=1, maximum=MAX_STEPS),
-        repeats=_integer(table, "repeats", d.repeats, where, minimum=2, maximum=MAX_COUNT),
-        steps_per_call=_integer(table, "steps_per_call", d.steps_per_call, where, minimum=1, maximum=MAX_STEPS),
-        trial_timeout_s=_positive_number(table, "trial_timeout_s", d.trial_timeout_s, where, maximum=MAX_SECONDS),
-        min_window_s=_non_negative_number(table, "min_window_s", d.min_window_s, where, maximum=MAX_SECONDS),
+        warmup_steps=integer(table, "warmup_steps", d.warmup_steps, where, minimum=0, maximum=MAX_STEPS),
+        steps=integer(table, "steps", d.steps, where, minimum=1, maximum=MAX_STEPS),
+        repeats=integer(table, "repeats", d.repeats, where, minimum=2, maximum=MAX_COUNT),
+        steps_per_call=integer(table, "steps_per_call", d.steps_per_call, where, minimum=1, maximum=MAX_STEPS),
+        trial_timeout_s=positive_number(table, "trial_timeout_s", d.trial_timeout_s, where, maximum=MAX_SECONDS),
+        min_window_s=non_negative_number(table, "min_window_s", d.min_window_s, where, maximum=MAX_SECONDS),
         replicates=(None if table.get("replicates") is None
-                    else _integer(table, "replicates", None, where, minimum=MIN_REPLICATES, maximum=MAX_COUNT)),
-        target_ci=_non_negative_number(table, "target_ci", d.target_ci, where, maximum=MAX_TARGET_CI,
+                    else integer(table, "replicates", None, where, minimum=MIN_REPLICATES, maximum=MAX_COUNT)),
+        target_ci=non_negative_number(table, "target_ci", d.target_ci, where, maximum=MAX_TARGET_CI,
                                        why="a fraction of the mean: write 5 % as 0.05"),
-        window_budget_s=_positive_number(table, "window_budget_s", d.window_budget_s, where),
-        compile_cache=_choice(table, "compile_cache", COMPILE_CACHES, d.compile_cache, where),
+        window_budget_s=positive_number(table, "window_budget_s", d.window_budget_s, where),
+        compile_cache=choice(table, "compile_cache", COMPILE_CACHES, d.compile_cache, where),
         order_seed=(None if table.get("order_seed") is None
-                    else _integer(table, "order_seed", None, where, minimum=0, maximum=MAX_SEED)),
+                    else integer(table, "order_seed", None, where, minimum=0, maximum=MAX_SEED)),
         interval_target=(None if table.get("interval_target") is None
-                         else _non_negative_number(table, "interval_target", 0.0, where, maximum=MAX_TARGET_CI,
+                         else non_negative_number(table, "interval_target", 0.0, where, maximum=MAX_TARGET_CI,
                                                    why="a fraction of the mean: write 5 % as 0.05")),
         time_budget_s=(None if table.get("time_budget_s") is None
-                       else _non_negative_number(table, "time_budget_s", 0.0, where, maximum=MAX_SECONDS)),
-        max_replicates=_integer(table, "max_replicates", d.max_replicates, where, minimum=MIN_REPLICATES,
+                       else non_negative_number(table, "time_budget_s", 0.0, where, maximum=MAX_SECONDS)),
+        max_replicates=integer(table, "max_replicates", d.max_replicates, where, minimum=MIN_REPLICATES,
                                 maximum=MAX_COUNT),
         run_variation=(None if table.get("run_variation") is None
-                       else _non_negative_number(table, "run_variation", 0.0, where, maximum=MAX_TARGET_CI,
+                       else non_negative_number(table, "run_variation", 0.0, where, maximum=MAX_TARGET_CI,
                                                  why="a fraction of the mean: write 5 % as 0.05")),
         device_run_variation=(None if table.get("device_run_variation") is None
-                              else _non_negative_number(table, "device_run_variation", 0.0, where,
+                              else non_negative_number(table, "device_run_variation", 0.0, where,
                                                         maximum=MAX_TARGET_CI,
                                                         why="a fraction of the mean: write 0.2 % as 0.002")),
     )
@@ -403,8 +422,8 @@ def default_time_budget_s(gpu: bool) -> float:
 
 
 def _options(table: Any, source: str) -> dict[str, dict[str, Any]]:
-    table = _as_table(table, "options")
-    return {str(name): dict(_as_table(opts, f"options.{name}")) for name, opts in table.items()}
+    table = as_table(table, "options")
+    return {str(name): dict(as_table(opts, f"options.{name}")) for name, opts in table.items()}
 
 
 def _check_batches(spec: Spec) -> None:
@@ -455,125 +474,14 @@ def _within_int32(elements: int, model: ModelSpec, what: str, fix: str) -> None:
                         f"{MAX_ELEMENTS} that the frameworks' int32 indexing allows; {fix}")
 
 
-# -- small validators: each returns a clean value or raises a one-line SpecError ----------
-
-def _as_table(value: Any, name: str) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise SpecError(f"'{name}' must be a table, got {type(value).__name__}")
-    return dict(value)
-
-
-def _brief(value: Any, limit: int = 40) -> str:
-    """`value`'s repr, cut short where a long one would bury the message."""
-    text = repr(value)
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(value)} characters)" if isinstance(value, str) else f"{text[:limit]}..."
-
-
-def _reject_unknown(table: Mapping[str, Any], known: set[str], where: str, source: str) -> None:
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise SpecError(
-            f"unknown key {unknown[0]!r} in {where} of {source}; known keys: {', '.join(sorted(known))}"
-        )
-
-
-# Seeds: numpy's default_rng takes any integer >= 0, torch.manual_seed (given seed + rank)
-# and jax.random.key up to 2**63 - 1, Keras's set_random_seed up to 2**32 - 1; 2**31 - 1 also
-# fits the frameworks' int32 seed arguments and is the order seed's range, which a multi-node
-# run takes from the seed.
-MAX_SEED = 2**31 - 1
-SEED_RANGE_WHY = "a seed every framework accepts"
-MAX_COUNT = 10_000  # replicates, repeats: more is a typo, not a protocol
-# Sizes (samples, batch sizes, widths, inputs, outputs) and the arrays built from them stay
-# within int32 indexing: XLA, TF's GPU kernels and some torch kernels index arrays with int32,
-# and fail or overflow past it. See `_check_array_sizes`.
-MAX_ELEMENTS = 2**31 - 1
-MAX_DEVICES = 65_536  # xbench starts a process per device (spmd); more is a typo
-# Steps per window, per call and of warmup: the jax backends count steps in int32 (the dropout
-# keys fold in step * devices + device), which must stay far from overflow.
-MAX_STEPS = 1_000_000
-# Seconds (trial timeout, least window): a week; the orchestrator waits with these as
-# timeouts, which Python refuses past threading.TIMEOUT_MAX (about 292 years).
-MAX_SECONDS = 7 * 24 * 3600.0
-MAX_TARGET_CI = 1.0  # an interval as wide as the mean says nothing; larger is a percentage typed as is
-
-
-def _integer(table: Mapping[str, Any], key: str, default: int | None, where: str, minimum: int,
-             maximum: int | None = None, why: str = "") -> int:
-    value = table.get(key, default)
-    accepted = "" if maximum is None else f" (accepted: {minimum}..{maximum}{', ' + why if why else ''})"
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise SpecError(f"'{key}' in {where} must be an integer >= {minimum}, got {value!r}{accepted}")
-    if maximum is not None and value > maximum:
-        raise SpecError(f"'{key}' in {where} must be an integer <= {maximum}, got {value!r}{accepted}")
-    return value
-
-
-def _positive_number(table: Mapping[str, Any], key: str, default: float, where: str,
-                     maximum: float = math.inf) -> float:
-    value = table.get(key, default)
-    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
-            or value <= 0):
-        raise SpecError(f"'{key}' in {where} must be a positive finite number, got {value!r}")
-    if value > maximum:
-        raise SpecError(f"'{key}' in {where} must be at most {maximum:g}, got {value!r}")
-    return float(value)
-
-
-def _non_negative_number(table: Mapping[str, Any], key: str, default: float, where: str,
-                         maximum: float = math.inf, why: str = "") -> float:
-    value = table.get(key, default)
-    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
-            or value < 0):
-        raise SpecError(f"'{key}' in {where} must be a finite number >= 0, got {value!r}")
-    if value > maximum:
-        raise SpecError(f"'{key}' in {where} must be in 0..{maximum:g}{' (' + why + ')' if why else ''}, "
-                        f"got {value!r}")
-    return float(value)
-
-
-def _positive_list(table: Mapping[str, Any], key: str, default: Any, where: str,
-                   unique: bool = True, maximum: int = MAX_ELEMENTS) -> list[int]:
-    value = table.get(key, default)
-    if isinstance(value, tuple):
-        value = list(value)
-    if (not isinstance(value, list) or not value
-            or any(not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= maximum for v in value)):
-        raise SpecError(f"'{key}' in {where} must be a non-empty list of positive integers <= {maximum}, "
-                        f"got {value!r}")
-    if unique and len(set(value)) != len(value):
-        raise SpecError(f"'{key}' in {where} lists a value twice: {_brief(value)}")
-    return value
-
-
-def _str_list(table: Mapping[str, Any], key: str, default: Any, where: str) -> list[str]:
-    value = table.get(key, default)
-    if isinstance(value, tuple):
-        value = list(value)
-    if not isinstance(value, list) or not value or any(not isinstance(v, str) or not v for v in value):
-        raise SpecError(f"'{key}' in {where} must be a non-empty list of names, got {value!r}")
-    if len(set(value)) != len(value):
-        raise SpecError(f"'{key}' in {where} lists a name twice: {value!r}")
-    return value
-
-
 def _variants(table: Mapping[str, Any], source: str) -> tuple[str, ...]:
     """'all', or BACKEND:VARIANT names (checked against the backends once they are known)."""
     if "variants" not in table:
         return ()
-    names = _str_list(table, "variants", None, source)
+    names = str_list(table, "variants", None, source)
     for name in names:
         backend, _, variant = name.partition(":")
         if name != ALL_VARIANTS and not (_NAME.fullmatch(backend) and _NAME.fullmatch(variant)):
             raise SpecError(f"variant {name!r} in {source} must be BACKEND:VARIANT (a backend's name and one of its "
                             f"variants) or '{ALL_VARIANTS}'; `xbench backends` lists each backend's variants")
     return tuple(names)
-
-
-def _choice(table: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str, where: str) -> str:
-    value = table.get(key, default)
-    if value not in choices:
-        raise SpecError(f"'{key}' in {where} must be one of {', '.join(choices)}, got {value!r}")
-    return value
