@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from tests.conftest import ROOT
-from xbench.report import plots
+from xbench.report import drawing, plots
 from xbench.results.records import read_records
 from xbench.results.summary import full_rows, rows_from_records
 
@@ -23,7 +23,7 @@ def _rows(run, model):
 @pytest.fixture(autouse=True)
 def _close_figures():
     yield
-    plots._pyplot().close("all")
+    drawing.pyplot().close("all")
 
 
 def _series(ax):
@@ -45,10 +45,10 @@ def test_a_framework_keeps_one_colour_and_a_device_count_one_line_style():
     lines = _series(ax)
     for label, line in lines.items():
         program, devices = label.rsplit(", ", 1)
-        assert line.get_color() == plots.FRAMEWORK_COLOURS[plots.framework(program)], label
+        assert line.get_color() == drawing.FRAMEWORK_COLOURS[drawing.framework(program)], label
         assert line.get_linestyle() == {"1 device": "-", "2 devices": "--"}[devices], label
-    jax = {lines[n].get_marker() for n in lines if plots.framework(n) == "jax" and n.endswith("2 devices")}
-    assert len(jax) == len([n for n in lines if plots.framework(n) == "jax" and n.endswith("2 devices")])
+    jax = {lines[n].get_marker() for n in lines if drawing.framework(n) == "jax" and n.endswith("2 devices")}
+    assert len(jax) == len([n for n in lines if drawing.framework(n) == "jax" and n.endswith("2 devices")])
 
 
 def test_throughput_bars_are_the_rows_intervals_on_a_log_axis_with_nothing_at_or_below_zero():
@@ -111,24 +111,24 @@ def test_the_scaling_figure_shows_speedup_and_efficiency_with_ideal_lines_off_th
     assert list(_series(speed)["ideal (speedup = devices)"].get_ydata()) == [1, 2, 4]
     assert speed.get_ylim()[1] > 4 and efficiency.get_ylim()[1] > 1
     # one replicate: no interval to draw, so no bar, and the legend says why the markers are open
-    assert _bars(speed) == [] and plots.NO_INTERVAL in [t.get_text() for t in efficiency.get_legend().get_texts()]
+    assert _bars(speed) == [] and drawing.NO_INTERVAL in [t.get_text() for t in efficiency.get_legend().get_texts()]
 
 
 def test_figures_save_as_png_with_the_legend_outside(tmp_path):
     rows = _rows(VARIANTS, "large")
-    path = plots.save(plots.throughput_figure(rows, "large"), tmp_path / "t.png")
+    path = drawing.save(plots.throughput_figure(rows, "large"), tmp_path / "t.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from PIL import Image
 
     with Image.open(path) as image:
         width = image.width
-    assert width > plots.FIGSIZE[0] * plots.DPI  # the legend right of the axes widens the image
+    assert width > drawing.FIGSIZE[0] * drawing.DPI  # the legend right of the axes widens the image
 
 
 def test_frameworks_of_series_labels():
-    assert plots.framework("jax-shardmap plain+fused") == "jax"
-    assert plots.framework("torch plain+compile (spmd)") == "torch"
-    assert plots.framework("tf") == "tf"
-    style = plots.style_of(["jax", "jax plain", "numpy"], [1, 2], plots.DEVICE_DASHES)
+    assert drawing.framework("jax-shardmap plain+fused") == "jax"
+    assert drawing.framework("torch plain+compile (spmd)") == "torch"
+    assert drawing.framework("tf") == "tf"
+    style = drawing.style_of(["jax", "jax plain", "numpy"], [1, 2], drawing.DEVICE_DASHES)
     assert style.colours["jax"] == style.colours["jax plain"] != style.colours["numpy"]
     assert style.markers["jax"] != style.markers["jax plain"] and style.dashes == {1: "-", 2: "--"}

@@ -71,14 +71,8 @@ def draw_plots(rows: Sequence[Row], allreduce: Sequence[AllReduceRecord], run_di
     """Per model: throughput, speedup, scaling with device count (with three or more device
     counts) and (with --breakdown) time-breakdown plots; and the all-reduce bandwidth plot
     when the run measured it."""
-    from xbench.report.plots import (
-        breakdown_figure,
-        busbw_figure,
-        save,
-        scaling_figure,
-        speedup_figure,
-        throughput_figure,
-    )
+    from xbench.report.drawing import save
+    from xbench.report.plots import breakdown_figure, busbw_figure, scaling_figure, speedup_figure, throughput_figure
 
     images: dict[str, list[Image]] = {}
     for model in _models(rows):
