@@ -2,7 +2,7 @@
 
 Runs the torch.distributed NCCL reference (benchmarks/nccl_reference.py) and then
 `xbench allreduce` for a backend on the same GPUs and sizes, and prints busbw side by side
-with the ratio; the target (issue 4) is a ratio of at least 0.9 at 1 GiB.
+with the ratio; the target is a ratio of at least 0.9 at 1 GiB.
 
     python benchmarks/allreduce_vs_nccl.py --backend jax --sizes 217612 8085516 64MiB 1GiB
 """

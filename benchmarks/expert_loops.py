@@ -10,7 +10,7 @@ Without --models: gpt2-small resnet50 mlp on a GPU (about 11-12 minutes on an H1
 default lineup, more than one 10-minute command: the deadline below cuts the tail), the
 CPU-sized transformer-tiny resnet18 medium on a CPU.
 
-What it measures (issue 24, item 3). For each configuration (GPT-2 small in bf16 at 16 x 1,024
+What it measures. For each configuration (GPT-2 small in bf16 at 16 x 1,024
 tokens, ResNet-50 in bf16 at 256 images of 224 x 224, the seed MLPs in tf32: medium @ 128 and
 large @ 65,536), the training throughput of xbench's programs and of minimal loops written
 here, timed interleaved in one process per framework, as throughput ratios with intervals.
@@ -101,7 +101,7 @@ from typing import Any
 
 from _interleave import Runner, calibrate, child_records, describe, median_interval, paired_ratio, race, warm_up
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported (pitfall 6)
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported: no preallocation
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as on the lent GPU machines
 
 MARK = "EXPERT-LOOPS-JSON "  # the children's record lines start with this
@@ -1521,7 +1521,7 @@ def parent(args) -> int:
 
 def print_checks(document: dict[str, Any], requested: set[tuple[Config, str]], gpu: bool) -> bool:
     """The acceptance lines; True when every check that applies here meets."""
-    print("\nacceptance (issue 24, item 3):")
+    print("\nacceptance:")
     ok, any_shown = True, False
     document["checks"] = []
     for check in CHECKS:

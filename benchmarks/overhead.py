@@ -63,7 +63,7 @@ from _interleave import (  # shared with expert_loops.py (the script's directory
     timed,
 )
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported (pitfall 6)
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported: no preallocation
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as on the lent GPU machines
 
 MARK = "OVERHEAD-JSON "  # the children's result lines start with this
@@ -456,7 +456,8 @@ def print_table(headers: list[dict], results: list[dict]) -> bool:
             footnotes.add("* the torch backend ignored program=\"plain\": its 'plain' column is DDP over 1 process")
         if r.get("sync_every_call", {}).get("dp"):
             plain_mark_dp = "+"
-            footnotes.add("+ xbench's jax data-parallel program waits for every call on CPU devices (its pitfall 3)")
+            footnotes.add("+ xbench's jax data-parallel program waits for every call on CPU devices "
+                          "(lest the all-reduce deadlock)")
         else:
             plain_mark_dp = ""
         coverages.add(r["interval_coverage"])

@@ -5,7 +5,7 @@ the parameters split from the model once (`nnx.split`), the model merged from th
 the step (`nnx.merge`).
 
 Runs on jax 0.10 and 0.11+: inputs are placed with `jax.device_put` and a `NamedSharding`
-(the old `device_put_replicated`/`device_put_sharded` helpers are gone, pitfall 1).
+(the old `device_put_replicated`/`device_put_sharded` helpers are gone since jax 0.10).
 
 Besides the data-parallel program, the plain single-device program a user would write
 (`trial.program == "plain"`), no pmap, no sharding, no collective: as written, NNX's own
@@ -124,7 +124,7 @@ class JaxPmapBackend:
 
     def setup(self, devices: int, platform: str) -> DeviceInfo:
         # Allocate as needed instead of 75 % of each GPU up front, so NVML's "used" means
-        # something (pitfall 6); a user's own setting wins.
+        # something (jax preallocates 75 % of it otherwise); a user's own setting wins.
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         import jax
 
@@ -279,7 +279,7 @@ class JaxPmapBackend:
             params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
             weights_hash=hash_weights(canonical_arrays(model.in_order(_stacked(state[0])), replica=0)),
             precision=precision_info(trial),
-            sync_every_call=False,  # no collective, so no rendezvous to deadlock (pitfall 3)
+            sync_every_call=False,  # no collective, so no all-reduce rendezvous to deadlock
             notes=(*program_notes(trial, "jit"), *model.notes),
             settings=kernel_settings(),
         )

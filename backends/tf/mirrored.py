@@ -2,8 +2,8 @@
 `tf.distribute.MirroredStrategy`; `strategy.run` inside a `tf.function`.
 
 Keras 3's `apply_gradients` sum-reduces gradients across replicas, so the per-replica loss is
-scaled with `tf.nn.compute_average_loss(..., global_batch_size=GB)` (pitfall 5), and the
-optimizer's slots are built inside the strategy scope before the loop (pitfall 4).
+scaled with `tf.nn.compute_average_loss(..., global_batch_size=GB)` (Keras sums gradients over replicas), and the
+optimizer's slots are built inside the strategy scope before the loop (built lazily inside a tf.function, they fail).
 
 With the spmd launcher (one process per device) the same program runs under
 `tf.distribute.MultiWorkerMirroredStrategy`, from a TF_CONFIG built from the job's `Process`:
@@ -115,7 +115,7 @@ class TfMirroredBackend:
             if devices > len(gpus):
                 raise DeviceUnavailable(f"asked for {devices} devices; tensorflow sees {len(gpus)} GPU(s)")
             for gpu in gpus:
-                tf.config.experimental.set_memory_growth(gpu, True)  # pitfall 6
+                tf.config.experimental.set_memory_growth(gpu, True)  # else TF grabs the GPU's memory
             self.platform, available = "gpu", len(gpus)
             names = [d.name for d in tf.config.list_logical_devices("GPU")]
         else:
@@ -124,7 +124,7 @@ class TfMirroredBackend:
                     f"asked for {devices} simulated CPU devices; xbench allows {SIMULATED_DEVICE_LIMIT}")
             if gpus:
                 tf.config.set_visible_devices([], "GPU")
-            # Must happen before the runtime starts (pitfall 5).
+            # Must happen before the runtime starts: TF refuses logical devices afterwards.
             cpu = tf.config.list_physical_devices("CPU")[0]
             tf.config.set_logical_device_configuration(
                 cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(devices)])
@@ -164,7 +164,7 @@ class TfMirroredBackend:
             if process.local_rank >= len(gpus):
                 raise DeviceUnavailable(f"local rank {process.local_rank}, but tensorflow sees {len(gpus)} GPU(s)")
             tf.config.set_visible_devices([gpus[process.local_rank]], "GPU")
-            tf.config.experimental.set_memory_growth(gpus[process.local_rank], True)  # pitfall 6
+            tf.config.experimental.set_memory_growth(gpus[process.local_rank], True)  # else TF grabs it all
         elif gpus:
             tf.config.set_visible_devices([], "GPU")
         implementation = (tf.distribute.experimental.CommunicationImplementation.NCCL if use_gpu
@@ -199,7 +199,7 @@ class TfMirroredBackend:
         jit_compile = _jit_compile(trial.variant)  # refuses an unknown one before touching TensorFlow
         import tensorflow as tf
 
-        # Explicit, never the default: TF allows TF32 on GPUs unless told otherwise (pitfall 9).
+        # Explicit, never the default: TF allows TF32 on GPUs unless told otherwise.
         tf.config.experimental.enable_tensor_float_32_execution(trial.precision == "tf32")
         import keras
 
@@ -223,7 +223,7 @@ class TfMirroredBackend:
         with scope:
             built = build(work, jit_compile)
             optimizer = _optimizer(trial.learning_rate, all_reduce=trial.all_reduce)
-            optimizer.build(built.variables)  # before the loop (pitfall 4)
+            optimizer.build(built.variables)  # before the loop: slots built lazily in a tf.function fail
             x_all, y_all = _data(strategy, work, trial.global_batch, float64=trial.precision == "fp64")
         programs = _programs(_on_replicas(strategy), built, optimizer, x_all, y_all, trial,
                              batches=work.x.shape[0] // trial.global_batch, jit_compile=jit_compile)
@@ -518,7 +518,7 @@ def _programs(on_replicas, built: Built, optimizer, x_all, y_all, trial: Trial, 
 
     if jit_compile:
         # XLA around each replica's forward and backward only: jit_compile around strategy.run
-        # fails across devices (pitfall 5), so apply_gradients (the all-reduce and Adam) stays
+        # fails across devices, so apply_gradients (the all-reduce and Adam) stays
         # outside, in both programs alike. Keras's own jit_compile=True (model.compile) would
         # also compile the optimizer update. Dropout compiles (Keras draws it with stateless
         # RNG ops), but XLA's generator may give other masks than TF's kernels (verify runs

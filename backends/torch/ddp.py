@@ -304,7 +304,7 @@ class TorchDdpBackend:
         # gradients and both moments, bound by memory bandwidth, which fused=True already makes
         # in one launch; torch.compile of optimizer.step could at best generate the same pass,
         # at the cost of compiling it (and guarding on its step counter), and the programs
-        # experts write (issue 24's measurement) leave the fused step eager too.
+        # experts write (measured) leave the fused step eager too.
         optimizer = torch.optim.Adam(built.trainable, lr=trial.learning_rate, betas=(ADAM.b1, ADAM.b2),
                                      eps=ADAM.eps, fused=True)
 

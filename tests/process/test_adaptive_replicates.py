@@ -1,4 +1,4 @@
-"""Issue 25: adaptive replicates, verdicts from the interval, a diff that knows its power, and
+"""Adaptive replicates, verdicts from the interval, a diff that knows its power, and
 the machine-drift control."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 15, the core side of model families: presets' parameter counts against published
+"""The core side of model families: presets' parameter counts against published
 ones, FLOPs against the usual formulas, the canonical layout, data, the spec's keys and bad
 input, the run path (units, unsupported families), and verify's per-device statistics."""
 
@@ -252,7 +252,7 @@ def test_plugin_presets_are_listed_with_broken_plugins(plugin_families, run_cli)
 
 
 def test_a_family_plugin_that_exits_or_hangs_is_broken_not_the_end_of_xbench(monkeypatch, run_cli):
-    """Issue 28, H: family plugins load as backends do, isolated and within the timeout."""
+    """Family plugins load as backends do, isolated and within the timeout."""
     from importlib.metadata import EntryPoint
 
     import xbench.models as models

@@ -367,7 +367,7 @@ def test_a_killed_run_resumes_and_leaves_no_stray_file(tmp_path):
 
 @pytest.mark.parametrize("old_run_json", [False, True], ids=["run-json-says", "records-say"])
 def test_a_resumed_no_verify_run_is_not_verified(fake_backends, run_cli, tmp_path, old_run_json):
-    """Issue 28 M: `--resume` of a `--no-verify` run verified anyway (on a GPU, a full-size
+    """`--resume` of a `--no-verify` run verified anyway (on a GPU, a full-size
     verification of GPT-2 small ran out of memory before the two trials left). A run.json from
     before it recorded the choice is judged by its records."""
 
@@ -389,7 +389,7 @@ def test_a_resumed_no_verify_run_is_not_verified(fake_backends, run_cli, tmp_pat
 @pytest.mark.parametrize("held", [("records.jsonl", "workers.log"), ("workers.log",), ("report.md",),
                                   ("workers.log", "workers.log.1-0-0")])
 def test_refusing_a_directory_that_holds_part_of_a_run_deletes_nothing(fake_backends, run_cli, tmp_path, held):
-    """Issue 28 A: a directory with a run's files but no run.json was refused, and then the
+    """A directory with a run's files but no run.json was refused, and then the
     refusing run took those files back as if it had written them."""
     out = tmp_path / "run"
     out.mkdir()

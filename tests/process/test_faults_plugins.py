@@ -1,4 +1,4 @@
-"""Issue 13, class 5b: a plugin that exits, raises or hangs while it is loaded or probed is
+"""A plugin that exits, raises or hangs while it is loaded or probed is
 listed as unavailable with the reason, and never stops, stalls or breaks the others."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a run shows while it works (issue 26, item 7): plain lines as things happen when stderr
+"""What a run shows while it works: plain lines as things happen when stderr
 is not a terminal, and a --resume of a complete run that says so at once and runs nothing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 28, K: a closed, full or non-UTF-8 standard output costs one line of error and a
+"""A closed, full or non-UTF-8 standard output costs one line of error and a
 non-zero exit, never a traceback, and never the run's records or report."""
 
 import os

@@ -589,7 +589,7 @@ def test_a_bf16_variant_whose_backend_lost_a_reference_run_fails_with_the_reason
     assert line.startswith("a/medium/d1/b32/cudnn/r0: not verified in bf16: ") and why in line, line
 
 
-# -- what ran decides: a missing result is never "passed" (issue 28, defect D) -----------------
+# -- what ran decides: a missing result is never "passed" -----------------
 
 def fp32_runs(t):
     return reference() if t.precision == "fp64" else float32(perturbed(reference(), 1e-7, 1e-7, seed=5))

@@ -1,4 +1,4 @@
-"""Fault injection in verification (issue 28, defect D): a verification worker killed by
+"""Fault injection in verification: a verification worker killed by
 SIGKILL must fail the run, never leave a program "passed" with 0 checks.
 
 The worker is really killed, from outside, while it computes the reference gradients of one

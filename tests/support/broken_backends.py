@@ -19,7 +19,7 @@ class NoAllReduceJax(JaxPmapBackend):
 
 
 class SummedJax(JaxPmapBackend):
-    """psum instead of pmean: the gradient comes out N times too large (pitfall 2's symptom)."""
+    """Psum instead of pmean: the gradient comes out N times too large (shard_map's silent N x gradient)."""
 
     name: ClassVar[str] = "jax-sum"
 

@@ -1,4 +1,6 @@
-"""A deliberately broken shard_map step that `xbench verify` must catch (pitfall 2)."""
+"""A deliberately broken shard_map step that `xbench verify` must catch: the gradient of a
+replicated parameter taken inside shard_map is already summed over devices, so a pmean after it
+leaves it N times too large."""
 
 from __future__ import annotations
 

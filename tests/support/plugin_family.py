@@ -47,14 +47,14 @@ class Broken:
 
 
 class Exits:
-    """A family plugin that ends the process it loads in (issue 28, H)."""
+    """A family plugin that ends the process it loads in."""
 
     def __init__(self):
         raise SystemExit(5)
 
 
 class Hangs:
-    """A family plugin that never finishes loading (issue 28, H)."""
+    """A family plugin that never finishes loading."""
 
     def __init__(self):
         import threading

@@ -1,4 +1,4 @@
-"""Issue 28, L: `recommend` with a fit.json that no fitter made (NaN or negated coefficients,
+"""`recommend` with a fit.json that no fitter made (NaN or negated coefficients,
 a damaged file in a --fits directory) names the file in one line instead of answering with
 NaN, a complex number or "no stored fit"."""
 

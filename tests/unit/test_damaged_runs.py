@@ -1,4 +1,4 @@
-"""Issue 28, B, E and F: a damaged run.json, out-of-range numbers in a record and a record of
+"""A damaged run.json, out-of-range numbers in a record and a record of
 another run are refused by every reader with one line naming the file, never used, never a
 traceback."""
 

@@ -1,4 +1,4 @@
-"""Issue 13, bad input: spec values of the wrong kind or size, and malformed SLURM, torchrun
+"""Bad input: spec values of the wrong kind or size, and malformed SLURM, torchrun
 or XBENCH_HOSTS variables. Each is one line naming what to change, exit status 2, no
 traceback, and nothing written."""
 

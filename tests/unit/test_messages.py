@@ -1,4 +1,4 @@
-"""Issue 28, C and M: each message says what to change, about the right thing, in one line of
+"""Each message says what to change, about the right thing, in one line of
 reasonable length."""
 
 import pytest

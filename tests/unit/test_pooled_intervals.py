@@ -1,4 +1,4 @@
-"""The one statistical model behind every interval, speedup, verdict and diff (issue 25):
+"""The one statistical model behind every interval, speedup, verdict and diff:
 calibrated by simulation, not just narrower."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 26, item 3: `recommend` answers from one stored fit, the one of this machine's devices
+"""`recommend` answers from one stored fit, the one of this machine's devices
 (else the closest, saying so plainly), names the fits it left out, refuses a question outside
 the fit in one line that names the range and the sweep, and runs the README's example."""
 

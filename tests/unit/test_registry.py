@@ -105,7 +105,7 @@ def test_the_old_contract_names_are_still_exported():
 
 
 def test_a_plugin_cannot_replace_a_built_in_backend_whatever_the_order():
-    """Issue 28, I: installed packages come in no set order; the built-in jax keeps its name."""
+    """Installed packages come in no set order; the built-in jax keeps its name."""
     built_in = entry_point("jax", "xbench_backends.jax.pmap:JaxPmapBackend")
     impostor = entry_point("jax", "tests.support.fakes:NumpyBackend")
     for points in ([impostor, built_in], [built_in, impostor]):

@@ -1,4 +1,4 @@
-"""Issue 28, G: a SLURM allocation of several nodes never runs as one node, whatever its
+"""A SLURM allocation of several nodes never runs as one node, whatever its
 tasks per node say; one node's batch script, which runs once, still may."""
 
 import pytest

@@ -10,7 +10,7 @@ def preset(name):
 
 
 def test_true_parameter_counts_of_the_seed_models():
-    # Not the seed's quoted 258,432 and 6,885,376 (pitfall 7).
+    # Not the seed's quoted 258,432 and 6,885,376 (the seed's counts do not match its own architecture).
     assert build_work(preset("medium"), 64, 0).params == 54_403
     assert build_work(preset("large"), 64, 0).params == 2_021_379
 

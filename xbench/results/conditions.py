@@ -83,7 +83,8 @@ def gpu_util_pct(row: Row) -> float | None:
 
 
 def memory_gib(row: Row) -> float | None:
-    """The framework's own peak where it has one (pitfall 6), else NVML's peak 'used'."""
+    """The framework's own peak where it has one (a framework that preallocates makes NVML's
+    'used' meaningless), else NVML's peak 'used'."""
     telemetry = _telemetry(row)
     peaks = _framework_peaks(telemetry)
     if peaks:

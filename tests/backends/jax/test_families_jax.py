@@ -1,6 +1,6 @@
-"""The jax backends' model families (transformer, cnn, lstm; issue 15), in-process on
+"""The jax backends' model families (transformer, cnn, lstm), in-process on
 simulated CPU devices, as Flax NNX modules (as written) and in plain jax.numpy (the `jnp`
-variant; issue 24): parameter counts from the framework's own variables, readback of the
+variant): parameter counts from the framework's own variables, readback of the
 core's weights bit for bit, verification against deliberately wrong builds (which the real
 check code must reject), per-device BatchNorm statistics, the fused variant, and bf16."""
 
@@ -423,7 +423,7 @@ def test_fp64_leaves_fp32_trials_unchanged(on_devices):
     assert all(np.array_equal(a, b) for a, b in zip(after.replicas[0], before.replicas[0]))
 
 
-# -- a bf16-only attention program, verified against float64 (issue 24, item 4) -------------
+# -- a bf16-only attention program, verified against float64 --------------------------------
 
 @pytest.mark.parametrize("slip", [None, ("CAUSAL", False), ("SCALE", 1.0)],
                          ids=["correct", "no-causal-mask", "scale-1"])

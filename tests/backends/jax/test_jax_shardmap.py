@@ -1,5 +1,5 @@
 """The `jax-shardmap` and `jax-auto` backends: plugin hygiene, verification through the CLI
-(and a pitfall-2 variant that must fail it), and a small compare with --breakdown."""
+(and a variant with shard_map's N x gradient that must fail it), and a small compare with --breakdown."""
 
 import json
 import subprocess

@@ -1,7 +1,7 @@
 """The tf backend's programs (data-parallel, plain) and variants (as-written, xla), tested
 directly on CPU without the core: this file starts two child processes, each running this
 module as a script (`python tests/test_tf_variants.py JOB.json`), because the number of
-simulated CPU devices is fixed at TensorFlow's start (pitfall 5):
+simulated CPU devices is fixed at TensorFlow's start:
 - 1 device: plain and data-parallel, each as written and with xla; an unknown variant,
 - 2 simulated devices: data-parallel, as written and with xla.
 Every run must match the plain as-written one in strict fp32 (medium MLP, dropout off, global

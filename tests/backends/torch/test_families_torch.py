@@ -1,4 +1,4 @@
-"""Issue 15, the torch side of model families: the transformer, cnn and lstm built by the torch
+"""The torch side of model families: the transformer, cnn and lstm built by the torch
 backend from the core's canonical arrays.
 
 - Parameter counts from torch's own trainable parameters equal the core's formula for every

@@ -1,4 +1,4 @@
-"""Issue 24, the torch programs experts write: the cnn family tuned (channels-last memory format
+"""The torch programs experts write: the cnn family tuned (channels-last memory format
 and cuDNN's benchmark mode) in the `channels-last` variant and in the compiled ones.
 
 - channels-last lays out the cnn's convolution weights, its images and so its activations and
