@@ -196,12 +196,14 @@ def test_records_from_before_variants_read_as_written_and_data_parallel():
 # -- real frameworks: every program and variant against the others ---------------------------
 
 @pytest.mark.slow
-def test_every_program_and_variant_of_tf_jax_and_torch_verifies_on_both_seed_models(run_cli):
+def test_every_program_and_variant_of_tf_jax_and_torch_verifies(run_cli):
+    # One seed model: what a variant changes (compilation, fusion, kernels) is the same for both,
+    # and the large one doubled the test's 400 s on a 2-core machine.
     code, out, err = run_cli("verify", "--backends", "tf", "jax", "torch", "--variants", "all",
-                             "--single-device", "both", "--devices", "1,2")
+                             "--single-device", "both", "--devices", "1,2", "--model", "medium")
     assert code == 0, out + err
     flat = " ".join(out.split())
-    for model in ("medium", "large"):
+    for model in ("medium",):
         for name in ("tf plain", "tf+xla", "tf plain+xla", "jax plain", "jax+fused", "jax plain+fused",
                      "torch plain", "torch+compile", "torch plain+compile"):
             assert f"{model}: {name} d1 vs tf d1" in flat, (model, name)
