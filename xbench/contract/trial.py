@@ -85,10 +85,6 @@ class Process:
     hosts: tuple[str, ...]  # one address per node, by node rank
 
     @property
-    def coordinator_host(self) -> str:
-        return self.coordinator.rsplit(":", 1)[0]
-
-    @property
     def coordinator_port(self) -> int:
         return int(self.coordinator.rsplit(":", 1)[1])
 

@@ -52,7 +52,3 @@ def peak_for(device_name: str, precision: str) -> Peak | None:
     return None
 
 
-def table_rows() -> list[tuple[str, ...]]:
-    """The table as text rows (device, fp32, tf32, bf16 TFLOP/s, source), for the docs."""
-    return [(name, *(f"{tflops[p]:g}" for p in ("fp32", "tf32", "bf16")), source)
-            for _, name, tflops, source in _TABLE]

@@ -134,17 +134,12 @@ def load_entries(points: list[EntryPoint]) -> dict[str, BackendEntry]:
     return load_points(list(unique_points(points).values()))
 
 
-def probe_timeout() -> float:
-    """Seconds the plugins being loaded may take to load and probe (see the module docstring)."""
-    return plugin_timeout()
-
-
 def load_points(points: list[EntryPoint]) -> dict[str, BackendEntry]:
     """Load and probe each plugin in its own thread, all at once, waiting at most one timeout
     in all; failures and hangs become unavailable entries with the reason."""
     if not points:
         return {}
-    timeout = probe_timeout()
+    timeout = plugin_timeout()  # to load and probe (see the module docstring)
     attempts = [_Attempt.start(point) for point in points]
     deadline = time.monotonic() + timeout
     for attempt in attempts:
