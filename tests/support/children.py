@@ -20,32 +20,56 @@ STRICT = ("-W", "error")  # warnings are errors in children too
 
 
 def run_children(script: str | Path, jobs: dict[str, dict[str, Any]], tmp_path: Path, timeout_s: float,
-                 env: dict[str, str] | None = None, python_flags: tuple[str, ...] = STRICT) -> dict[str, Any]:
-    """Start every job at once and wait for all within one deadline; a child that hangs or
-    fails fails the test with the end of its log, and none outlives this call."""
-    procs: dict[str, tuple[subprocess.Popen, Any]] = {}
-    deadline = time.monotonic() + timeout_s
+                 env: dict[str, str] | None = None, python_flags: tuple[str, ...] = STRICT,
+                 at_once: int | None = None) -> dict[str, Any]:
+    """Run every job, at most `at_once` at a time (default: the cores this process may use) and
+    the ranks of one gang (jobs with the same "gang") together, each within `timeout_s` of its
+    own start, so that a busy machine delays a job rather than failing it; a child that hangs
+    or fails fails the test with the end of its log, and none outlives this call."""
+    slots = at_once or len(os.sched_getaffinity(0))
+    pending = _gangs(jobs)
+    running: dict[str, tuple[subprocess.Popen, Any, float]] = {}
+    started: list[tuple[subprocess.Popen, Any]] = []
     try:
-        for name, job in jobs.items():
-            spec = tmp_path / f"{name}.json"
-            spec.write_text(json.dumps({**job, "out": str(tmp_path / f"{name}.pkl")}))
-            log = open(tmp_path / f"{name}.log", "w")
-            procs[name] = (subprocess.Popen([sys.executable, *python_flags, str(script), str(spec)], cwd=tmp_path,
-                                            stdout=log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}), log)
-        for name, (proc, _) in procs.items():
-            try:
-                code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"job {name} did not finish in {timeout_s:g} s:\n{child_log(tmp_path, name)}")
-            assert code == 0, f"job {name} exited {code}:\n{child_log(tmp_path, name)}"
+        while pending or running:
+            while pending and (not running or len(running) + len(pending[0]) <= slots):
+                for name in pending.pop(0):
+                    proc, log = _start(script, name, jobs[name], tmp_path, env, python_flags)
+                    started.append((proc, log))
+                    running[name] = (proc, log, time.monotonic() + timeout_s)
+            for name, (proc, _, deadline) in list(running.items()):
+                code = proc.poll()
+                if code is None and time.monotonic() > deadline:
+                    pytest.fail(f"job {name} did not finish in {timeout_s:g} s:\n{child_log(tmp_path, name)}")
+                if code is not None:
+                    assert code == 0, f"job {name} exited {code}:\n{child_log(tmp_path, name)}"
+                    del running[name]
+            time.sleep(0.05)
     finally:
-        for proc, log in procs.values():
+        for proc, log in started:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
             log.close()
     return {name: pickle.loads((tmp_path / f"{name}.pkl").read_bytes()) for name in jobs}
+
+
+def _gangs(jobs: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """The jobs in their order, those of one gang (ranks that wait for each other) as one unit."""
+    units: dict[str, list[str]] = {}
+    for name, job in jobs.items():
+        units.setdefault(job.get("gang") or name, []).append(name)
+    return list(units.values())
+
+
+def _start(script: str | Path, name: str, job: dict[str, Any], tmp_path: Path, env: dict[str, str] | None,
+           python_flags: tuple[str, ...]) -> tuple[subprocess.Popen, Any]:
+    spec = tmp_path / f"{name}.json"
+    spec.write_text(json.dumps({**job, "out": str(tmp_path / f"{name}.pkl")}))
+    log = open(tmp_path / f"{name}.log", "w")
+    proc = subprocess.Popen([sys.executable, *python_flags, str(script), str(spec)], cwd=tmp_path, stdout=log,
+                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return proc, log
 
 
 def child_log(tmp_path: Path, name: str) -> str:

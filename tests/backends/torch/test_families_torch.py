@@ -238,7 +238,7 @@ def results(tmp_path_factory):
         "counts": {"kind": "counts", "world": 1},
         "verify": {"kind": "verify", "world": 1, "runs": list(RUNS)},
         "float64": {"kind": "float64", "world": 1},
-        **{f"rank{r}": {"kind": "ranks", "world": 2, "rank": r, "port": port,
+        **{f"rank{r}": {"kind": "ranks", "world": 2, "rank": r, "port": port, "gang": "ranks",
                         "families": [["lstm", "fp32"], ["cnn", "fp32"], ["lstm", "fp64"], ["cnn", "fp64"]]}
            for r in (0, 1)},
     }

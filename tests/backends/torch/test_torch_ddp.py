@@ -146,8 +146,8 @@ def runs(tmp_path_factory):
 
     jobs = {
         "torch1": {"framework": "torch", "world": 1, "rank": 0, "trials": raw(one)},
-        **{f"torch2_rank{r}": {"framework": "torch", "world": 2, "rank": r, "port": port, "trials": raw(two)}
-           for r in (0, 1)},
+        **{f"torch2_rank{r}": {"framework": "torch", "world": 2, "rank": r, "port": port, "trials": raw(two),
+                               "gang": "torch2"} for r in (0, 1)},
         "jax1": {"framework": "jax", "trials": raw({"fp32": _trial(1, backend="jax")})},
     }
     results = run_children(__file__, jobs, tmp_path, CHILD_TIMEOUT_S)
