@@ -1,3 +1,4 @@
 """Results for people: terminal tables (`terminal`), report.md and report.html (`pages`), a
-table for pandas (`export`), their shared words (`words`), the document model (`document`)
-and plots (`plots`)."""
+table for pandas (`export`), their shared words (`words`), the bottom line's sentences
+(`bottom_line`), the document model (`document`), and the figures (`plots`) with the drawing
+kit they share (`drawing`)."""
