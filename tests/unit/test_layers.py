@@ -57,3 +57,24 @@ def test_a_module_imports_only_the_parts_below_its_own(path):
     part = part_of(path)
     above = parts_imported(path) - MAY_IMPORT[part] - {part}
     assert above == set(), f"{path.relative_to(ROOT)} ({part}/) imports {sorted(above)}"
+
+
+# The frameworks are plugins: the core names none of them in its code (docstrings and comments
+# may give examples). A framework's name as a value would make its rows behave differently.
+FRAMEWORK_NAMES = frozenset({"jax", "flax", "optax", "torch", "tf", "tensorflow", "keras"})
+
+
+def string_values(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a module that are not docstrings."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_core_names_no_framework_in_its_code(path):
+    named = [(line, value) for line, value in string_values(path) if value.strip().lower() in FRAMEWORK_NAMES]
+    assert not named, f"{path.relative_to(ROOT)} names a framework: {named}"

@@ -43,9 +43,10 @@ def test_a_framework_keeps_one_colour_and_a_device_count_one_line_style():
     rows = _rows(VARIANTS, "large")
     ax = plots.throughput_figure(rows, "large").axes[0]
     lines = _series(ax)
+    frameworks = sorted({drawing.framework(label.rsplit(", ", 1)[0]) for label in lines})
     for label, line in lines.items():
         program, devices = label.rsplit(", ", 1)
-        assert line.get_color() == drawing.FRAMEWORK_COLOURS[drawing.framework(program)], label
+        assert line.get_color() == drawing.COLOURS[frameworks.index(drawing.framework(program))], label
         assert line.get_linestyle() == {"1 device": "-", "2 devices": "--"}[devices], label
     jax = {lines[n].get_marker() for n in lines if drawing.framework(n) == "jax" and n.endswith("2 devices")}
     assert len(jax) == len([n for n in lines if drawing.framework(n) == "jax" and n.endswith("2 devices")])

@@ -17,8 +17,9 @@ from xbench.results.records import write_atomic
 
 DPI = 110
 FIGSIZE = (7.2, 4.4)  # inches, the axes and labels; the legend adds its width on the right
-FRAMEWORK_COLOURS = {"jax": "#0072B2", "torch": "#D55E00", "tf": "#009E73"}  # Okabe-Ito
-SPARE_COLOURS = ("#CC79A7", "#E69F00", "#56B4E9", "#882255", "#444444")
+# Okabe-Ito's colours (told apart with any colour vision), given to the frameworks of a figure in
+# their alphabetical order: no framework is named in the core.
+COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#882255", "#444444")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">")
 DEVICE_DASHES: dict[int, Any] = {1: "-", 2: "--", 4: "-.", 8: ":"}
 SPARE_DASHES: tuple[Any, ...] = ((0, (6, 2, 1, 2, 1, 2)), (0, (10, 3)), (0, (1, 2)), (0, (4, 1, 4, 4)))
@@ -67,8 +68,7 @@ def style_of(labels: Iterable[str], levels: Iterable[int], fixed: dict[int, Any]
     per level (`fixed` ones first: a device count keeps its style from figure to figure)."""
     names = sorted(set(labels))
     frameworks = sorted({framework(name) for name in names})
-    spare = iter(SPARE_COLOURS)
-    by_framework = {f: FRAMEWORK_COLOURS.get(f) or next(spare, SPARE_COLOURS[-1]) for f in frameworks}
+    by_framework = {f: COLOURS[i % len(COLOURS)] for i, f in enumerate(frameworks)}
     markers: dict[str, str] = {}
     for f in frameworks:
         mine = [name for name in names if framework(name) == f]

@@ -23,7 +23,7 @@ from xbench.report.drawing import (
     LEGEND_NEAR,
     LINEAR_STRETCH,
     REFERENCE,
-    SPARE_COLOURS,
+    COLOURS,
     Key,
     Points,
     Style,
@@ -219,7 +219,7 @@ def breakdown_figure(rows: Sequence[Row], model: str):
                          "time per step (ms, at the median throughput)")
     style = _row_style(rows)
     labels = [f"{r.label}\n{r.devices} dev, b{r.global_batch:,}" for r, _ in measured]
-    colours = [style.colours.get(r.label, SPARE_COLOURS[-1]) for r, _ in measured]
+    colours = [style.colours.get(r.label, COLOURS[-1]) for r, _ in measured]
     compute = [b.compute_ms for _, b in measured]
     comm = [max(b.comm_ms, 0.0) for _, b in measured]
     ax.bar(labels, compute, color=colours, alpha=0.85, label="compute (step without the all-reduce)")
