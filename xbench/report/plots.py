@@ -19,11 +19,11 @@ from typing import Any
 
 from xbench.report.drawing import (
     CLIPPED,
+    COLOURS,
     DEVICE_DASHES,
     LEGEND_NEAR,
     LINEAR_STRETCH,
     REFERENCE,
-    COLOURS,
     Key,
     Points,
     Style,
