@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from xbench.contract import backend_of_implementation
-from xbench.models.model_spec import ModelSpec
 from xbench.experiment import PRECISIONS
+from xbench.models.model_spec import ModelSpec
 from xbench.stats import relative_errors
 from xbench.wire import Reference
 

@@ -23,7 +23,15 @@ from xbench.results.records import (
     write_json,
 )
 from xbench.results.step_model import (
-    Fit, FitError, FitKey, Layout, Observation, alpha_beta, fit, fit_problem, predict_log,
+    Fit,
+    FitError,
+    FitKey,
+    Layout,
+    Observation,
+    alpha_beta,
+    fit,
+    fit_problem,
+    predict_log,
 )
 from xbench.results.summary import rows_from_records
 from xbench.wire import utc_now

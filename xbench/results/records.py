@@ -478,7 +478,8 @@ def check_same_run(run_id: str, record_run_ids: Iterable[Any], records_path: Pat
     appended to one file) would be counted as this run's, or replace one of its trials."""
     others = sorted({str(r) for r in record_run_ids if r != run_id})
     if others:
-        shown = ", ".join(_brief(o, 40) for o in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        shown = ", ".join(_brief(o, 40) for o in others[:3]) + more
         raise XbenchError(f"{records_path} holds records of run(s) {shown}, but {RUN_FILE} is run {run_id}: "
                           f"the directory mixes runs; {fix}")
 

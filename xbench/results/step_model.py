@@ -438,8 +438,9 @@ def check_in_range(fit: Fit, params: float, local_batch: float) -> None:
     low, high = fit.batch_range
     if not low <= local_batch <= high:
         batch = max(1, int(local_batch))
+        around = f"{max(1, batch // 2)} {batch} {2 * batch}"
         raise FitError(f"{fit.key.label}: {local_batch:g} samples per device is outside the fitted {low}-{high}; "
-                       f"sweep batches around it (xbench sweep --per-device-batch {max(1, batch // 2)} {batch} {2 * batch})")
+                       f"sweep batches around it (xbench sweep --per-device-batch {around})")
 
 
 def extrapolation(fit: Fit, devices: int) -> str | None:
