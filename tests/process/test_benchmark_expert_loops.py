@@ -1,5 +1,6 @@
-"""benchmarks/expert_loops.py: its lineups and acceptance checks on synthetic GPU results (the
-checks only apply on a GPU, where a mistake costs device time), and a CPU smoke run."""
+"""benchmarks/expert_loops.py (and the _expert_*.py modules it is cut into): its lineups and
+acceptance checks on synthetic GPU results (the checks only apply on a GPU, where a mistake costs
+device time), and a CPU smoke run."""
 
 from __future__ import annotations
 
@@ -18,24 +19,43 @@ BENCHMARKS = ROOT / "benchmarks"
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-@pytest.fixture(scope="module")
-def el():
-    """The script as a module (it imports its neighbour `_interleave`), leaving this
-    process's environment as it was (the script sets XLA and NCCL defaults on import)."""
+def benchmark_module(name: str):
+    """A module of benchmarks/ (they import their neighbours: `_interleave`, `_expert_*`),
+    leaving this process's environment as it was (the script sets XLA and NCCL defaults on
+    import)."""
     saved = dict(os.environ)
     sys.path.insert(0, str(BENCHMARKS))
     try:
-        return importlib.import_module("expert_loops")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCHMARKS))
         os.environ.clear()
         os.environ.update(saved)
 
 
-def result(el, framework: str, config, programs: list[tuple[str, str, list[float]]], device: str = H100,
+@pytest.fixture(scope="module")
+def el():
+    """The script as a module: the parent and the acceptance checks."""
+    return benchmark_module("expert_loops")
+
+
+@pytest.fixture(scope="module")
+def expert_config(el):
+    """Its configurations (MODEL_GROUPS)."""
+    return benchmark_module("_expert_config")
+
+
+@pytest.fixture(scope="module")
+def lineups(el):
+    """Its lineups of programs."""
+    return benchmark_module("_expert_lineups")
+
+
+def result(framework: str, config, programs: list[tuple[str, str, list[float]]], device: str = H100,
            platform: str = "gpu") -> dict:
     """A child's result record for `programs` (name, kind, per-step seconds of each round),
     the first of them the reference, as time_configuration builds it."""
+    from _expert_child import figures
     from _interleave import Runner
 
     from xbench.results.peaks import peak_for
@@ -49,8 +69,8 @@ def result(el, framework: str, config, programs: list[tuple[str, str, list[float
     for name, kind, _ in programs:
         record = {"name": name, "kind": kind, "status": "timed", "reason": None, "params": model.params,
                   "first_call_s": 30.0}
-        record.update(el.figures(runners[name], reference, units, model.training_flops_per_sample * config.batch,
-                                 peak))
+        record.update(figures(runners[name], reference, units, model.training_flops_per_sample * config.batch,
+                              peak))
         records.append(record)
     return {"kind": "result", "framework": framework, "config": asdict(config), "label": config.label,
             "precision": config.precision, "family": model.family, "unit": model.unit, "units_per_step": units,
@@ -63,14 +83,14 @@ def rounds(ms: float, spread: float = 0.002) -> list[float]:
     return [ms / 1e3 * (1 + spread * (i % 3 - 1)) for i in range(6)]
 
 
-def test_gpt2_checks_on_gpu_results(el, capsys):
-    gpt2 = el.MODEL_GROUPS["gpt2-small"][0]
+def test_gpt2_checks_on_gpu_results(el, expert_config, capsys):
+    gpt2 = expert_config.MODEL_GROUPS["gpt2-small"][0]
     results = [
-        result(el, "jax", gpt2, [("minimal jax+cudnn", "minimal", rounds(38.0)),
-                                 ("minimal jax", "minimal", rounds(74.0)),
-                                 ("jax plain", "xbench", rounds(74.5)), ("jax plain+cudnn", "xbench", rounds(37.6))]),
-        result(el, "torch", gpt2, [("minimal torch+compile", "minimal", rounds(37.2)),
-                                   ("torch plain+compile", "xbench", rounds(46.5))]),
+        result("jax", gpt2, [("minimal jax+cudnn", "minimal", rounds(38.0)),
+                             ("minimal jax", "minimal", rounds(74.0)),
+                             ("jax plain", "xbench", rounds(74.5)), ("jax plain+cudnn", "xbench", rounds(37.6))]),
+        result("torch", gpt2, [("minimal torch+compile", "minimal", rounds(37.2)),
+                               ("torch plain+compile", "xbench", rounds(46.5))]),
     ]
     requested = {(gpt2, "jax"), (gpt2, "torch")}
     jax_check, torch_check, mfu_check = el.CHECKS[:3]
@@ -91,37 +111,37 @@ def test_gpt2_checks_on_gpu_results(el, capsys):
     assert "reference" in table and "tokens/s" in table and "%" in table
 
 
-def test_checks_that_were_asked_for_but_not_measured_miss_on_a_gpu(el):
-    resnet = el.MODEL_GROUPS["resnet50"][0]
+def test_checks_that_were_asked_for_but_not_measured_miss_on_a_gpu(el, expert_config):
+    resnet = expert_config.MODEL_GROUPS["resnet50"][0]
     torch_check = next(c for c in el.CHECKS if c.title == "ResNet-50" and c.framework == "torch")
     assert el.evaluate(torch_check, [], {(resnet, "torch")}, gpu=True)["verdict"] == "misses"
     assert el.evaluate(torch_check, [], {(resnet, "jax")}, gpu=True) is None
-    cpu = result(el, "torch", resnet, [("minimal torch+channels-last", "minimal", rounds(900.0)),
-                                       ("torch plain", "xbench", rounds(950.0))], device="cpu", platform="cpu")
+    cpu = result("torch", resnet, [("minimal torch+channels-last", "minimal", rounds(900.0)),
+                                   ("torch plain", "xbench", rounds(950.0))], device="cpu", platform="cpu")
     assert el.evaluate(torch_check, [cpu], {(resnet, "torch")}, gpu=False)["verdict"] == "n/a"
 
 
-def test_resnet_checks_compare_with_the_fastest_minimal_loop(el):
-    resnet = el.MODEL_GROUPS["resnet50"][0]
-    results = [result(el, "torch", resnet, [("minimal torch+compile+channels-last", "minimal", rounds(50.0)),
-                                            ("minimal torch+channels-last", "minimal", rounds(46.0)),
-                                            ("torch plain", "xbench", rounds(115.0)),
-                                            ("torch plain+channels-last", "xbench", rounds(47.0))])]
+def test_resnet_checks_compare_with_the_fastest_minimal_loop(el, expert_config):
+    resnet = expert_config.MODEL_GROUPS["resnet50"][0]
+    results = [result("torch", resnet, [("minimal torch+compile+channels-last", "minimal", rounds(50.0)),
+                                        ("minimal torch+channels-last", "minimal", rounds(46.0)),
+                                        ("torch plain", "xbench", rounds(115.0)),
+                                        ("torch plain+channels-last", "xbench", rounds(47.0))])]
     check = next(c for c in el.CHECKS if c.title == "ResNet-50" and c.framework == "torch")
     outcome = el.evaluate(check, results, {(resnet, "torch")}, gpu=True)
     assert "(minimal torch+channels-last)" in outcome["text"] and "(torch plain+channels-last)" in outcome["text"]
     assert outcome["value"]["median"] == pytest.approx(46.0 / 47.0, rel=1e-3) and outcome["verdict"] == "meets"
 
 
-def test_lineups_keep_a_reference(el):
-    cpu = el.lineup("torch", "transformer", "cpu", {})
+def test_lineups_keep_a_reference(lineups):
+    cpu = lineups.lineup("torch", "transformer", "cpu", {})
     skipped = {e.name: e.skip for e in cpu}
     assert skipped["minimal torch+compile"] and skipped["torch plain+compile"] and not skipped["minimal torch"]
-    chosen = el.lineup("jax", "transformer", "gpu", {"programs": ["jax plain*"]})
+    chosen = lineups.lineup("jax", "transformer", "gpu", {"programs": ["jax plain*"]})
     runs = [e.name for e in chosen if not e.skip]
     assert runs[0] == "minimal jax+cudnn" and "minimal jax" not in runs  # the reference only, of the minimal loops
     assert {"jax plain", "jax plain+cudnn", "jax plain+fused"} <= set(runs)
-    assert el.selected("jax plain+cudnn", ["cudnn"]) and not el.selected("jax plain", ["cudnn"])
+    assert lineups.selected("jax plain+cudnn", ["cudnn"]) and not lineups.selected("jax plain", ["cudnn"])
 
 
 @pytest.mark.slow
