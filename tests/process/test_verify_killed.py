@@ -48,8 +48,8 @@ def test_a_killed_verification_worker_fails_the_run_and_passes_nothing(fake_back
     killer = kill_when_paused(tmp_path, killed)
     out = tmp_path / "run"
     code, _, err = run_cli("compare", "--backends", "numpy-mlp", "--model", "medium", "--batch-sizes", "16",
-                           "--devices", "1", "--repeats", "2", "--steps", "2", "--warmup-steps", "0",
-                           "--out", str(out))
+                           "--devices", "1", "--single-device", "plain", "--repeats", "2", "--steps", "2",
+                           "--warmup-steps", "0", "--out", str(out))
     killer.join(timeout=5)
     assert killed, "the verification worker never paused"
     assert code == 1, err
