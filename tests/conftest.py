@@ -21,6 +21,8 @@ FAKES = [
     entry_point("numpy-peers", "tests.support.fakes:PeersBackend"),
     entry_point("missing", "tests.support.fakes:MissingFrameworkBackend"),
     entry_point("numpy-unforkable", "tests.support.fakes:UnforkableBackend"),
+    entry_point("numpy-stopping-preload", "tests.support.fakes:StoppingPreloadBackend"),
+    entry_point("numpy-hanging-preload", "tests.support.fakes:HangingPreloadBackend"),
     entry_point("jax-noreduce", "tests.support.broken_backends:NoAllReduceJax"),
     entry_point("jax-sum", "tests.support.broken_backends:SummedJax"),
     entry_point("jax-eps", "tests.support.broken_backends:KerasEpsilonJax"),

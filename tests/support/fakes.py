@@ -7,6 +7,7 @@ batch size, so tests can check that the launcher loses nothing else.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,32 @@ from xbench.contract import (
 )
 
 FAKE_DEVICES = 4
+STOP = "XBENCH_TEST_STOP"  # "worker" or "server": one such process stops itself (SIGSTOP) ...
+STOP_DIR = "XBENCH_TEST_STOP_DIR"  # ... after claiming a file of that name in this directory (its pid)
+STOP_SKIP = "XBENCH_TEST_STOP_SKIP"  # ... past this many that claim one first (default 0)
+STOP_RANK = "XBENCH_TEST_STOP_RANK"  # a worker of an spmd job stops only at this rank
+
+
+def stop_once(what: str) -> None:
+    """Stop this process as a debugger or job control would, once a test: the processes that
+    get here claim STOP_DIR/`what`.0, .1, ... in turn, and the one that claims the file past
+    STOP_SKIP stops; later ones (a replacement, a resumed run) go on."""
+    directory = os.environ.get(STOP_DIR)
+    if os.environ.get(STOP) != what or not directory:
+        return
+    skip = int(os.environ.get(STOP_SKIP, "0"))
+    for number in range(skip + 1):
+        try:
+            fd = os.open(Path(directory) / f"{what}.{number}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            continue
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        if number == skip:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return
+
+
 ACTIONS = ("crash_batch", "hang_batch", "fail_batch", "work_factor", "rank", "fail_if_env", "delay_rank",
            "fail_allreduce_bytes")
 
@@ -58,6 +85,7 @@ class NumpyBackend:
             raise ValueError(f"unknown option {sorted(unknown)[0]!r}")
 
     def setup(self, devices: int, platform: str) -> DeviceInfo:
+        stop_once("worker")
         if devices > FAKE_DEVICES:
             raise DeviceUnavailable(f"asked for {devices} devices; numpy fakes {FAKE_DEVICES}")
         return DeviceInfo("numpy", np.__version__, "cpu", tuple(f"fake:{i}" for i in range(devices)),
@@ -96,6 +124,8 @@ class SpmdNumpyBackend(NumpyBackend):
     launchers: ClassVar[tuple[str, ...]] = ("spmd",)
 
     def setup_process(self, process: Any, platform: str) -> DeviceInfo:
+        if os.environ.get(STOP_RANK, str(process.rank)) == str(process.rank):
+            stop_once("worker")
         self.world = process.world_size
         return DeviceInfo("numpy", np.__version__, "cpu", (f"fake:{process.local_rank}",),
                           simulated=True, available=FAKE_DEVICES)
@@ -158,6 +188,13 @@ class HangingPreloadBackend(NumpyBackend):
 
     name: ClassVar[str] = "numpy-hanging-preload"
     fork_preload: ClassVar[tuple[str, ...]] = ("tests.support.plugin_hangs_at_import",)
+
+
+class StoppingPreloadBackend(NumpyBackend):
+    """Its first fork server stops itself while it imports (see `stop_once`)."""
+
+    name: ClassVar[str] = "numpy-stopping-preload"
+    fork_preload: ClassVar[tuple[str, ...]] = ("tests.support.plugin_stops_at_import",)
 
 
 class IncompleteBackend:

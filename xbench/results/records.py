@@ -336,6 +336,7 @@ class RunInfo(_RunInfoBase, total=False):
     environment: dict[str, Any]
     devices: dict[str, dict[str, Any]]  # backend -> its `DeviceInfo` on one device, as stored
     resumed: list[Resumption]  # each --resume of the run
+    fork_server_off: str  # why the fork servers were turned off mid-run, if they were
 
 
 # ----------------------------------------------------------------------------- files

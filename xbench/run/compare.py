@@ -531,7 +531,8 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
     Returns the new records, each already in records.jsonl."""
     writer = RecordWriter(comparison.run_dir)
     with (compile_cache(comparison.spec.protocol) as cache_env,
-          zygote.fork_servers(comparison.run_dir / launcher.LOG_FILE, comparison.startup_timeout_s) as servers):
+          zygote.fork_servers(comparison.run_dir / launcher.LOG_FILE, comparison.startup_timeout_s,
+                              lambda why: _fork_servers_off(comparison.run_dir, listener, why)) as servers):
         ctx = launcher.Context(
             run_id=comparison.run_id,
             run_dir=comparison.run_dir,
@@ -544,6 +545,15 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
             fork_servers=servers,
         )
         return _execute(comparison, ctx, writer, verification, listener, done)
+
+
+def _fork_servers_off(run_dir: Path, listener: Observer | None, why: str) -> None:
+    """Said once, and kept in run.json: the rest of the run starts its workers from scratch."""
+    run = read_run(run_dir)
+    run["fork_server_off"] = why
+    write_json(run_dir / RUN_FILE, run)
+    if listener is not None:
+        listener.note(f"{why}: fork servers off, workers start from scratch for the rest of the run")
 
 
 @contextlib.contextmanager

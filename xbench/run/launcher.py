@@ -5,9 +5,10 @@ per device, started together as a gang with torchrun-style variables (see xbench
 
 A worker runs its group's trials in turn: the launcher sends it a `Job` and reads its events
 (both typed in `xbench.wire`). It waits on the worker's event stream (a blocking read in a
-thread, so no CPU is spent while trials are timed), enforces each trial's timeout, and turns
-every outcome into a record: a crash, a timeout or an event it cannot read costs only the
-trial in flight; the rest of the group continues in a fresh worker.
+thread, so no CPU is spent while trials are timed), each wait with a `Deadline`
+(`xbench.run.bounds`), and turns every outcome into a record: a crash, a timeout (with the
+phase the worker was in) or an event it cannot read costs only the trial in flight; the rest
+of the group continues in a fresh worker.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import dataclasses
 import itertools
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -30,6 +30,7 @@ from typing import Any, Protocol, cast
 from xbench.contract import COMPILE_CACHE_VARIABLE, Process, Trial
 from xbench.errors import XbenchError
 from xbench.results.records import ProcessFacts, Record
+from xbench.run.bounds import EXIT_GRACE_S, STARTUP_OPTION, TRIAL_OPTION, Deadline, end_group
 from xbench.run.cluster import Launch, job_ports
 from xbench.run.plan import Group
 from xbench.run.zygote import ForkedProcess, ForkServers
@@ -116,6 +117,7 @@ def run_groups(groups: list[Group], ctx: Context, parallel: int = 1) -> list[Rec
 def run_group(group: Group, ctx: Context) -> list[Record]:
     records: list[Record] = []
     pending = list(group.trials)
+    startup_missed = False  # the last gang did not start in time: the next one that does not ends the group
     while pending and not ctx.cancel.is_set():
         # Nodes of a multi-node job derive its ports from this number, so it must not depend
         # on anything but the plan: the first pending trial's place in it.
@@ -124,9 +126,10 @@ def run_group(group: Group, ctx: Context) -> list[Record]:
             gang.stop()
             break
         try:
-            finished = gang.drive(pending, ctx)
+            finished = gang.drive(pending, ctx, give_up_on_startup=startup_missed)
         finally:
             gang.stop()
+        startup_missed = gang.startup_missed
         records.extend(finished)
         pending = pending[len(finished):]
     return records
@@ -184,8 +187,9 @@ class Worker:
                                        env=full, start_new_session=True)
         stdin = process.stdin
         assert stdin is not None  # asked for with PIPE
-        stdin.write(job.to_json().encode())
-        stdin.close()
+        # Written by a thread: a job larger than the pipe holds would block until the worker
+        # reads it, and a worker that never does is bounded by the start-up deadline instead.
+        threading.Thread(target=_send, args=(stdin, job.to_json().encode()), daemon=True).start()
         return cls(index, process, events)
 
     def _read(self) -> None:
@@ -199,16 +203,34 @@ class Worker:
         self.events.put((self.index, None))
 
     def kill(self) -> None:
-        """Kill the worker and anything it started (it leads its own process group)."""
-        try:  # also when the leader has exited: its children may live on
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """End the worker and anything it started (it leads its own process group), stopped
+        or not."""
+        end_group(self.process.pid)
 
     def stop(self) -> None:
         self.kill()
-        self.process.wait()
-        self.reader.join(timeout=10)
+        self.exit_code()
+        self.reader.join(timeout=EXIT_GRACE_S)
+
+    def exit_code(self) -> int | None:
+        """Its exit code once it has exited, within `EXIT_GRACE_S` of being asked, else after it
+        was ended; None where it is unknown (it did not go, or its fork server stopped
+        answering)."""
+        for _ in range(2):
+            try:
+                return self.process.wait(timeout=EXIT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return None
+
+
+def _send(stdin: Any, job: bytes) -> None:
+    """Write a worker's job; a worker that died or was ended first explains itself by its exit."""
+    try:
+        with stdin:
+            stdin.write(job)
+    except (OSError, ValueError):
+        pass
 
 
 def _arrival(line: bytes) -> Event | WireError | None:
@@ -248,6 +270,7 @@ class Gang:
         self.ahead: list[tuple[int, Arrival]] = []  # a fast member's events for a later trial
         self.exited: set[int] = set()  # members that exited without "done" after reporting a trial
         self.stopped = False
+        self.startup_missed = False  # set: some member sent nothing within the start-up timeout
         self.asked = asked  # when its processes were asked for (time.monotonic)
         self.process: ProcessFacts | None = None  # once every member is ready
 
@@ -283,30 +306,34 @@ class Gang:
     def spmd(self) -> bool:
         return self.ranks[0] is not None
 
-    def next_event(self, deadline: float) -> tuple[int, Arrival] | None:
+    def next_event(self, deadline: Deadline) -> tuple[int, Arrival] | None:
         """(member, what it sent) (see `Arrival`); None past the deadline."""
         if self.backlog:
             return self.backlog.popleft()
         try:
-            return self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            return self.events.get(timeout=deadline.left())
         except queue.Empty:
             return None
 
-    def drive(self, trials: list[Trial], ctx: Context) -> list[Record]:
+    def drive(self, trials: list[Trial], ctx: Context, give_up_on_startup: bool = False) -> list[Record]:
         """Collect records for `trials` in order until they are done or the gang fails.
 
         Returns the records made; a prefix of `trials`. Records for a failed setup cover all
-        trials, so the caller never restarts a gang that cannot start.
+        trials, so the caller never restarts a gang that cannot start. A start-up that timed
+        out costs the first trial only (a stopped or stuck process is no property of the
+        backend), unless `give_up_on_startup` (the gang before it timed out too).
         """
         ready = self._await_ready(ctx.startup_timeout_s)
         if "device_info" not in ready:
-            records = [self._unstarted_record(t, ready, ctx) for t in trials]
             if ready.get("timed_out") and ctx.launch.multi_node:
+                for trial in trials:
+                    self._unstarted_record(trial, {**ready, "status": "failed"}, ctx)
                 # Every later job would wait as long for the same absent node: stop the run.
                 raise XbenchError(f"no worker of this node ({ctx.launch.node_rank} of {ctx.launch.nnodes}) started "
                                   f"within {ctx.startup_timeout_s:g} s (--startup-timeout): another node is missing "
                                   "or failed; run the same xbench command on every node, then --resume")
-            return records
+            lost = trials[:1] if ready.get("timed_out") and not give_up_on_startup else trials
+            return [self._unstarted_record(t, ready, ctx) for t in lost]
         done: list[Record] = []
         for trial in trials:
             record = self._trial_record(trial, ready["device_info"], ctx)
@@ -323,15 +350,17 @@ class Gang:
 
     def _await_ready(self, timeout_s: float) -> dict[str, Any]:
         """{"device_info": member 0's} once every member is ready, else what went wrong."""
-        deadline, waiting = time.monotonic() + timeout_s, set(range(len(self.workers)))
+        deadline, waiting = Deadline(timeout_s, "start-up", STARTUP_OPTION), set(range(len(self.workers)))
         infos: dict[int, dict[str, Any]] = {}
         early = []  # a ready member's later events, while others still start
         while waiting:
             item = self.next_event(deadline)
             if item is None:
                 self.stop()
-                return {"status": "failed", "timed_out": True,
-                        "reason": f"worker did not start within {timeout_s:g} s (--startup-timeout)"}
+                self.startup_missed = True
+                late = f" (rank {', '.join(str(self.ranks[i]) for i in sorted(waiting))})" if self.spmd else ""
+                return {"status": "timeout", "timed_out": True,
+                        "reason": f"{deadline.missed()}{late}: the worker sent nothing; it was ended"}
             index, event = item
             if index not in waiting:
                 early.append(item)
@@ -362,14 +391,16 @@ class Gang:
         if self.exited:
             index = min(self.exited)
             return _record(trial, ctx, "crashed", self._who(index) + self._exit_reason(index), devices, started)
-        deadline = time.monotonic() + ctx.startup_timeout_s + trial.protocol.trial_timeout_s
+        # Before its start a worker may still be collecting the last trial's garbage: the
+        # start-up timeout on top of the trial's own.
+        deadline = Deadline(ctx.startup_timeout_s + trial.protocol.trial_timeout_s, "the wait for the trial to start",
+                            f"{STARTUP_OPTION} plus {TRIAL_OPTION}")
         results: dict[int, Result] = {}
         while True:
             item = self.next_event(deadline)
             if item is None:
                 self.stop()
-                reason = f"timed out after {trial.protocol.trial_timeout_s:g} s (protocol.trial_timeout_s)"
-                return _record(trial, ctx, "timeout", reason, devices, started)
+                return _record(trial, ctx, "timeout", deadline.missed(), devices, started)
             index, event = item
             if event is None and index in self.finished:
                 continue  # said "done" after its last trial, then exited
@@ -387,8 +418,9 @@ class Gang:
             if isinstance(event, Done):
                 self.finished.add(index)
             elif isinstance(event, Start) and index == 0:
-                deadline = time.monotonic() + trial.protocol.trial_timeout_s
+                deadline = Deadline(trial.protocol.trial_timeout_s, _phase(trial, 0, ctx), TRIAL_OPTION)
             elif isinstance(event, Window) and index == 0:
+                deadline.phase = _phase(trial, event.done, ctx)
                 ctx.listener.window_done(trial, event.done)
             elif isinstance(event, Result):
                 if event.status != "ok" and self.spmd:
@@ -408,8 +440,11 @@ class Gang:
         return record
 
     def _exit_reason(self, index: int) -> str:
-        code = self.workers[index].process.wait()
-        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        code = self.workers[index].exit_code()
+        if code is None:
+            how = "exit status unknown (it was ended, or its fork server stopped answering)"
+        else:
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
         return f"worker {how}; last output: {self._last_log_line(index)}"
 
     def _last_log_line(self, index: int) -> str:
@@ -468,6 +503,16 @@ def _append_log(path: Path, data: bytes) -> None:
             log.write(data)
     except OSError:
         pass
+
+
+def _phase(trial: Trial, windows_done: int, ctx: Context) -> str:
+    """What a worker does after `windows_done` timed windows of `trial` (a timeout names it)."""
+    if ctx.arrays_dir is not None:
+        return "the verification run"
+    if windows_done == 0:
+        return "preparation and warm-up (compilation), before window 1"
+    repeats = trial.protocol.repeats
+    return f"window {windows_done + 1} of {repeats}" if windows_done < repeats else "the trial's end (telemetry)"
 
 
 def _unreadable(err: WireError) -> str:
@@ -559,7 +604,8 @@ class _AllReduceReader:
         self.failed_rank: int | None = None  # and that rank
 
     def read(self) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + self.startup_timeout_s + self.timeout_s
+        deadline = Deadline(self.startup_timeout_s + self.timeout_s, "the all-reduce timing",
+                            f"{STARTUP_OPTION} plus the all-reduce timeout")
         while True:
             item = self.gang.next_event(deadline)
             if item is None or (item[1] is None and item[0] not in self.finished):  # timed out, or exited early
@@ -579,7 +625,7 @@ class _AllReduceReader:
             if isinstance(event, AllReduce) and event.status != "ok" and self.gang.spmd and self.failure is None:
                 self.failure = _size_result(event.nbytes, event.status, who + str(event.reason))
                 self.failed_rank = self.gang.ranks[index]
-                deadline = min(deadline, time.monotonic() + self.GRACE_S)
+                deadline.at = min(deadline.at, time.monotonic() + self.GRACE_S)
             elif isinstance(event, AllReduce) and index == 0:
                 if self.failure is not None and self.order[event.nbytes] >= self.order[self.failure["nbytes"]]:
                     return self._after_failure(self.failure)
