@@ -4,7 +4,7 @@ signal or a hung driver call would: `worker` stops the first worker (a process r
 `server` the first fork server. Prints when it stopped what, how the run ended and after how
 long, and whether any process of the run outlived it (none should: xbench ends what it started).
 
-    python benchmarks/stop_a_child.py [--limit S] worker 0.5 -- compare --backends jax --model medium ...
+    python benchmarks/stop_a_child.py [--limit S] [--forked] worker 0.5 -- compare --backends jax --model medium ...
 
 Exit status: 0 when the run ended by itself within --limit seconds and left nothing alive, else 1.
 """
@@ -47,16 +47,19 @@ def command(pid: int) -> str:
         return ""
 
 
-def target(root: int, what: str) -> int | None:
+def target(root: int, what: str, forked: bool = False) -> int | None:
     """The first process of the kind asked for, or None yet: a fork server, or a worker (a fork
-    server's child where there is a fork server, else a worker started from scratch)."""
+    server's child where there is a fork server, else, unless `forked`, a worker started from
+    scratch: a device probe, a rank, a worker where fork servers are off)."""
     processes = [(pid, command(pid)) for pid in descendants(root)]
     servers = [pid for pid, line in processes if SERVER in line]
     if what == "server":
         return servers[0] if servers else None
-    forked = [pid for pid in descendants(servers[0])] if servers else []
+    children = descendants(servers[0]) if servers else []
+    if children:
+        return children[0]
     if forked:
-        return forked[0]
+        return None
     return next((pid for pid, line in processes if WORKER in line and SERVER not in line), None)
 
 
@@ -65,6 +68,7 @@ def main() -> int:
     parser.add_argument("what", choices=("worker", "server"))
     parser.add_argument("delay", type=float, help="seconds after it appears")
     parser.add_argument("--limit", type=float, default=300.0, help="seconds before the run counts as hung")
+    parser.add_argument("--forked", action="store_true", help="a worker forked from a fork server only (a trial's)")
     parser.add_argument("xbench", nargs=argparse.REMAINDER, help="-- and the xbench command's arguments")
     args = parser.parse_args()
     argv = args.xbench[1:] if args.xbench[:1] == ["--"] else args.xbench
@@ -73,7 +77,7 @@ def main() -> int:
     stopped = None
     while run.poll() is None and time.monotonic() - start < args.limit:
         if stopped is None:
-            pid = target(run.pid, args.what)
+            pid = target(run.pid, args.what, args.forked)
             if pid is not None:
                 time.sleep(args.delay)
                 try:
