@@ -203,16 +203,16 @@ def test_every_family_is_registered_with_what_the_core_needs():
 def test_a_stored_spec_of_every_family_reads_back_for_resume():
     from dataclasses import asdict
 
-    from xbench.run.compare import _saved_spec
+    from xbench.run.resume import saved_spec
 
     spec = build_spec({"devices": [1], "backends": ["jax"], "models": [{"preset": p} for p in
                                                   ("medium", "gpt2-small", "resnet50", "lstm-seed")],
                        "protocol": {"replicates": 2}}, "test")
     stored = json.loads(json.dumps(asdict(spec)))
-    assert _saved_spec(stored, "run.json").models == spec.models
+    assert saved_spec(stored, "run.json").models == spec.models
     stored["models"][1]["dims"] = "oops"
     with pytest.raises(SpecError, match="not one xbench wrote"):
-        _saved_spec(stored, "run.json")
+        saved_spec(stored, "run.json")
 
 
 # -- a plugin family -------------------------------------------------------------------------

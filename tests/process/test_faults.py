@@ -302,7 +302,7 @@ def test_an_interrupt_before_any_trial_says_so_and_names_no_missing_file(fake_ba
         raise KeyboardInterrupt
 
     out = tmp_path / "run"
-    monkeypatch.setattr(compare, "_verification_outcome", interrupted)
+    monkeypatch.setattr(compare, "verification_outcome", interrupted)
     code, _, err = run_cli(*RUN, "--out", str(out))
     assert code == 130
     assert "interrupted before any trial finished" in err and RECORDS_FILE not in err

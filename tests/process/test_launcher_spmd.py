@@ -248,7 +248,7 @@ def test_resume_runs_only_what_is_missing_or_failed(tmp_path):
 def _references(spec_args, backend, launcher, tmp_path):
     from xbench.experiment import load_spec
     from xbench.run.cluster import Launch
-    from xbench.run.compare import ready_backends
+    from xbench.run.readiness import ready_backends
     from xbench.run.verification import verify
     from xbench.wire import load_reference
 

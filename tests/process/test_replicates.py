@@ -304,10 +304,10 @@ def test_an_interrupt_stops_side_by_side_workers_and_starts_no_more(fake_backend
 
 def test_a_run_recorded_before_replicates_resumes_as_it_started():
     from tests.conftest import ROOT
-    from xbench.run.compare import _saved_spec
+    from xbench.run.resume import saved_spec
 
     saved = json.loads((ROOT / "results" / "2026-11-22-h200x2-jax-seed-study" / "run.json").read_text())
-    spec = _saved_spec(saved["spec"], "run.json")
+    spec = saved_spec(saved["spec"], "run.json")
     assert spec.protocol.replicates == 1 and spec.protocol.order_seed == spec.seed
     assert spec.protocol.target_ci == 0  # every window, as then
     assert [t.replicate for t in plan_trials(spec, ["jax"])] == [0] * len(plan_trials(spec, ["jax"]))

@@ -14,8 +14,8 @@ from xbench.experiment import load_spec
 from xbench.report.words import FASTEST_HEADERS, RESULT_HEADERS, fastest_cells, result_cells
 from xbench.results.checks import VERIFY_STEPS
 from xbench.results.summary import fastest_rows, rows_from_records
-from xbench.run.compare import choose_lineups
 from xbench.run.plan import AS_WRITTEN_VARIANT, Lineup, plan_trials, variant_protocol
+from xbench.run.readiness import choose_lineups
 from xbench.run.verify_plan import verification_trials
 
 FUSED = Variant("fused", "steps fused", steps_per_call=50)

@@ -21,9 +21,10 @@ from xbench.experiment import load_spec
 from xbench.report.terminal import ALLREDUCE_HEADERS, ALLREDUCE_NOTE, allreduce_rows, devices_line
 from xbench.results.allreduce import AllReduceResult, format_size, parse_size, result_from_record
 from xbench.results.records import AllReduceRecord, write_atomic
-from xbench.run import compare as comparison
+from xbench.run.allreduce_phase import measure_allreduce
 from xbench.run.cluster import resolve_launch
 from xbench.run.environment import host_environment
+from xbench.run.readiness import ready_backends
 
 DEFAULT_SIZES = ("4KiB", "256KiB", "16MiB")
 
@@ -73,9 +74,9 @@ def allreduce(
     err, environment = status_console(), host_environment()
     with tempfile.TemporaryDirectory(prefix="xbench-allreduce-") as tmp:
         with err.status("finding devices for each backend…"):
-            ready = comparison.ready_backends(spec, Path(tmp), launch=launch)
+            ready = ready_backends(spec, Path(tmp), launch=launch)
         with err.status("timing all-reduces…"):
-            records = comparison.measure_allreduce(ready.entries, spec.devices, spec.platform, nbytes, spec.options,
+            records = measure_allreduce(ready.entries, spec.devices, spec.platform, nbytes, spec.options,
                                                    Path(tmp), environment, devices=ready.devices,
                                                    launchers=ready.launchers, launch=launch)
     if table:

@@ -27,13 +27,14 @@ from xbench.cli.options import (
     startup_timeout_s,
     value,
 )
-from xbench.cli.running import check_resume_alone, run_dir_option, run_plan
+from xbench.cli.running import check_resume_alone, run_comparison, run_dir_option
 from xbench.contract import TimingProtocol
 from xbench.contract.timing import DEFAULT_DEVICE_RUN_VARIATION
 from xbench.errors import XbenchError
 from xbench.experiment import load_spec
-from xbench.run import compare as comparison
 from xbench.run.cluster import resolve_launch
+from xbench.run.compare import prepare
+from xbench.run.resume import resume as resumed_run
 
 PROTOCOL = TimingProtocol()  # the defaults the help shows (configs/quick.toml spells out the same)
 
@@ -144,7 +145,7 @@ def compare(
     startup = startup_timeout_s(startup_timeout)
     if resume is not None:
         check_resume_alone(locals())
-        return run_plan(comparison.resume(resume, startup), no_verify, resumed=True, wide=wide)
+        return run_comparison(resumed_run(resume, startup), no_verify, resumed=True, wide=wide)
     launch = resolve_launch(value(launcher) or "auto", nproc_per_node, nnodes, node_rank, coordinator)
     if devices is None and launch.nproc_per_node is not None:
         devices = [str(n) for n in spmd_device_counts(launch.nproc_per_node, launch.nnodes)]
@@ -163,9 +164,9 @@ def compare(
     spec = load_spec(config, overrides)
     err = status_console()
     with err.status("finding devices for each backend…"):
-        plan = comparison.prepare(spec, run_dir_option(out), strict_devices=devices is not None, breakdown=breakdown,
-                                  launch=launch, startup_timeout_s=startup)
-    return run_plan(plan, no_verify, wide=wide)
+        comparison = prepare(spec, run_dir_option(out), strict_devices=devices is not None, breakdown=breakdown,
+                             launch=launch, startup_timeout_s=startup)
+    return run_comparison(comparison, no_verify, wide=wide)
 
 
 def batch_overrides(global_batch: list[str] | None, per_device_batch: list[str] | None,

@@ -20,8 +20,10 @@ from xbench.report.words import busy_text
 from xbench.results.conditions import busy_host
 from xbench.results.records import RECORDS_FILE, RUN_FILE, finished_trials, iter_records, last_line_torn
 from xbench.results.summary import Row, rows_from_records
-from xbench.run import compare as comparison
+from xbench.run import compare
 from xbench.run.adaptive import reached
+from xbench.run.comparison import Comparison, trial_count
+from xbench.run.resume import complete
 
 # The options --resume may come with: the rest would change the run's own spec.
 RESUME_ALLOWS = {"resume", "no_verify", "startup_timeout", "startup", "wide"}  # "wide": how tables print
@@ -45,55 +47,56 @@ def run_dir_option(out: str | None) -> Path | None:
     return Path(out)
 
 
-def run_plan(plan: comparison.Comparison, no_verify: bool, resumed: bool = False, command: str = "compare",
+def run_comparison(comparison: Comparison, no_verify: bool, resumed: bool = False, command: str = "compare",
              wide: bool = False) -> int:
     """Print what runs where, call the orchestrator under a progress display, print the tables;
     the run directory is released however this ends. Returns the command's exit code;
     `command` is the one that finishes an interrupted run with --resume."""
     try:
-        return _run_locked(plan, no_verify, resumed, command, wide)
+        return _run_locked(comparison, no_verify, resumed, command, wide)
     finally:
-        plan.release()
+        comparison.release()
 
 
-def _run_locked(plan: comparison.Comparison, no_verify: bool, resumed: bool, command: str, wide: bool) -> int:
+def _run_locked(comparison: Comparison, no_verify: bool, resumed: bool, command: str, wide: bool) -> int:
     err = status_console()
-    if resumed and comparison.complete(plan):
-        return _report_complete(err, plan, wide)
-    for name, info in plan.devices.items():
-        err.print(devices_line(name, info, plan.launchers.get(name, "subprocess")))
-    done = finished_trials(plan.run_dir) if resumed else set()
+    if resumed and complete(comparison):
+        return _report_complete(err, comparison, wide)
+    for name, info in comparison.devices.items():
+        err.print(devices_line(name, info, comparison.launchers.get(name, "subprocess")))
+    done = finished_trials(comparison.run_dir) if resumed else set()
     if resumed:
-        _announce_resume(err, plan, done)
-    protocol = plan.spec.protocol
+        _announce_resume(err, comparison, done)
+    protocol = comparison.spec.protocol
     err.print(f"{protocol.replicates} replicate(s) per configuration (fresh worker processes), "
               f"in a shuffled order (order seed {protocol.order_seed})")
     try:
-        with ProgressObserver(err, comparison.trial_count(plan, done), protocol.repeats) as observer:
-            outcome = comparison.run(plan, observer, no_verify=no_verify, resumed=resumed)
+        with ProgressObserver(err, trial_count(comparison, done), protocol.repeats) as observer:
+            outcome = compare.run(comparison, observer, no_verify=no_verify, resumed=resumed)
     except KeyboardInterrupt:
-        raise Interrupted(_interrupted_message(plan.run_dir, command)) from None
-    return _finish(err, plan, outcome, wide)
+        raise Interrupted(_interrupted_message(comparison.run_dir, command)) from None
+    return _finish(err, comparison, outcome, wide)
 
 
-def _announce_resume(err: Console, plan: comparison.Comparison, done: set[str]) -> None:
-    torn = last_line_torn(plan.run_dir / RECORDS_FILE)
+def _announce_resume(err: Console, comparison: Comparison, done: set[str]) -> None:
+    torn = last_line_torn(comparison.run_dir / RECORDS_FILE)
     if torn:
-        err.print(f"{plan.run_dir / RECORDS_FILE}:{torn} was cut off mid-write (an interrupted append); "
+        err.print(f"{comparison.run_dir / RECORDS_FILE}:{torn} was cut off mid-write (an interrupted append); "
                   "dropped, and its trial runs again")
-    err.print(f"resuming {plan.run_dir}: {len(done)} trial(s) already recorded, "
-              f"{comparison.trial_count(plan, done)} to run")
+    err.print(f"resuming {comparison.run_dir}: {len(done)} trial(s) already recorded, "
+              f"{trial_count(comparison, done)} to run")
 
 
-def _report_complete(err: Console, plan: comparison.Comparison, wide: bool) -> int:
+def _report_complete(err: Console, comparison: Comparison, wide: bool) -> int:
     """A --resume of a run with nothing left to run: say so at once, then its tables, summary
     and report from its records; nothing is verified or timed."""
-    outcome = comparison.recorded(plan)
-    err.print(f"{plan.run_dir} is already complete ({len(outcome.records)} replicate(s) recorded); nothing to run")
-    return _finish(err, plan, outcome, wide)
+    outcome = compare.recorded(comparison)
+    err.print(f"{comparison.run_dir} is already complete ({len(outcome.records)} replicate(s) recorded); "
+              "nothing to run")
+    return _finish(err, comparison, outcome, wide)
 
 
-def _finish(err: Console, plan: comparison.Comparison, outcome: comparison.Outcome, wide: bool) -> int:
+def _finish(err: Console, comparison: Comparison, outcome: compare.Outcome, wide: bool) -> int:
     """The tables on stdout, the summary and the report on stderr; 1 when anything failed."""
     console = data_console()
     rows = rows_from_records(outcome.records)
@@ -101,26 +104,26 @@ def _finish(err: Console, plan: comparison.Comparison, outcome: comparison.Outco
         console.print(table)
         console.print()
     err.print(f"{outcome.tally} in {outcome.seconds:.0f} s; "
-              f"records: {plan.run_dir / RECORDS_FILE}")
-    _say_precision(err, plan, rows)
+              f"records: {comparison.run_dir / RECORDS_FILE}")
+    _say_precision(err, comparison, rows)
     busy = busy_host(outcome.records)
     if busy is not None:
         err.print(f"[yellow]{escape(busy_text(busy))}[/]")
-    err.print(f"report: {make_report(plan.run_dir, html=True)[0]}")
+    err.print(f"report: {make_report(comparison.run_dir, html=True)[0]}")
     found = bottom_line(rows)
     if found:
         console.print()
         console.print(bottom_line_text(found))
     if outcome.failures:
         err.print(f"[red]{outcome.failures} trial(s) or all-reduce measurement(s) failed or did not pass "
-                  f"verification[/]; reasons in the tables, verify.json and {plan.run_dir / 'workers.log'}")
+                  f"verification[/]; reasons in the tables, verify.json and {comparison.run_dir / 'workers.log'}")
         return 1
     return 0
 
 
-def _say_precision(err: Console, plan: comparison.Comparison, rows: list[Row]) -> None:
+def _say_precision(err: Console, comparison: Comparison, rows: list[Row]) -> None:
     """How many intervals reached the spec's target, and what would narrow the rest."""
-    protocol = plan.spec.protocol
+    protocol = comparison.spec.protocol
     within, targeted, floored = reached(rows)
     if not targeted or not protocol.interval_target:
         return

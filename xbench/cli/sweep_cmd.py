@@ -9,15 +9,17 @@ import typer
 
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Precision, integers, names, value
-from xbench.cli.running import check_resume_alone, run_dir_option, run_plan
+from xbench.cli.running import check_resume_alone, run_comparison, run_dir_option
 from xbench.errors import SpecError, XbenchError
 from xbench.experiment import load_raw
 from xbench.experiment.sweep import DEFAULT_BATCHES, DEFAULT_PARAMS, estimate_seconds, sweep_spec
 from xbench.results.allreduce import sizes_for
 from xbench.results.fitting import FIT_FILE, fit_all, load_runs, save_fits
 from xbench.results.step_model import FitError
-from xbench.run import compare as comparison
+from xbench.run import compare
+from xbench.run.comparison import planned_trials
 from xbench.run.environment import nvidia_gpus
+from xbench.run.resume import resume
 
 
 def sweep(
@@ -76,18 +78,18 @@ def sweep(
         precision=value(precision) or "fp32", replicates=replicates, window_budget_s=window_budget, config=raw)
     err = status_console()
     with err.status("finding devices for each backend…"):
-        plan = comparison.prepare(spec, run_dir_option(out), strict_devices=devices is not None, breakdown=True)
-    err.print(_announce(plan, platform))
-    code = run_plan(plan, no_verify, command="sweep")
-    _fit_and_save(plan.run_dir)
+        comparison = compare.prepare(spec, run_dir_option(out), strict_devices=devices is not None, breakdown=True)
+    err.print(_announce(comparison, platform))
+    code = run_comparison(comparison, no_verify, command="sweep")
+    _fit_and_save(comparison.run_dir)
     return code
 
 
 def _resume(run_dir: Path, no_verify: bool, given: dict) -> int:
     check_resume_alone(given)
-    plan = comparison.resume(run_dir)
+    comparison = resume(run_dir)
     # A complete sweep says so and reports its records at once (nothing runs); then it is refitted.
-    code = run_plan(plan, no_verify, resumed=True, command="sweep")  # releases the run directory
+    code = run_comparison(comparison, no_verify, resumed=True, command="sweep")  # releases the run directory
     _fit_and_save(run_dir)
     return code
 
@@ -105,17 +107,18 @@ def _parameter_count(text: str) -> float:
         raise SpecError(f"--params takes parameter counts such as 1e6 or 250000, not {text!r}") from None
 
 
-def _announce(plan, platform: str) -> str:
-    trials = comparison.plan(plan)
+def _announce(comparison, platform: str) -> str:
+    trials = planned_trials(comparison)
     processes = len({(t.backend, t.devices, t.launcher, t.replicate) for t in trials})
-    models = plan.spec.models
-    multi = [n for n in plan.spec.devices if n > 1]
+    models = comparison.spec.models
+    multi = [n for n in comparison.spec.devices if n > 1]
     sizes = len(sizes_for([4 * m.params for m in models], platform == "gpu")) if multi else 0
-    seconds = estimate_seconds(len(trials), processes, sizes * len(plan.entries) * len(multi), platform,
-                               plan.spec.protocol)
+    seconds = estimate_seconds(len(trials), processes, sizes * len(comparison.entries) * len(multi), platform,
+                               comparison.spec.protocol)
     collectives = f", the all-reduce at {sizes} sizes" if multi else " (one device: no all-reduce to fit)"
     return (f"sweep: {len(models)} model(s) x {len(models[0].batch_sizes)} per-device batches on "
-            f"{'/'.join(map(str, plan.spec.devices))} devices, {len(plan.entries)} backend(s): {len(trials)} trial "
+            f"{'/'.join(map(str, comparison.spec.devices))} devices, {len(comparison.entries)} backend(s): "
+            f"{len(trials)} trial "
             f"replicate(s) in {processes} worker process(es){collectives}; roughly "
             f"{max(1, round(seconds / 60))} min (longer where large models compile)")
 

@@ -25,9 +25,9 @@ from xbench.cli.progress import watching_verification
 from xbench.errors import XbenchError
 from xbench.experiment import load_spec
 from xbench.report.terminal import checks_table, floors_caption, precision_floors_caption, verify_caption
-from xbench.run import compare as comparison
 from xbench.run.cluster import resolve_launch
 from xbench.run.environment import host_environment
+from xbench.run.readiness import ready_backends
 from xbench.run.verification import verify as run_verification
 
 
@@ -66,7 +66,7 @@ def verify(
     err = status_console()
     with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
         with err.status("finding devices for each backend…"):
-            ready = comparison.ready_backends(spec, Path(tmp), launch=launch, startup_timeout_s=startup)
+            ready = ready_backends(spec, Path(tmp), launch=launch, startup_timeout_s=startup)
         entries = ready.entries
         with watching_verification(err, "running each backend's reference steps") as progress:
             result = run_verification(spec, entries, spec.devices, Path(tmp), host_environment(), progress,

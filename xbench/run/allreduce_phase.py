@@ -1,0 +1,57 @@
+"""Each backend's own all-reduce, timed on each device count and buffer size: `xbench
+allreduce`, and a --breakdown run's measurement at its models' gradient sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from xbench.results.allreduce import sizes_for
+from xbench.results.records import ALLREDUCE_FILE, AllReduceRecord, RecordWriter
+from xbench.run import launcher
+from xbench.run.cluster import Launch
+from xbench.run.comparison import Comparison
+from xbench.run.registry import BackendEntry
+
+
+def measure_allreduce(entries: Sequence[BackendEntry], device_counts: Sequence[int], platform: str,
+                      sizes: Sequence[int], options: Mapping[str, Mapping[str, Any]], log_dir: Path,
+                      environment: dict[str, Any], write=None, timeout_s: float = 600,
+                      devices: Mapping[str, Mapping[str, Any]] | None = None,
+                      launchers: Mapping[str, str] | None = None, launch: Launch | None = None,
+                      startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> list[AllReduceRecord]:
+    """Each backend's own all-reduce on each device count and buffer size; one record each,
+    with the platform the backend found (`devices`, from probe_devices)."""
+    records = []
+    for entry in entries:
+        how = (launchers or {}).get(entry.name, "subprocess")
+        for count in device_counts:
+            events = launcher.allreduce_events(entry.target, count, platform, list(sizes),
+                                               dict(options.get(entry.name, {})), log_dir / launcher.LOG_FILE,
+                                               timeout_s, how, launch, startup_timeout_s)
+            for event in events:
+                info = (devices or {}).get(entry.name) or {}
+                record: AllReduceRecord = {
+                    "kind": "allreduce", "backend": entry.name, "devices": count, "launcher": how,
+                    "platform": "simulated CPU" if info.get("simulated") else info.get("platform"),
+                    "nbytes": event["nbytes"], "status": event["status"], "reason": event.get("reason"),
+                    "timing": event.get("timing"), "environment": environment}
+                if write is not None:
+                    write(record)
+                records.append(record)
+    return records
+
+
+def breakdown_allreduce(comparison: Comparison, environment: dict[str, Any]) -> list[AllReduceRecord]:
+    """--breakdown: the all-reduce at each model's gradient size (and a sweep), multi-device."""
+    counts = [n for n in comparison.spec.devices if n > 1]
+    if not counts:
+        return []
+    gradient_bytes = [4 * model.params for model in comparison.spec.models]
+    gpu = any(not info["simulated"] for info in comparison.devices.values())
+    return measure_allreduce(comparison.entries, counts, comparison.spec.platform, sizes_for(gradient_bytes, gpu),
+                             comparison.spec.options, comparison.run_dir, environment,
+                             write=RecordWriter(comparison.run_dir, ALLREDUCE_FILE).append,
+                             devices=comparison.devices, launchers=comparison.launchers, launch=comparison.launch,
+                             startup_timeout_s=comparison.startup_timeout_s)

@@ -1,0 +1,184 @@
+"""Readiness: a spec's backends checked and described before anything is written (their options,
+launchers, variants and programs, the devices each finds and whether they agree), and the spec
+resolved for this machine. `compare`, `verify`, `allreduce` and `sweep` all start here."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from xbench.contract import DATA_PARALLEL, PLAIN, ValidatesOptions, launchers_of, programs_of, variants_of
+from xbench.errors import BackendError, XbenchError
+from xbench.experiment import ALL_VARIANTS, Spec, resolve_protocol
+from xbench.run import launcher
+from xbench.run.cluster import Launch
+from xbench.run.plan import AS_WRITTEN_VARIANT, Lineup
+from xbench.run.registry import BackendEntry, discover, resolve
+
+
+def check_options(spec: Spec, entries: list[BackendEntry]) -> None:
+    """Each backend validates its own [options.NAME] table, when it has a validator; a table
+    for a backend that is not registered at all is a typo."""
+    registered = discover()
+    for name in spec.options:
+        if name not in registered:
+            raise BackendError(f"[options.{name}] names no registered backend; registered: {', '.join(registered)}")
+    for entry in entries:
+        options = dict(spec.options.get(entry.name, {}))
+        if not isinstance(entry.backend, ValidatesOptions):
+            if options:
+                raise BackendError(f"backend {entry.name!r} takes no options, got {', '.join(options)}")
+            continue
+        try:
+            entry.backend.validate_options(options)
+        except ValueError as err:
+            raise BackendError(f"[options.{entry.name}]: {err}") from None
+
+
+def probe_devices(entries: list[BackendEntry], platform: str, log_dir: Path,
+                  startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+    """Start one short worker per backend, in parallel, to learn which devices it sees; each
+    writes its output to log_dir/describe-NAME.log."""
+    def describe(entry: BackendEntry) -> dict[str, Any]:
+        return launcher.describe(entry.target, platform, log_dir / f"describe-{entry.name}.log", startup_timeout_s)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(entries))) as pool:
+        results = dict(zip((e.name for e in entries), pool.map(describe, entries)))
+    for name, answer in results.items():
+        if "reason" in answer:
+            raise BackendError(f"backend {name!r} cannot start on platform {platform!r}: {answer['reason']}")
+    return {name: answer["device_info"] for name, answer in results.items()}
+
+
+def check_device_counts(spec: Spec, devices: dict[str, dict[str, Any]]) -> None:
+    """More devices than a backend can use is an error the user fixes with --devices."""
+    for name, info in devices.items():
+        too_many = [n for n in spec.devices if n > info["available"]]
+        if too_many:
+            kind = "simulated CPU" if info["simulated"] else info["platform"].upper()
+            most = info["available"]
+            hint = f"--devices 1,{most}" if most > 1 else "--devices 1"
+            raise XbenchError(f"{max(too_many)} devices asked, but backend {name!r} has {most} "
+                              f"{kind} device(s); use at most {most}, e.g. {hint}")
+
+
+def choose_launchers(entries: Sequence[BackendEntry], launch: Launch) -> dict[str, str]:
+    """Each backend's launcher: its preferred one under --launcher auto, else the one asked
+    for, which the backend must support."""
+    chosen = {}
+    for entry in entries:
+        supported = launchers_of(entry.backend)
+        if launch.launcher == "auto":
+            chosen[entry.name] = supported[0]
+        elif launch.launcher in supported:
+            chosen[entry.name] = launch.launcher
+        else:
+            raise XbenchError(f"backend {entry.name!r} cannot be started by --launcher {launch.launcher} "
+                              f"(it supports: {', '.join(supported)})")
+    return chosen
+
+
+def choose_lineups(spec: Spec, entries: Sequence[BackendEntry]) -> dict[str, Lineup]:
+    """Each backend's variants (as written first, then those `spec.variants` names, or all of
+    them) and whether its plain program runs; a one-line error for a variant that names an
+    unselected backend or one the backend lacks."""
+    by_name = {entry.name: entry for entry in entries}
+    wanted: dict[str, list[str]] = {name: [] for name in by_name}
+    for item in spec.variants:
+        if item == ALL_VARIANTS:
+            for name, entry in by_name.items():
+                wanted[name] += list(variants_of(entry.backend))
+            continue
+        backend, _, variant = item.partition(":")
+        if backend not in by_name:
+            raise XbenchError(f"variant {item!r} names backend {backend!r}, which this run does not time; "
+                              f"add it to --backends or drop the variant")
+        known = variants_of(by_name[backend].backend)
+        if variant not in known:
+            listed = ", ".join(known) or "none"
+            program = "; plain is a program, not a variant: --single-device plain or both" if variant == PLAIN else ""
+            raise XbenchError(f"backend {backend!r} has no variant {variant!r}; its variants: {listed}{program}")
+        wanted[backend].append(variant)
+    lineups = {}
+    for name, entry in by_name.items():
+        variants = variants_of(entry.backend)
+        chosen = tuple(variants[v] for v in dict.fromkeys(wanted[name]))
+        lineups[name] = Lineup((AS_WRITTEN_VARIANT, *chosen), single_device_programs(spec, entry))
+    return lineups
+
+
+def single_device_programs(spec: Spec, entry: BackendEntry) -> tuple[str, ...]:
+    """The programs a backend times on 1 device: the spec's choice, the data-parallel one
+    where the backend has no plain program."""
+    if PLAIN not in programs_of(entry.backend) or spec.single_device == DATA_PARALLEL:
+        return (DATA_PARALLEL,)
+    return (PLAIN,) if spec.single_device == PLAIN else (DATA_PARALLEL, PLAIN)
+
+
+def check_spmd_devices(spec: Spec, launchers: Mapping[str, str], launch: Launch) -> None:
+    """Under spmd every node runs the same share of each trial's ranks."""
+    if "spmd" not in launchers.values():
+        return
+    for n in spec.devices:
+        if n % launch.nnodes:
+            raise XbenchError(f"{n} devices cannot be split evenly over {launch.nnodes} nodes; "
+                              f"use device counts that {launch.nnodes} divides")
+        if launch.nproc_per_node is not None and n // launch.nnodes > launch.nproc_per_node:
+            raise XbenchError(f"{n} devices need {n // launch.nnodes} processes per node, more than "
+                              f"--nproc-per-node {launch.nproc_per_node}")
+
+
+def check_same_platform(devices: dict[str, dict[str, Any]]) -> None:
+    """A comparison across frameworks means something only on the same kind of device."""
+    kinds = {name: ("simulated CPU" if info["simulated"] else info["platform"]) for name, info in devices.items()}
+    if len(set(kinds.values())) > 1:
+        found = ", ".join(f"{name}: {kind}" for name, kind in kinds.items())
+        raise XbenchError(f"the backends would run on different devices ({found}); use --platform cpu, "
+                          "or install each framework's GPU build")
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The backends of a run, checked and described."""
+
+    entries: list[BackendEntry]
+    devices: dict[str, dict[str, Any]]  # backend name -> DeviceInfo as a dict (1-device worker)
+    launchers: dict[str, str]  # backend name -> launcher
+    lineups: dict[str, Lineup]  # backend name -> variants and programs
+
+
+def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True, launch: Launch | None = None,
+                   startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> Ready:
+    """The spec's backends, their options and launchers checked and their devices found
+    (describe logs go to `log_dir`); one-line errors for anything the user must change."""
+    launch = launch or Launch()
+    entries = resolve(spec.backends)
+    check_options(spec, entries)
+    lineups = choose_lineups(spec, entries)
+    launchers = choose_launchers(entries, launch)
+    check_spmd_devices(spec, launchers, launch)
+    devices = probe_devices(entries, spec.platform, log_dir, startup_timeout_s)
+    if strict_devices:
+        check_device_counts(spec, {name: _per_node(info, launchers[name], launch) for name, info in devices.items()})
+    check_same_platform(devices)
+    return Ready(entries, devices, launchers, lineups)
+
+
+def _per_node(info: dict[str, Any], launcher: str, launch: Launch) -> dict[str, Any]:
+    """Device counts are per run; under multi-node spmd each node holds a share of them."""
+    if launcher != "spmd" or launch.nnodes == 1:
+        return info
+    return {**info, "available": info["available"] * launch.nnodes}
+
+
+def resolved(spec: Spec, devices: Mapping[str, Mapping[str, Any]], launch: Launch) -> Spec:
+    """The spec with what it left open decided for this machine: replicates (GPUs vary most
+    between processes) and the seed of the run order: random, so that independent runs do not
+    share an order, except across the nodes of one run, which must agree on it."""
+    gpu = any(not info["simulated"] for info in devices.values())
+    order_seed = spec.seed if launch.multi_node else secrets.randbelow(2**31)
+    return replace(spec, protocol=resolve_protocol(spec.protocol, gpu, order_seed))

@@ -1,0 +1,92 @@
+"""The verification phase of a run: identical work checked before timing (`verification`
+runs the reference runs), verify.json written, and each program's outcome as its records carry
+it; or why a run goes unverified."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from xbench.results.records import RECORDS_FILE, iter_records, read_run, write_json
+from xbench.run.comparison import Comparison, Observer
+from xbench.run.verification import Progress as VerificationProgress
+from xbench.run.verification import Verification, checks_as_dicts, verify
+
+VERIFY_FILE = "verify.json"
+
+
+def verify_backends(comparison: Comparison, environment: dict[str, Any],
+                    progress: VerificationProgress | None = None) -> Verification:
+    """Check identical work and real all-reduces for the backends and device counts about to
+    be timed (`progress` hears of each reference run); writes verify.json. Arrays stay in a
+    temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
+        result = verify(comparison.spec, comparison.entries, comparison.spec.devices, Path(tmp),
+                        environment, progress, log_dir=comparison.run_dir, launch=comparison.launch,
+                        launchers=comparison.launchers, parallel=parallel_verification(comparison.devices),
+                        lineups=comparison.lineups, startup_timeout_s=comparison.startup_timeout_s)
+    write_json(comparison.run_dir / VERIFY_FILE, {
+        "checks": checks_as_dicts(result.checks),
+        "problems": result.problems,
+        "failed_backends": sorted(result.failed),
+        "rounding_floors": [{"backend": b, "model": m, "floor": f} for (b, m), f in sorted(result.floors.items())],
+        "no_floor": [{"backend": b, "model": m, "why": why} for (b, m), why in sorted(result.no_floor.items())],
+        "precision_floors": [{"backend": b, "model": m, "precision": p, "gradients": start, "training": steps}
+                             for (b, m, p), (start, steps) in sorted(result.precision_floors.items())],
+        "unverifiable": result.unverifiable,
+    })
+    return result
+
+
+def parallel_verification(devices: Mapping[str, Mapping[str, Any]]) -> int:
+    """Worker processes that may verify at once: verification is not timed, so the backends and
+    device counts run side by side, a few per core (most of a verification worker's time is
+    the framework's import and compilation). Simulated CPU devices share the host's cores,
+    so there at most one per core: their collectives wait for each other, and deadlock."""
+    cores = os.cpu_count() or 1
+    if any(info["simulated"] for info in devices.values()):
+        return max(1, min(2, cores))
+    return max(1, min(8, cores // 4))
+
+
+def unverified(reason: str) -> dict[str, Any]:
+    return {"status": "skipped", "reason": reason}
+
+
+def failed_verification(run_dir: Path) -> list[str]:
+    """The programs verify.json says failed (none without one: a --no-verify run)."""
+    try:
+        saved = json.loads((run_dir / VERIFY_FILE).read_text(encoding="utf-8"))
+        return [str(name) for name in saved.get("failed_backends", [])]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
+
+
+def started_without_verify(run_dir: Path) -> bool:
+    """Whether a run was started with --no-verify: run.json says so, or (a run from before it
+    did) its records were timed unverified for that reason."""
+    saved = read_run(run_dir)
+    if "no_verify" in saved:
+        return saved["no_verify"] is True
+    if not (run_dir / RECORDS_FILE).exists():
+        return False
+    return any(r.get("verification") == unverified("--no-verify") for r in iter_records(run_dir / RECORDS_FILE))
+
+
+def verification_outcome(comparison: Comparison, environment: dict[str, Any], observer: Observer,
+                          no_verify: bool) -> dict[str, dict[str, Any]]:
+    if comparison.launch.multi_node and not no_verify:
+        observer.note("verify is not run across nodes; run `xbench verify --launcher spmd` on one node")
+        return {name: unverified("multi-node run: run xbench verify on one node")
+                for name in comparison.implementations}
+    if no_verify:
+        return {name: unverified("--no-verify") for name in comparison.implementations}
+    with observer.verifying("verifying identical work and all-reduce (skip with --no-verify)") as progress:
+        verification = verify_backends(comparison, environment, progress)
+    outcome = {name: verification.outcome(name) for name in comparison.implementations}
+    observer.verified(outcome)
+    return outcome
