@@ -5,6 +5,8 @@ Every `XbenchError` message is one line that says what to change; the CLI prints
 results could not be written (`xbench.results.records.ResultsNotWritten`).
 """
 
+from typing import Any
+
 
 class XbenchError(Exception):
     """A problem the user can fix; the message says how."""
@@ -21,3 +23,13 @@ class BackendError(XbenchError):
 class Interrupted(Exception):
     """The user stopped a command (Ctrl-C, SIGTERM); the message says what was kept. Not an
     XbenchError: its exit status is 130, as for any interrupt."""
+
+
+def brief(value: Any, limit: int = 60) -> str:
+    """A value for a one-line error: its repr, cut short where a long one would bury the
+    message (a typo, a damaged file or an environment variable may hold anything), with the
+    length of a string that was cut."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(value)} characters)" if isinstance(value, str) else f"{text[:limit]}..."

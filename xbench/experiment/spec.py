@@ -23,7 +23,7 @@ from xbench.contract.timing import (
     DEFAULT_TIME_BUDGET_S,
     TimingProtocol,
 )
-from xbench.errors import SpecError
+from xbench.errors import SpecError, brief
 from xbench.experiment.values import (
     MAX_COUNT,
     MAX_DEVICES,
@@ -34,7 +34,6 @@ from xbench.experiment.values import (
     MAX_TARGET_CI,
     SEED_RANGE_WHY,
     as_table,
-    brief,
     choice,
     integer,
     non_negative_number,

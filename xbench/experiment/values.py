@@ -8,21 +8,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from xbench.errors import SpecError
+from xbench.errors import SpecError, brief
 
 
 def as_table(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise SpecError(f"'{name}' must be a table, got {type(value).__name__}")
     return dict(value)
-
-
-def brief(value: Any, limit: int = 40) -> str:
-    """`value`'s repr, cut short where a long one would bury the message."""
-    text = repr(value)
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(value)} characters)" if isinstance(value, str) else f"{text[:limit]}..."
 
 
 def reject_unknown(table: Mapping[str, Any], known: set[str], where: str, source: str) -> None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from xbench.errors import XbenchError
+from xbench.errors import XbenchError, brief
 
 LAUNCHER_CHOICES = ("auto", "subprocess", "spmd")
 DEFAULT_PORT = 29500  # torch.distributed's default; multi-node runs must agree on it
@@ -142,7 +142,7 @@ MAX_ENV_INT = 10**18  # node counts, ranks and job ids are far smaller; longer d
 
 def _malformed(name: str, value: str, expected: str) -> MalformedEnvironment:
     """The error for variable `name` set to `value`; `expected` says what it should hold."""
-    return MalformedEnvironment(f"environment variable {name}={_brief_value(value)} {expected}; correct or unset it")
+    return MalformedEnvironment(f"environment variable {name}={brief(value)} {expected}; correct or unset it")
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int = MAX_ENV_INT) -> int:
@@ -180,15 +180,11 @@ class SeveralTasksPerNode(XbenchError):
     """SLURM started several xbench processes per node, whatever the launcher."""
 
 
-def _brief_value(value: str) -> str:
-    return repr(value) if len(value) <= 60 else f"{value[:60]!r}... ({len(value)} characters)"
-
-
 def _from_slurm(env: Mapping[str, str]) -> dict:
     tasks_per_node = env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0].strip()
     if tasks_per_node not in ("", "1"):
         raise SeveralTasksPerNode(
-            f"SLURM_NTASKS_PER_NODE is {_brief_value(env['SLURM_NTASKS_PER_NODE'])}: under SLURM run one xbench "
+            f"SLURM_NTASKS_PER_NODE is {brief(env['SLURM_NTASKS_PER_NODE'])}: under SLURM run one xbench "
             "per node (srun --ntasks-per-node=1); xbench starts its worker processes (--nproc-per-node ranks "
             "with --launcher spmd) itself, and several copies would time each other's work")
     # The step's nodes (an `srun -N1` inside a bigger allocation is a one-node job).
