@@ -14,7 +14,7 @@ import pytest
 
 from tests.process.test_compare_cli import FAST
 from xbench.results.records import read_records
-from xbench.run.launcher import worker_environment
+from xbench.run.worker_process import worker_environment
 from xbench.run.zygote import START_VARIABLE, ForkServers
 from xbench.worker.zygote import exit_status
 

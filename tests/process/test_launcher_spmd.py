@@ -320,7 +320,7 @@ def test_allreduce_with_one_process_per_device(run_cli, tmp_path):
 def test_workers_do_not_inherit_the_callers_torchrun_variables(monkeypatch):
     """Under torchrun, TORCHELASTIC_USE_AGENT_STORE would make torch's rank 0 wait for a store
     that nobody hosts; RANK etc. are set per worker by xbench's own launcher."""
-    from xbench.run.launcher import worker_environment
+    from xbench.run.worker_process import worker_environment
 
     for name, value in {"TORCHELASTIC_USE_AGENT_STORE": "True", "RANK": "1", "MASTER_PORT": "29500",
                         "LOCAL_WORLD_SIZE": "1", "CUDA_VISIBLE_DEVICES": "0,1"}.items():

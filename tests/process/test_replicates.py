@@ -330,7 +330,7 @@ def test_a_batch_inside_a_flat_range_but_not_flat_itself_is_not_host_bound():
 
 def test_workers_never_inherit_a_compilation_cache_the_run_did_not_ask_for(monkeypatch):
     from xbench.contract import COMPILE_CACHE_VARIABLE
-    from xbench.run.launcher import worker_environment
+    from xbench.run.worker_process import worker_environment
 
     monkeypatch.setenv(COMPILE_CACHE_VARIABLE, "/tmp/someone-elses-cache")
     assert COMPILE_CACHE_VARIABLE not in worker_environment()

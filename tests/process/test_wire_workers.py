@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.unit.test_wire import jobs, trials
-from xbench.run import launcher
+from xbench.run import launcher, probes, worker_process
 from xbench.run.plan import group_trials
 from xbench.wire import SetupFailed, decode_event
 
@@ -60,7 +60,7 @@ emit(Done())
 
 @pytest.fixture
 def fake_worker(monkeypatch):
-    monkeypatch.setattr(launcher, "WORKER_COMMAND", (sys.executable, "-c", FAKE_WORKER))
+    monkeypatch.setattr(worker_process, "WORKER_COMMAND", (sys.executable, "-c", FAKE_WORKER))
 
 
 def test_an_unreadable_event_fails_its_trial_clearly_and_the_group_goes_on(fake_worker, tmp_path):
@@ -77,7 +77,7 @@ def test_an_unreadable_event_fails_its_trial_clearly_and_the_group_goes_on(fake_
 
 
 def test_an_unreadable_all_reduce_event_fails_the_sizes_left(fake_worker, tmp_path):
-    results = launcher.allreduce_events("unused:Backend", 1, "cpu", [4096, 8192, 16384], {},
+    results = probes.allreduce_events("unused:Backend", 1, "cpu", [4096, 8192, 16384], {},
                                         tmp_path / launcher.LOG_FILE, timeout_s=600)
     assert results[0] == {"nbytes": 4096, "status": "ok", "reason": None, "timing": {"window_s": [0.001]}}
     why = "worker sent an event xbench cannot read: 'allreduce' event: field 'nbytes' must be int, got str '8192'"

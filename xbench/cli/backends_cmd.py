@@ -13,7 +13,7 @@ from rich.table import Table
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Platform
 from xbench.contract import launchers_of, programs_of, variants_of
-from xbench.run import launcher
+from xbench.run import probes
 from xbench.run.registry import discover
 
 AUTO = Platform("auto")  # GPUs when present, else the CPU
@@ -51,7 +51,7 @@ def backends(
 
 
 def _devices(target: str, platform: str, tmp: Path, launchers: tuple[str, ...]) -> str:
-    answer = launcher.describe(target, platform, tmp / "workers.log")
+    answer = probes.describe(target, platform, tmp / "workers.log")
     if "reason" in answer:
         return f"[red]{escape(answer['reason'])}[/]"
     info = answer["device_info"]

@@ -9,7 +9,7 @@ from typing import Any
 
 from xbench.results.allreduce import sizes_for
 from xbench.results.records import ALLREDUCE_FILE, AllReduceRecord, RecordWriter
-from xbench.run import launcher
+from xbench.run import launcher, probes
 from xbench.run.cluster import Launch
 from xbench.run.comparison import Comparison
 from xbench.run.registry import BackendEntry
@@ -27,7 +27,7 @@ def measure_allreduce(entries: Sequence[BackendEntry], device_counts: Sequence[i
     for entry in entries:
         how = (launchers or {}).get(entry.name, "subprocess")
         for count in device_counts:
-            events = launcher.allreduce_events(entry.target, count, platform, list(sizes),
+            events = probes.allreduce_events(entry.target, count, platform, list(sizes),
                                                dict(options.get(entry.name, {})), log_dir / launcher.LOG_FILE,
                                                timeout_s, how, launch, startup_timeout_s)
             for event in events:

@@ -8,7 +8,8 @@ A worker runs its group's trials in turn: the launcher sends it a `Job` and read
 thread, so no CPU is spent while trials are timed), each wait with a `Deadline`
 (`xbench.run.bounds`), and turns every outcome into a record: a crash, a timeout (with the
 phase the worker was in) or an event it cannot read costs only the trial in flight; the rest
-of the group continues in a fresh worker.
+of the group continues in a fresh worker. One process is `xbench.run.worker_process.Worker`;
+the jobs that are not trials (a device description, the all-reduce) are `xbench.run.probes`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import dataclasses
 import itertools
 import os
 import queue
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,36 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from xbench.contract import COMPILE_CACHE_VARIABLE, Process, Trial
+from xbench.contract import Process, Trial
 from xbench.errors import XbenchError
 from xbench.results.records import ProcessFacts, Record
-from xbench.run.bounds import EXIT_GRACE_S, STARTUP_OPTION, TRIAL_OPTION, Deadline, end_group
+from xbench.run.bounds import STARTUP_OPTION, TRIAL_OPTION, Deadline
 from xbench.run.cluster import Launch, job_ports
 from xbench.run.plan import Group
+from xbench.run.worker_process import Arrival, Worker
 from xbench.run.zygote import ForkedProcess, ForkServers
-from xbench.wire import (
-    AllReduce,
-    Done,
-    Event,
-    Job,
-    Ready,
-    Result,
-    SetupFailed,
-    Start,
-    Unavailable,
-    Window,
-    WireError,
-    decode_event,
-)
+from xbench.wire import Done, Job, Ready, Result, SetupFailed, Start, Unavailable, Window, WireError
 from xbench.wire import utc_now as _now
 
 STARTUP_TIMEOUT_S = 300.0  # importing a framework and finding devices
 LOG_FILE = "workers.log"
-WORKER_COMMAND = (sys.executable, "-m", "xbench.worker")
-
-# What a member's reader thread hands over: an event, a line that is no valid event (the
-# error says why), or None once the member has exited.
-Arrival = Event | WireError | None
 
 
 class Listener(Protocol):
@@ -161,89 +143,6 @@ def spmd_jobs(job: Job, world: int, launch: Launch, job_index: int) -> list[tupl
                "MASTER_PORT": port}
         jobs.append((dataclasses.replace(job, process=process), env))
     return jobs
-
-
-class Worker:
-    """One running worker process and the thread that reads its events into a queue shared
-    with the rest of its gang, tagged with its index."""
-
-    def __init__(self, index: int, process: subprocess.Popen | ForkedProcess,
-                 events: queue.Queue[tuple[int, Arrival]]) -> None:
-        self.index = index
-        self.process = process
-        self.events = events
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    @classmethod
-    def start(cls, index: int, job: Job, env: Mapping[str, str], log: Any,
-              events: queue.Queue[tuple[int, Arrival]], servers: ForkServers | None = None) -> Worker:
-        full = {**worker_environment(), **env}
-        process: subprocess.Popen | ForkedProcess | None = None
-        if servers is not None:
-            process = servers.fork(job.target, full, frozenset(LAUNCH_VARIABLES), log)
-        if process is None:
-            process = subprocess.Popen(WORKER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                       env=full, start_new_session=True)
-        stdin = process.stdin
-        assert stdin is not None  # asked for with PIPE
-        # Written by a thread: a job larger than the pipe holds would block until the worker
-        # reads it, and a worker that never does is bounded by the start-up deadline instead.
-        threading.Thread(target=_send, args=(stdin, job.to_json().encode()), daemon=True).start()
-        return cls(index, process, events)
-
-    def _read(self) -> None:
-        stream = self.process.stdout
-        assert stream is not None  # asked for with PIPE
-        with stream:
-            for line in stream:
-                arrival = _arrival(line)
-                if arrival is not None:
-                    self.events.put((self.index, arrival))
-        self.events.put((self.index, None))
-
-    def kill(self) -> None:
-        """End the worker and anything it started (it leads its own process group), stopped
-        or not."""
-        end_group(self.process.pid)
-
-    def stop(self) -> None:
-        self.kill()
-        self.exit_code()
-        self.reader.join(timeout=EXIT_GRACE_S)
-
-    def exit_code(self) -> int | None:
-        """Its exit code once it has exited, within `EXIT_GRACE_S` of being asked, else after it
-        was ended; None where it is unknown (it did not go, or its fork server stopped
-        answering)."""
-        for _ in range(2):
-            try:
-                return self.process.wait(timeout=EXIT_GRACE_S)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return None
-
-
-def _send(stdin: Any, job: bytes) -> None:
-    """Write a worker's job; a worker that died or was ended first explains itself by its exit."""
-    try:
-        with stdin:
-            stdin.write(job)
-    except (OSError, ValueError):
-        pass
-
-
-def _arrival(line: bytes) -> Event | WireError | None:
-    """What one line of a worker's output says, or None for a line that says nothing: one cut
-    off by the worker's death (its exit explains it), or output that is no JSON object (a
-    sitecustomize banner before the worker claimed its stdout). A JSON object that is no
-    valid event is a broken promise of the worker: the trial in flight fails with the reason."""
-    if not line.endswith(b"\n") or not line.lstrip().startswith(b"{"):
-        return None
-    try:
-        return decode_event(line)
-    except WireError as err:
-        return err
 
 
 _LIVE: set[Gang] = set()  # gangs started and not yet stopped (several at once only when not timing)
@@ -368,7 +267,7 @@ class Gang:
             if event is None:
                 return {"status": "failed", "reason": f"worker failed to start: {self._exit_reason(index)}"}
             if isinstance(event, WireError):
-                return {"status": "failed", "reason": self._who(index) + _unreadable(event)}
+                return {"status": "failed", "reason": self._who(index) + unreadable(event)}
             if isinstance(event, Unavailable):
                 return {"status": "skipped", "reason": self._who(index) + event.reason}
             if isinstance(event, SetupFailed):
@@ -411,7 +310,7 @@ class Gang:
                 return _record(trial, ctx, "crashed", self._who(index) + self._exit_reason(index), devices, started)
             if isinstance(event, WireError):
                 self.stop()  # what else it says cannot be trusted either
-                return _record(trial, ctx, "failed", self._who(index) + _unreadable(event), devices, started)
+                return _record(trial, ctx, "failed", self._who(index) + unreadable(event), devices, started)
             if isinstance(event, (Start, Window, Result)) and event.trial != trial.id:
                 self.ahead.append(item)  # this member already works on a later trial
                 continue
@@ -515,30 +414,13 @@ def _phase(trial: Trial, windows_done: int, ctx: Context) -> str:
     return f"window {windows_done + 1} of {repeats}" if windows_done < repeats else "the trial's end (telemetry)"
 
 
-def _unreadable(err: WireError) -> str:
+def unreadable(err: WireError) -> str:
     return f"worker sent an event xbench cannot read: {err}"
 
 
 def skipped_record(trial: Trial, ctx: Context, reason: str) -> Record:
     """The record of a trial that was not run, and why."""
     return _record(trial, ctx, "skipped", reason, None, _now())
-
-
-# Set by torchrun for xbench itself; a worker must see only what its own launcher sets
-# (torch's TORCHELASTIC_USE_AGENT_STORE would make rank 0 wait for a store nobody hosts).
-LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
-
-
-def worker_environment() -> dict[str, str]:
-    """xbench's own environment for a worker, less what only xbench's launcher may set: the
-    launch variables and the run's compilation cache (a run without one has none)."""
-    private = (*LAUNCH_VARIABLES, COMPILE_CACHE_VARIABLE)
-    env = {k: v for k, v in os.environ.items() if k not in private and not k.startswith("TORCHELASTIC_")}
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep framework chatter out of the log
-    env["PYTHONUNBUFFERED"] = "1"
-    env["XBENCH_PARENT_PID"] = str(os.getpid())  # the worker dies with it (see xbench.worker.main._die_with_parent)
-    return env
 
 
 def _record(trial: Trial, ctx: Context, status: str, reason: str | None, devices: dict | None,
@@ -558,92 +440,3 @@ def _record(trial: Trial, ctx: Context, status: str, reason: str | None, devices
         **ctx.annotate(trial),
         **(extra or {}),
     })
-
-
-
-
-def describe(target: str, platform: str, log_path: Path,
-             timeout_s: float = STARTUP_TIMEOUT_S) -> dict[str, Any]:
-    """What a backend's worker sees on one device: {"device_info": ...} or {"reason": ...}."""
-    gang = Gang.start([(Job(target, 1, platform), {})], log_path, label=f"describe {target}")
-    try:
-        ready = gang._await_ready(timeout_s)
-        return ready if "device_info" in ready else {"reason": ready["reason"]}
-    finally:
-        gang.stop()
-
-
-def allreduce_events(target: str, devices: int, platform: str, sizes: list[int], options: dict[str, Any],
-                     log_path: Path, timeout_s: float, launcher: str = "subprocess",
-                     launch: Launch | None = None, startup_timeout_s: float = STARTUP_TIMEOUT_S
-                     ) -> list[dict[str, Any]]:
-    """Run the all-reduce microbenchmark in one job; one result per size, with the fields of
-    an `AllReduce` event (status ok, failed, or why the job could not run it). With spmd,
-    member 0's events carry the gathered timing, and the first size any rank fails ends the
-    job (the ranks' collectives no longer match)."""
-    job = Job(target, devices, platform, mode="allreduce", sizes=tuple(sizes), options=options)
-    jobs = spmd_jobs(job, devices, launch or Launch("spmd"), 0) if launcher == "spmd" else [(job, {})]
-    gang = Gang.start(jobs, log_path, label=f"all-reduce {target} on {devices}")
-    try:
-        return _AllReduceReader(gang, sizes, timeout_s, startup_timeout_s).read()
-    finally:
-        gang.stop()
-
-
-class _AllReduceReader:
-    """Turns a gang's all-reduce events into one result per size."""
-
-    GRACE_S = 10.0  # after a rank fails: time for member 0 to report the sizes before it
-
-    def __init__(self, gang: Gang, sizes: list[int], timeout_s: float, startup_timeout_s: float) -> None:
-        self.gang, self.sizes, self.timeout_s, self.startup_timeout_s = gang, sizes, timeout_s, startup_timeout_s
-        self.order = {n: i for i, n in enumerate(sizes)}
-        self.results: list[dict[str, Any]] = []
-        self.finished: set[int] = set()  # members that said "done" (and may exit before member 0)
-        self.failure: dict[str, Any] | None = None  # the first size a rank failed (spmd)
-        self.failed_rank: int | None = None  # and that rank
-
-    def read(self) -> list[dict[str, Any]]:
-        deadline = Deadline(self.startup_timeout_s + self.timeout_s, "the all-reduce timing",
-                            f"{STARTUP_OPTION} plus the all-reduce timeout")
-        while True:
-            item = self.gang.next_event(deadline)
-            if item is None or (item[1] is None and item[0] not in self.finished):  # timed out, or exited early
-                if self.failure is not None:
-                    return self._after_failure(self.failure)
-                why = f"timed out after {self.timeout_s:g} s" if item is None else self.gang._exit_reason(item[0])
-                return self._rest_failed(why)
-            index, event = item
-            who = self.gang._who(index)
-            if event is None:
-                continue  # said "done", then exited
-            if isinstance(event, WireError):
-                return self._rest_failed(who + _unreadable(event))
-            if isinstance(event, (Unavailable, SetupFailed)):
-                status = "skipped" if isinstance(event, Unavailable) else "failed"
-                return [_size_result(n, status, who + event.reason) for n in self.sizes]
-            if isinstance(event, AllReduce) and event.status != "ok" and self.gang.spmd and self.failure is None:
-                self.failure = _size_result(event.nbytes, event.status, who + str(event.reason))
-                self.failed_rank = self.gang.ranks[index]
-                deadline.at = min(deadline.at, time.monotonic() + self.GRACE_S)
-            elif isinstance(event, AllReduce) and index == 0:
-                if self.failure is not None and self.order[event.nbytes] >= self.order[self.failure["nbytes"]]:
-                    return self._after_failure(self.failure)
-                self.results.append(dataclasses.asdict(event))
-            elif isinstance(event, Done):
-                self.finished.add(index)
-                if index == 0:
-                    return self._after_failure(self.failure) if self.failure is not None else self.results
-
-    def _after_failure(self, failed: dict[str, Any]) -> list[dict[str, Any]]:
-        self.results = [r for r in self.results if r["nbytes"] != failed["nbytes"]] + [failed]
-        return self._rest_failed(f"not run: rank {self.failed_rank}: failed at {failed['nbytes']} bytes")
-
-    def _rest_failed(self, why: str) -> list[dict[str, Any]]:
-        done = {r["nbytes"] for r in self.results}
-        return self.results + [_size_result(n, "failed", why) for n in self.sizes if n not in done]
-
-
-def _size_result(nbytes: int, status: str, reason: str, timing: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One size's result, as an `AllReduce` event has it (the launcher adds "skipped")."""
-    return {"nbytes": nbytes, "status": status, "reason": reason, "timing": timing}

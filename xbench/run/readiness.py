@@ -14,7 +14,7 @@ from typing import Any
 from xbench.contract import DATA_PARALLEL, PLAIN, ValidatesOptions, launchers_of, programs_of, variants_of
 from xbench.errors import BackendError, XbenchError
 from xbench.experiment import ALL_VARIANTS, Spec, resolve_protocol
-from xbench.run import launcher
+from xbench.run import launcher, probes
 from xbench.run.cluster import Launch
 from xbench.run.plan import AS_WRITTEN_VARIANT, Lineup
 from xbench.run.registry import BackendEntry, discover, resolve
@@ -44,7 +44,7 @@ def probe_devices(entries: list[BackendEntry], platform: str, log_dir: Path,
     """Start one short worker per backend, in parallel, to learn which devices it sees; each
     writes its output to log_dir/describe-NAME.log."""
     def describe(entry: BackendEntry) -> dict[str, Any]:
-        return launcher.describe(entry.target, platform, log_dir / f"describe-{entry.name}.log", startup_timeout_s)
+        return probes.describe(entry.target, platform, log_dir / f"describe-{entry.name}.log", startup_timeout_s)
 
     with ThreadPoolExecutor(max_workers=max(1, len(entries))) as pool:
         results = dict(zip((e.name for e in entries), pool.map(describe, entries)))
