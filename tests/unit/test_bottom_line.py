@@ -217,3 +217,9 @@ def test_a_speedup_beyond_the_device_count_is_flagged_with_its_likely_cause():
     said = " ".join(sentences(rows))
     assert "Above linear, so not the devices' doing alone: 2." in said and "likely" in said
     assert "above linear" in rendered(rows, 120)
+
+
+def test_a_single_batch_speedup_is_quoted_with_its_interval():
+    records = [program_record("fast", d, 64, r, 1e-3 / (1.9 if d == 2 else 1.0)) for r in range(3) for d in (1, 2)]
+    said = " ".join(sentences(rows_from_records(records)))
+    assert re.search(r"2 devices beat 1 at every batch measured \(1\.\d\d× \(1\.\d\d–1\.\d\d\)\)", said)

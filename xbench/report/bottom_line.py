@@ -312,6 +312,9 @@ def _ratio(s: stats.Scaling) -> str:
 
 
 def _speedups(rows: list[Row]) -> str:
+    """Several speedups as their span; one with its interval."""
+    if len(rows) == 1:
+        return _speedup(rows[0])
     return _span(r.scaling.speedup for r in rows if r.scaling)
 
 
