@@ -11,7 +11,8 @@ import pytest
 from rich.console import Console
 
 from xbench.report.bottom_line import bottom_line, contests
-from xbench.report.terminal import bottom_line_text, compact_headers, compact_speedup, model_tables
+from xbench.report.terminal import bottom_line_text, compact_headers, model_tables
+from xbench.report.words import speedup_text
 from xbench.results.summary import rows_from_records
 
 
@@ -64,7 +65,7 @@ def test_devices_help_from_the_batch_where_the_verdict_turns_beneficial():
 
 def test_the_speedup_a_sentence_quotes_is_the_one_the_table_prints():
     rows = study(lambda b, d, n: (n * 1e-5 / d + (2e-3 if d == 2 else 0)) * (1.0 if b == "fast" else 1.3))
-    table_cells = {compact_speedup(r) for r in rows if r.devices == 2}
+    table_cells = {speedup_text(r) for r in rows if r.devices == 2}
     quoted = re.findall(r"\d\.\d\d× \(\d\.\d\d–\d\.\d\d\)", " ".join(sentences(rows)))
     assert quoted and set(quoted) <= table_cells
 
@@ -204,7 +205,7 @@ def test_a_speedup_over_the_plain_program_asked_explicitly_says_it_is_over_anoth
     rows = rows_from_records(records)
     two = next(r for r in rows if r.devices == 2)
     assert two.baseline == "plain" and two.vs_plain is None
-    assert compact_speedup(two).endswith("vs plain")
+    assert speedup_text(two).endswith("vs plain")
     said = " ".join(sentences(rows))
     assert "beat 1" not in said and "another program" in said and "--single-device both" in said
     assert "Above linear" in said and "another program, the plain one" in said

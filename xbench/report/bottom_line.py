@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from xbench import stats
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, backend_label, implementation
+from xbench.report.words import ratio_text
 from xbench.results.summary import (
     BENEFICIAL_SPEEDUP,
     INCONCLUSIVE,
@@ -267,7 +268,7 @@ def _plain_sentences(rows: list[Row]) -> list[str]:
 
 def _plain_part(row: Row, single: Row | None) -> str:
     assert row.vs_plain is not None
-    total = f"{_ratio(row.vs_plain)} at {batch_phrase(row)}"
+    total = f"{ratio_text(row.vs_plain)} at {batch_phrase(row)}"
     if single is None or single.vs_plain is None or row.scaling is None:
         return total
     return f"{total} = {single.vs_plain.speedup:.2f}× from the program × {row.scaling.speedup:.2f}× from the devices"
@@ -303,12 +304,7 @@ def _batch_of(row: Row) -> int:
 
 def _speedup(row: Row) -> str:
     assert row.scaling is not None
-    return _ratio(row.scaling)
-
-
-def _ratio(s: stats.Scaling) -> str:
-    interval = "" if math.isnan(s.ci_low) else f" ({s.ci_low:.2f}–{s.ci_high:.2f})"
-    return f"{s.speedup:.2f}×{interval}"
+    return ratio_text(row.scaling)
 
 
 def _speedups(rows: list[Row]) -> str:

@@ -158,7 +158,7 @@ def _compact_cells(row: Row) -> dict[str, str]:
     shown = COMPACT_VERDICTS.get(said, said)
     style = VERDICT_STYLE.get(said)
     note = ", ".join(brief_notes(row))
-    cells.update({"samples/s": rate_with_interval(row), "speedup (95%)": compact_speedup(row),
+    cells.update({"samples/s": rate_with_interval(row), "speedup (95%)": speedup_text(row),
                   PLAIN_HEADER: vs_plain_text(row, interval=False),
                   "verdict": f"[{style}]{shown}[/]" if style else escape(shown), "reps": replicates_text(row),
                   "notes": f"[yellow]{escape(note)}[/]" if row.unstable or row.throttled else escape(note)})
@@ -180,11 +180,6 @@ def rate_with_interval(row: Row) -> str:
         return rate
     spread = f"±{relative:.0%}" if relative >= 0.01 else f"±{relative:.1%}" if relative >= 0.0005 else "±<0.1%"
     return f"{rate} {spread}"
-
-
-def compact_speedup(row: Row) -> str:
-    """e.g. "0.78× (0.70–0.86)", as `speedup_text` says it."""
-    return speedup_text(row)
 
 
 def _compact_caption(rows: list[Row], notes_below: bool = False, plain_below: bool = False) -> str:
