@@ -90,7 +90,8 @@ VARIANTS = (
     Variant("compile", "torch.compile of forward and loss, default mode; cudnn.benchmark, cnn channels-last"),
     # CUDA graphs are recorded on the first calls after compilation: more untimed warm-up.
     Variant("cuda-graphs", "the same in mode='reduce-overhead': CUDA graphs", warmup_steps=3),
-    Variant("channels-last", "eager, channels-last memory format and cudnn.benchmark (cnn only)"),
+    Variant("channels-last", "eager, channels-last memory format and cudnn.benchmark (cnn only)",
+            families=("cnn",)),
 )
 
 

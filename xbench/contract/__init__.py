@@ -55,7 +55,7 @@ A backend lists the launchers it supports in `launchers` (first = preferred).
 Optional abilities. Beyond `Backend`, a backend may declare `programs`, `variants`,
 `families`, `launchers` and `fork_preload` (`DeclaresPrograms`, `DeclaresVariants`,
 `DeclaresFamilies`, `DeclaresLaunchers`, `DeclaresForkPreload`) and have the methods of
-`SpmdCapable`, `Verifiable`, `AllReduceCapable`, `ReportsMemory`, `ForgetsTrials` and
+`SpmdCapable`, `Verifiable`, `ReportsShardLosses`, `AllReduceCapable`, `ReportsMemory`, `ForgetsTrials` and
 `ValidatesOptions`.
 Each is a runtime-checkable Protocol: the core asks `isinstance(backend, Verifiable)`, and
 an ability a backend lacks is absent, not an error.
@@ -76,6 +76,7 @@ from xbench.contract.abilities import (
     DeclaresVariants,
     ForgetsTrials,
     ReportsMemory,
+    ReportsShardLosses,
     SpmdCapable,
     ValidatesOptions,
     Verifiable,
@@ -127,7 +128,7 @@ __all__ = [
     "Adam", "AllReduceCapable", "Availability", "Backend", "DeclaresFamilies", "DeclaresForkPreload",
     "DeclaresLaunchers", "DeclaresPrograms", "DeclaresVariants", "DeviceInfo", "DeviceUnavailable", "ForgetsTrials",
     "ModelSpec", "Param", "Prepared", "PreparedInfo", "Process",
-    "ReportsMemory", "SpmdCapable", "TimingProtocol", "Trial", "Unsupported", "ValidatesOptions", "Variant",
+    "ReportsMemory", "ReportsShardLosses", "SpmdCapable", "TimingProtocol", "Trial", "Unsupported", "ValidatesOptions", "Variant",
     "Verifiable", "Work", "backend_label", "backend_of_implementation", "cnn", "families_of", "fork_preload_of",
     "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of", "lstm", "missing_methods",
     "mlp", "probe_distributions", "programs_of", "replicate_id", "transformer", "trial_id", "variants_of",

@@ -96,6 +96,23 @@ class Verifiable(Protocol):
 
 
 @runtime_checkable
+class ReportsShardLosses(Protocol):
+    """Proof that each device computes its own share of the batch (`xbench verify`): without
+    it a data-parallel program that computed the whole batch on one device and copied the
+    result to the others would pass every other check. Without it, verify says the shares
+    went unchecked."""
+
+    def shard_losses(self, prepared: Any, shards: int) -> list[float]:
+        """The loss, at the current weights, of each of `shards` equal consecutive slices of
+        the current step's global batch (slice i: samples i*B/shards to (i+1)*B/shards - 1),
+        each a forward pass of that slice alone (batch statistics from the slice), before any
+        reduction across devices, by slice; untimed, no weights change. A program on N > 1
+        devices is asked for shards == N and computes slice i on device i, where its training
+        step computes it; a program on one device computes every slice there. In an spmd job,
+        every rank returns all N (gathered)."""
+
+
+@runtime_checkable
 class AllReduceCapable(Protocol):
     """The framework's own all-reduce, timed alone (`xbench allreduce`, `--breakdown`);
     without it those results are 'unsupported'."""

@@ -39,6 +39,7 @@ class Variant:
     steps_per_call: int | None = None  # steps fused into one call, when the variant fuses them
     warmup_steps: int | None = None  # at least this many untimed steps first (e.g. CUDA-graph capture)
     precisions: tuple[str, ...] | None = None  # the only precisions it runs in (None: every one)
+    families: tuple[str, ...] | None = None  # the only model families it builds (None: the backend's)
 
 
 @dataclass(frozen=True)

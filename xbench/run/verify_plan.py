@@ -49,9 +49,16 @@ def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[i
                       options=dict(spec.options.get(backend, {})),
                       launcher=(launchers or {}).get(backend, "subprocess"), variant=variant.name, program=program)
                 for n in counts for program in lineup.verified_programs(n) for model in models
+                if builds(variant, model)
             ]
     trials += _as_written_for_low_precision(trials, protocol)
     return trials + referee_trials(trials) + precision_reference_trials(trials)
+
+
+def builds(variant: Variant, model: ModelSpec) -> bool:
+    """Whether a variant builds a model's family (one that declares its `families` refuses
+    the others, and verify plans no run only to hear that)."""
+    return variant.families is None or model.family in variant.families
 
 
 def program_precision(variant: Variant, model: ModelSpec) -> str:
