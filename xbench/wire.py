@@ -335,6 +335,12 @@ class Reference:
     # Each other replica's errors against replica 0 (max abs, max rel, norm rel), computed in
     # the worker so that only replica 0 is stored (200 M parameters x 4 replicas is 3 GB).
     replica_errors: tuple[tuple[float, float, float], ...] | None = None
+    # The full-size probe's gradients as summaries (one row per tensor, `SUMMARY_COLUMNS`),
+    # computed in the worker instead of whole arrays; None for a run that kept its arrays.
+    summaries: np.ndarray | None = None
+    # Slice count -> the loss of each of that many equal slices of the first batch, each
+    # computed where the program computes it (`ReportsShardLosses`); empty where unreported.
+    shard_losses: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
     @property
     def replica_count(self) -> int:
@@ -354,6 +360,9 @@ def save_reference(path: Path, ref: Reference) -> None:
         arrays.update({f"replica_{r}_{i}": w for i, w in enumerate(weights)})
     if ref.replica_errors is not None:
         arrays["replica_errors"] = np.asarray(ref.replica_errors, np.float64).reshape(-1, 3)
+    if ref.summaries is not None:
+        arrays["summaries"] = np.asarray(ref.summaries, np.float64)
+    arrays.update({f"shards_{count}": np.asarray(losses, np.float64) for count, losses in ref.shard_losses.items()})
     np.savez(path, **arrays)
 
 
@@ -365,7 +374,11 @@ def load_reference(path: Path) -> Reference:
             replicas.append(_numbered(data, f"replica_{len(replicas)}_"))
         found = data["replica_errors"] if "replica_errors" in data else None
         replica_errors = None if found is None else tuple((float(a), float(b), float(c)) for a, b, c in found)
-        return Reference(float(data["loss"]), grads, list(data["losses"]), replicas, replica_errors)
+        summaries = np.asarray(data["summaries"]) if "summaries" in data else None
+        shards = {int(name.removeprefix("shards_")): tuple(float(x) for x in data[name])
+                  for name in data.files if name.startswith("shards_")}
+        return Reference(float(data["loss"]), grads, list(data["losses"]), replicas, replica_errors, summaries,
+                         shards)
 
 
 def _numbered(data: Mapping[str, np.ndarray], prefix: str) -> list[np.ndarray]:

@@ -79,6 +79,9 @@ def verify(
     for caption in (floors, precision_floors_caption(result.precision_floors)):
         if caption:
             err.print(escape(caption))
+    if result.shares_unchecked:
+        err.print(f"[yellow]each device's share of the batch went unchecked[/] for {', '.join(result.shares_unchecked)}"
+                  " (their backends report no shard_losses)")
     for trial_id, why in result.problems.items():
         err.print(f"[red]{trial_id}[/]: {escape(why)}")
     # A variant or plain program that cannot run on this platform (CUDA graphs on a CPU) is

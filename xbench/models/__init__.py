@@ -54,7 +54,9 @@ class Family(Protocol):
     loss: ClassVar[str]  # one line: the loss every backend computes
 
     # Optional, read by xbench.results.checks where present (see verification_model):
-    #   verification_dims: Mapping[str, int] -- shape keys verify changes (the CNN: image 32)
+    #   verification_dims: Mapping[str, int] -- caps on shape keys for the reduced instance that
+    #       verify trains (the CNN: image 32; the transformer: 2 layers, 64 tokens); a model
+    #       they shrink is also probed at full size (xbench.results.full_size)
     #   verification_per_device: int -- samples per device verify uses (default: a global 32)
     #   verification_precision: str -- "fp32" (default) or "fp64" for a family whose fp32
     #       gradients are too ill-conditioned to compare at 1e-4 (BatchNorm + ReLU networks)

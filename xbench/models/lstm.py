@@ -25,6 +25,7 @@ class Lstm:
     unit: ClassVar[str] = "samples"
     loss: ClassVar[str] = "mean squared error of the head's outputs"
     batch_statistics: ClassVar[bool] = False
+    verification_dims: ClassVar[Mapping[str, int]] = {"layers": 2, "sequence": 64}  # see the transformer's
     dims: ClassVar[Mapping[str, Dim]] = {
         "layers": Dim(1, 1_000, None, "stacked LSTM layers"),
         "hidden": Dim(1, 1_000_000, None, "units per layer"),

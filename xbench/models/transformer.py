@@ -41,6 +41,9 @@ class Transformer:
     unit: ClassVar[str] = "tokens"
     loss: ClassVar[str] = "next-token cross-entropy, the mean over every position"
     batch_statistics: ClassVar[bool] = False
+    # Verify trains a 2-block instance on 64 tokens at full width and vocabulary (the same
+    # kernels, a tenth of the work of 12 x 1,024), then probes the full model once.
+    verification_dims: ClassVar[Mapping[str, int]] = {"layers": 2, "context": 64}
     dims: ClassVar[Mapping[str, Dim]] = {
         "layers": Dim(1, 1_000, None, "decoder blocks"),
         "heads": Dim(1, 1_000, None, "attention heads (must divide width)"),

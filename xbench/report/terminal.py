@@ -427,6 +427,7 @@ def verify_caption(spec: Any, reference: str) -> str:
     counts = sorted(set(spec.devices) | {1})
     batches = ", ".join(f"{m.name} {verification_model(m, counts).batch_sizes[0]}" for m in spec.models)
     from xbench.results.checks import verification_precision
+    from xbench.results.full_size import sizes_checked
 
     float64 = [m.name for m in spec.models if verification_precision(m) == "fp64"]
     per_device = [m.name for m in spec.models if m.kind.batch_statistics]
@@ -436,4 +437,5 @@ def verify_caption(spec: Any, reference: str) -> str:
     return (f"dropout off, strict fp32{cnn}, global batch: {batches}; {VERIFY_STEPS} Adam steps "
             f"(lr {spec.learning_rate:g}) from the core's weights (seed {spec.seed}); reference backend: "
             f"{reference}. rel err (norm) = ||a-b|| / ||b|| decides; max rel err divides by "
-            "max(|b|, 1e-3 max|b|).")
+            "max(|b|, 1e-3 max|b|). What was checked at which size: "
+            + "; ".join(sizes_checked(m, counts, verification_precision(m)) for m in spec.models) + ".")

@@ -211,9 +211,9 @@ def _finite(ref: Reference) -> bool:
 
 
 def verification_model(model: ModelSpec, devices: Sequence[int]) -> ModelSpec:
-    """The model as verify runs it: dropout off, one batch size every device count divides
+    """The model as verify trains it: dropout off, one batch size every device count divides
     (32, or `verification_per_device` times the most devices where the family says so), and
-    the family's `verification_dims` applied where it has them. The CNN's: 32 x 32 images, 8
+    the family's `verification_dims` as caps (`reduced_dims`). The CNN's: 32 x 32 images, 8
     per device (at 4 per device, ten steps in float64 amplify rounding from 3e-14 to 4e-5).
     Its parameters do not depend on the image size, so the weights are the same; small
     because a ReLU network's gradient jumps where an activation lies within rounding
@@ -222,11 +222,17 @@ def verification_model(model: ModelSpec, devices: Sequence[int]) -> ModelSpec:
     the time (measured: 1.8e-2 between two built-in backends, from one activation at 4.9e-7),
     ResNet-50 at 224 x 224 always."""
     fam = model.kind
-    smaller = dict(getattr(fam, "verification_dims", {}) or {})
-    dims = tuple(sorted({**dict(model.dims), **smaller}.items())) if model.dims else model.dims
+    dims = tuple(sorted(reduced_dims(model).items())) if model.dims else model.dims
     per_device = getattr(fam, "verification_per_device", None)
     batch = verification_batch(devices, minimum=int(per_device) * max(devices) if per_device else 32)
     return replace(model, dropout=0.0, batch_sizes=(batch,), dims=dims)
+
+
+def reduced_dims(model: ModelSpec) -> dict[str, int]:
+    """The model's dims with the family's `verification_dims` as caps: the instance verify
+    trains (a model they do not shrink is trained at full size)."""
+    caps = dict(getattr(model.kind, "verification_dims", {}) or {})
+    return {key: min(value, caps.get(key, value)) for key, value in model.dims}
 
 
 def verification_precision(model: ModelSpec) -> str:

@@ -25,6 +25,7 @@ from xbench.results.checks import (
     run_checks,
     verification_precision,
 )
+from xbench.results.full_size import full_size_checks, is_full_size, shard_checks, unreported_shares
 from xbench.results.records import Record
 from xbench.run import launcher
 from xbench.run.cluster import Launch
@@ -60,6 +61,9 @@ class Verification:
     # (backend, model, precision) -> (initial, ten steps) floors of its as-written program in a
     # low precision against float64 (see xbench.results.checks.LOW_PRECISION_FACTOR)
     precision_floors: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
+    # Programs whose N-device runs did not report their devices' slice losses: their shares of
+    # the batch went unchecked (`xbench.results.full_size`)
+    shares_unchecked: tuple[str, ...] = ()
 
     @property
     def failed(self) -> set[str]:
@@ -131,14 +135,14 @@ def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: 
     low_floors, low_rejected = precision_floors(runs.precision_refs, exact)
     low_checks, unchecked = precision_checks(runs.programs, exact, low_floors,
                                              {**runs.no_precision_ref, **low_rejected}, no_exact, float64, per_device)
-    checks += float64_checks + low_checks
+    checks += float64_checks + low_checks + _size_and_share_checks(runs, reference, per_device)
     problems, owners = dict(runs.problems), dict(runs.owners)
     for low_key, why in unchecked.items():
         problems[runs.trial_ids[low_key]], owners[runs.trial_ids[low_key]] = why, low_key[0]
     untested, unpartnered = lost_comparisons(runs.expected, runs.refs, reference, per_device)
     for key, lost in untested.items():
         problems[runs.trial_ids[key]], owners[runs.trial_ids[key]] = runs.lost(lost), key[0]
-    unverifiable = dict(runs.unverifiable)
+    unverifiable = {**runs.too_large, **runs.unverifiable}
     checked = {name for c in checks for name in c.backends}
     for name in dict.fromkeys(key[0] for key in [*runs.refs, *runs.programs]):
         if name in checked or name in owners.values() or name in unverifiable:
@@ -151,7 +155,16 @@ def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: 
             unverifiable[name] = "nothing to compare it with (one program on one device: no other result of its models)"
     no_floor = {key: why for key, why in {**runs.no_referee, **rejected}.items() if key[0] not in runs.unverifiable}
     return Verification(tuple(checks), problems, frozenset(owners.values()), unverifiable, owners, floors, no_floor,
-                        low_floors)
+                        low_floors, tuple(sorted(unreported_shares({**runs.refs, **runs.probes}))))
+
+
+def _size_and_share_checks(runs: _Runs, reference: str, per_device: Collection[str]) -> list[Check]:
+    """The full-size probes compared, and each device's share at both sizes
+    (`xbench.results.full_size`)."""
+    trained = {**runs.refs, **{key[:3]: ref for key, ref in runs.programs.items()}}
+    return (full_size_checks(runs.probes, runs.probe_precisions, reference, per_device)
+            + shard_checks(trained, runs.precisions, "")
+            + shard_checks(runs.probes, runs.probe_precisions, " (full size)"))
 
 
 def _float64_runs(runs: _Runs, floors: Mapping[tuple[str, str], float], rejected: Mapping[tuple[str, str], str],
@@ -212,6 +225,10 @@ class _Runs:
     expected: set = field(default_factory=set)  # keys of `refs` whose trials ran or should have
     trial_ids: dict = field(default_factory=dict)  # a key of refs, referees or programs -> its trial id
     statuses: dict = field(default_factory=dict)  # trial id -> "status: reason" of one without a result
+    probes: dict = field(default_factory=dict)  # (implementation, devices, model) -> its full-size probe
+    probe_precisions: dict = field(default_factory=dict)  # the same key -> the probe's precision
+    precisions: dict = field(default_factory=dict)  # (implementation, devices, model) of a trained run -> its precision
+    too_large: dict = field(default_factory=dict)  # implementation -> why a model was too large to probe
 
     def status(self, key: tuple) -> str:
         """What became of the trial of `key`, for a message."""
@@ -242,6 +259,9 @@ def _sorted_records(records: Sequence[Record], planned: Sequence[Trial] = ()) ->
         stored = {"precision": trial.precision, "replicate": trial.replicate}
         if status != "ok":
             runs.statuses[trial.id] = reason
+        if is_full_size(stored):
+            _sort_probe(runs, trial, record, reason)
+            continue
         if is_referee(stored):
             runs.trial_ids[(name, model)] = trial.id
             if status == "ok":
@@ -261,6 +281,7 @@ def _sorted_records(records: Sequence[Record], planned: Sequence[Trial] = ()) ->
             low = is_low_precision(trial)
             key = (name, trial.devices, model, trial.precision) if low else (name, trial.devices, model)
             runs.trial_ids[key] = trial.id
+            runs.precisions[key[:3]] = trial.precision
             if status not in ("skipped", "unsupported") and not low:
                 runs.expected.add(key)
             if status == "ok":
@@ -275,6 +296,26 @@ def _sorted_records(records: Sequence[Record], planned: Sequence[Trial] = ()) ->
     # those; it is unverifiable only where it runs for none.
     runs.unverifiable.update({name: why for name, why in unsupported.items() if name not in ran})
     return runs
+
+
+def _sort_probe(runs: _Runs, trial: Trial, record: Mapping[str, Any], reason: str) -> None:
+    """A full-size probe's result, or why it has none: too large to run here (out of memory,
+    which timing would hit too) leaves its program unverifiable; any other failure fails it."""
+    key = (trial.implementation, trial.devices, trial.model.name)
+    runs.trial_ids[("full size", *key)] = trial.id
+    runs.probe_precisions[key] = trial.precision
+    if record["status"] == "ok":
+        runs.probes[key] = load_reference(Path(record["arrays"]))
+    elif record["status"] not in ("skipped", "unsupported") and _out_of_memory(reason):
+        runs.too_large.setdefault(trial.implementation, f"{trial.model.name} is too large to verify on "
+                                  f"{trial.devices} device(s) here: {reason}")
+    elif record["status"] not in ("skipped", "unsupported"):
+        runs.problems[trial.id], runs.owners[trial.id] = f"full-size probe {reason}", trial.implementation
+
+
+def _out_of_memory(reason: str) -> bool:
+    text = reason.lower()
+    return any(sign in text for sign in ("out of memory", "resource_exhausted", "resource exhausted", "oom"))
 
 
 def checks_as_dicts(checks: Sequence[Check]) -> list[dict[str, Any]]:

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from xbench.results.checks import verification_precision
+from xbench.results.full_size import sizes_checked
 from xbench.results.records import RECORDS_FILE, iter_records, read_run, write_json
 from xbench.run.comparison import Comparison, Observer
 from xbench.run.verification import Progress as VerificationProgress
@@ -38,6 +40,9 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any],
         "precision_floors": [{"backend": b, "model": m, "precision": p, "gradients": start, "training": steps}
                              for (b, m, p), (start, steps) in sorted(result.precision_floors.items())],
         "unverifiable": result.unverifiable,
+        "shares_unchecked": list(result.shares_unchecked),
+        "sizes_checked": [sizes_checked(m, comparison.spec.devices, verification_precision(m))
+                          for m in comparison.spec.models],
     })
     return result
 

@@ -18,6 +18,7 @@ from xbench.results.checks import (
     verification_model,
     verification_precision,
 )
+from xbench.results.full_size import FULL_SIZE_REPLICATE, full_size_model
 from xbench.run.plan import Lineup
 
 
@@ -36,6 +37,7 @@ def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[i
     protocol = TimingProtocol(warmup_steps=0, steps=VERIFY_STEPS, repeats=2, steps_per_call=1,
                         trial_timeout_s=spec.protocol.trial_timeout_s)
     models = [verification_model(m, counts) for m in spec.models]
+    full = {reduced: full_size_model(m, counts) for m, reduced in zip(spec.models, models)}
     trials = []
     for backend in backends:
         lineup = (lineups or {}).get(backend, Lineup())
@@ -52,7 +54,16 @@ def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[i
                 if builds(variant, model)
             ]
     trials += _as_written_for_low_precision(trials, protocol)
-    return trials + referee_trials(trials) + precision_reference_trials(trials)
+    return trials + referee_trials(trials) + precision_reference_trials(trials) + probe_trials(trials, full)
+
+
+def probe_trials(trials: Sequence[Trial], full: Mapping[ModelSpec, ModelSpec | None]) -> list[Trial]:
+    """For each program, device count and model that verify trains reduced: the full-size
+    probe (`xbench.results.full_size`), the loss and gradients at the start and no step, in
+    the precision the program is verified in."""
+    return [replace(t, model=model, global_batch=model.batch_sizes[0], samples=model.batch_sizes[0],
+                    replicate=FULL_SIZE_REPLICATE, protocol=replace(t.protocol, steps=0, steps_per_call=1))
+            for t in trials if t.replicate == 0 and (model := full.get(t.model)) is not None]
 
 
 def builds(variant: Variant, model: ModelSpec) -> bool:

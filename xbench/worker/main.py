@@ -297,7 +297,7 @@ def _verification(arrays_dir: Path, save: bool) -> Action:
     one per node saves them."""
     def capture(backend: Backend, prepared: Any, trial: Trial, work: Work, emit: Emit) -> dict[str, Any]:
         path = arrays_dir / f"{trial.id.replace('/', '_')}.npz"
-        reference = reference_run(backend, prepared, trial.protocol.steps)
+        reference = reference_run(backend, prepared, trial.protocol.steps, trial)
         if save:
             save_reference(path, reference)
         return {"arrays": str(path)}

@@ -1,0 +1,124 @@
+"""Verification that scales: the reduced instance verify trains, the full-size probe and its
+summaries, and each device's share of the batch (xbench.results.full_size)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xbench.contract import Variant
+from xbench.experiment import build_spec
+from xbench.models.model_spec import preset_model
+from xbench.results.checks import verification_model
+from xbench.results.full_size import (
+    FULL_SIZE_REPLICATE,
+    full_size_checks,
+    full_size_model,
+    shard_checks,
+    sizes_checked,
+    summary_error,
+    unreported_shares,
+)
+from xbench.run.plan import Lineup
+from xbench.run.verify_plan import verification_trials
+from xbench.wire import Reference, load_reference, save_reference
+from xbench.worker.capture import summarize
+
+
+def probe(loss: float, gradients: list[np.ndarray], shards: dict | None = None) -> Reference:
+    return Reference(loss, [], [], [], summaries=summarize(gradients), shard_losses=shards or {})
+
+
+def gradients(seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal(32).astype(np.float32),
+            rng.standard_normal((32, 8)).astype(np.float32)]
+
+
+def test_the_reduced_instance_keeps_width_and_caps_depth_and_length():
+    gpt2 = preset_model("gpt2-small")
+    reduced = dict(verification_model(gpt2, [1, 2]).dims)
+    assert reduced == {**dict(gpt2.dims), "layers": 2, "context": 64}
+    assert dict(verification_model(preset_model("resnet50"), [1, 2]).dims)["image"] == 32
+
+
+def test_only_a_model_the_reduced_instance_shrinks_is_probed_at_full_size():
+    assert full_size_model(preset_model("medium"), [1, 2]) is None
+    assert full_size_model(preset_model("transformer-tiny"), [1, 2]) is None
+    full = full_size_model(preset_model("gpt2-small"), [1, 2])
+    assert full is not None and full.dims == preset_model("gpt2-small").dims
+    assert full.batch_sizes == (4,) and full.dropout == 0.0  # 2 per device on 2: no more than timing holds
+
+
+def test_verify_plans_one_probe_per_trained_program_and_no_run_of_a_variant_on_a_family_it_does_not_build():
+    spec = build_spec({"models": [{"preset": "gpt2-small"}, {"preset": "resnet18"}], "devices": [1, 2]})
+    only_transformers = Variant("fast-attention", "a transformer-only kernel", families=("transformer",))
+    lineup = Lineup(variants=(Lineup().variants[0], only_transformers))
+    trials = verification_trials(spec, ["jax"], [1, 2], lineups={"jax": lineup})
+    probes = [t for t in trials if t.replicate == FULL_SIZE_REPLICATE]
+    assert {(t.model.name, t.variant, t.devices) for t in probes} == {
+        ("gpt2-small", v, n) for v in ("as-written", "fast-attention") for n in (1, 2)}
+    assert all(t.protocol.steps == 0 and t.global_batch == 4 and dict(t.model.dims)["layers"] == 12 for t in probes)
+    assert not [t for t in trials if t.variant == "fast-attention" and t.model.name == "resnet18"]
+
+
+def test_summaries_see_a_skipped_layer_and_a_wrong_width_as_errors_of_order_one():
+    good = probe(2.3, gradients())
+    assert summary_error(good, probe(2.3, gradients())) == (0.0, " (the loss)")
+    skipped = gradients()
+    skipped[2] = np.zeros_like(skipped[2])
+    error, where = summary_error(probe(2.3, skipped), good)
+    assert error >= 1.0 and where == " (tensor 2)"
+    narrow = gradients()[:2]
+    assert summary_error(probe(2.3, narrow), good)[0] == float("inf")
+
+
+def test_a_summary_error_tracks_the_tensors_normwise_error():
+    base = gradients()
+    moved = [g.copy() for g in base]
+    moved[0] = moved[0] + 1e-4 * np.linalg.norm(moved[0]) * gradients(1)[0] / np.linalg.norm(gradients(1)[0])
+    error, _ = summary_error(probe(2.3, moved), probe(2.3, base))
+    assert 1e-5 < error <= 4e-4  # ||g - g'|| / ||g|| = 1e-4, within the projections' factor of a few
+
+
+def test_full_size_checks_compare_n_devices_with_one_and_each_backend_with_the_reference():
+    ref = {("jax", 1, "m"): probe(2.3, gradients()), ("jax", 2, "m"): probe(2.3, gradients()),
+           ("torch", 1, "m"): probe(2.3, gradients())}
+    wrong = gradients()
+    wrong[1] = 2 * wrong[1]
+    ref[("torch", 2, "m")] = probe(2.3, wrong)
+    precisions = dict.fromkeys(ref, "fp32")
+    checks = {c.subject.split(" (")[0]: c for c in full_size_checks(ref, precisions, "jax")}
+    assert checks["m: jax d2 vs jax d1"].passed and checks["m: torch d1 vs jax d1"].passed
+    failed = checks["m: torch d2 vs torch d1"]
+    assert not failed.passed and failed.backends == ("torch",) and failed.norm_rel == pytest.approx(1.0, rel=1e-6)
+
+
+def test_a_program_that_computes_the_whole_batch_on_one_device_fails_the_share_check():
+    slices = (2.29, 2.35)  # each half of the batch on one device
+    whole = sum(slices) / 2
+    runs = {("honest", 1, "m"): Reference(whole, [], [], [], shard_losses={2: slices}),
+            ("honest", 2, "m"): Reference(whole, [], [], [], shard_losses={2: slices}),
+            ("copies", 1, "m"): Reference(whole, [], [], [], shard_losses={2: slices}),
+            ("copies", 2, "m"): Reference(whole, [], [], [], shard_losses={2: (whole, whole)}),
+            ("silent", 2, "m"): Reference(whole, [], [], [])}
+    checks = {c.backends[0]: c for c in shard_checks(runs, dict.fromkeys(runs, "fp32"), "")}
+    assert checks["honest"].passed
+    assert not checks["copies"].passed and checks["copies"].norm_rel > 1e-2
+    assert "silent" not in checks and unreported_shares(runs) == {"silent"}
+
+
+def test_summaries_and_slice_losses_survive_the_arrays_file(tmp_path):
+    ref = probe(2.3, gradients(), {2: (1.0, 2.0), 4: (1.0, 2.0, 3.0, 4.0)})
+    save_reference(tmp_path / "r.npz", ref)
+    back = load_reference(tmp_path / "r.npz")
+    assert np.array_equal(back.summaries, ref.summaries) and back.shard_losses == ref.shard_losses
+    assert back.gradients == [] and back.loss == 2.3
+
+
+def test_verify_says_at_which_size_and_precision_it_checked_each_model():
+    assert sizes_checked(preset_model("medium"), [1, 2], "fp32") == (
+        "medium: trajectory 10 steps at full size, batch 32, fp32, float64 referee")
+    text = sizes_checked(preset_model("gpt2-small"), [1, 2], "fp32")
+    assert "reduced instance (context 64, layers 2)" in text
+    assert "full size (context 1024, layers 12): initial loss and per-tensor gradient summaries, batch 4, fp32" in text
