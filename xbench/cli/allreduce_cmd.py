@@ -15,12 +15,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from xbench.cli.consoles import data_console, status_console
-from xbench.cli.options import Launcher, Platform, backend_options, integers, names, value
+from xbench.cli.options import Launcher, Platform, backend_options, integers, names, p2p_list, value
 from xbench.errors import XbenchError
 from xbench.experiment import load_spec
 from xbench.report.terminal import ALLREDUCE_HEADERS, ALLREDUCE_NOTE, allreduce_rows, devices_line
 from xbench.results.allreduce import AllReduceResult, format_size, parse_size, result_from_record
+from xbench.results.links import links_record, notes, short
 from xbench.results.records import AllReduceRecord, write_atomic
+from xbench.run import links
 from xbench.run.allreduce_phase import measure_allreduce
 from xbench.run.cluster import resolve_launch
 from xbench.run.environment import host_environment
@@ -48,6 +50,11 @@ def allreduce(
              "own choice (default: auto).")] = None,
     table: Annotated[bool, typer.Option(
         "--table", help="A box table instead of nccl-tests' all_reduce_perf lines (default: off).")] = False,
+    p2p: Annotated[Optional[list[str]], typer.Option(
+        metavar="on|off...", help="GPU-to-GPU links: on, the machine's own (NVLink, PCIe peer-to-peer); off, NCCL "
+                                  "stages the traffic through host memory (NCCL_P2P_DISABLE=1, NCCL_NVLS_ENABLE=0), "
+                                  "as on a PCIe machine without peer-to-peer; --p2p on off measures both and "
+                                  "prints their busbw side by side (default: on).")] = None,
 ) -> int:
     """Time each framework's own all-reduce; prints nccl-tests' all_reduce_perf columns.
 
@@ -71,16 +78,24 @@ def allreduce(
                             "samples": max(batch, 4096)})
     if json_out is not None:
         check_writable(json_out)
+    topologies = p2p_list(p2p)
     err, environment = status_console(), host_environment()
+    records: list[AllReduceRecord] = []
     with tempfile.TemporaryDirectory(prefix="xbench-allreduce-") as tmp:
         with err.status("finding devices for each backend…"):
             ready = ready_backends(spec, Path(tmp), launch=launch)
-        with err.status("timing all-reduces…"):
-            records = measure_allreduce(ready.entries, spec.devices, spec.platform, nbytes, spec.options,
-                                                   Path(tmp), environment, devices=ready.devices,
-                                                   launchers=ready.launchers, launch=launch)
+        for on in topologies:
+            with links.applied(on) as nccl:  # every worker of this topology inherits NCCL's variables
+                mine = {**environment, "links": links_record(on, nccl, ready.devices, spec.devices)}
+                for line in notes(mine["links"]):
+                    err.print(escape(line), soft_wrap=True)
+                with err.status(f"timing all-reduces (P2P {'on' if on else 'off'})…"):
+                    records += measure_allreduce(ready.entries, spec.devices, spec.platform, nbytes, spec.options,
+                                                 Path(tmp), mine, devices=ready.devices,
+                                                 launchers=ready.launchers, launch=launch)
     if table:
-        data_console().print(allreduce_table(records))
+        for group in _by_links(records).values():
+            data_console().print(allreduce_table(group))
     else:
         sys.stdout.write(nccl_tests_text(records, ready.devices, ready.launchers, environment))
     if json_out is not None:
@@ -92,8 +107,26 @@ def allreduce(
     return 1 if bad else 0
 
 
+def _links_of(record: AllReduceRecord) -> dict[str, Any]:
+    return record["environment"].get("links") or {}
+
+
+def _p2p_of(record: AllReduceRecord) -> str:
+    """"on" or "off": the links a record's all-reduce used ("on" for a record before the switch)."""
+    return _links_of(record).get("p2p", "on")
+
+
+def _by_links(records: Sequence[AllReduceRecord]) -> dict[str, list[AllReduceRecord]]:
+    groups: dict[str, list[AllReduceRecord]] = {}
+    for record in records:
+        groups.setdefault(_p2p_of(record), []).append(record)
+    return groups
+
+
 def allreduce_table(records: Sequence[AllReduceRecord]) -> Table:
-    table = Table(title="all-reduce (float32 SUM, each framework's own collective)", title_justify="left",
+    said = short(_links_of(records[0])) if records else ""
+    table = Table(title="all-reduce (float32 SUM, each framework's own collective)" + (f" — {said}" if said else ""),
+                  title_justify="left",
                   caption=ALLREDUCE_NOTE, caption_justify="left")
     for header in ALLREDUCE_HEADERS:
         table.add_column(header, justify="left" if header in ("backend", "devices on") else "right")
@@ -113,14 +146,37 @@ def nccl_tests_text(records: Sequence[AllReduceRecord], devices: Mapping[str, Ma
     """The records as all_reduce_perf prints its results: '#' lines around fixed-width data
     lines, one block per backend and device count, so grep and awk read them alike."""
     lines = _preamble(records, environment)
-    groups: dict[tuple[str, int], list[AllReduceRecord]] = {}
+    groups: dict[tuple[str, int, str], list[AllReduceRecord]] = {}
     for record in records:
-        groups.setdefault((record["backend"], record["devices"]), []).append(record)
-    for (backend, count), group in groups.items():
-        lines += _block_head(backend, count, group[0], devices.get(backend), launchers.get(backend, "subprocess"))
+        groups.setdefault((record["backend"], record["devices"], _p2p_of(record)), []).append(record)
+    both = len({p2p for _, _, p2p in groups}) > 1
+    for (backend, count, _), group in groups.items():
+        lines += _block_head(backend, count, group[0], devices.get(backend), launchers.get(backend, "subprocess"),
+                             both)
         lines += [_nccl_line(r) for r in group]
         lines += _block_foot([result_from_record(r) for r in group if r["status"] == "ok"])
+    if both:
+        lines += side_by_side(records)
     return "\n".join(lines) + "\n"
+
+
+def side_by_side(records: Sequence[AllReduceRecord]) -> list[str]:
+    """'#' lines (awk's data lines stay the blocks' own): per backend, devices and size, busbw
+    with P2P on and off and their ratio."""
+    busbw: dict[tuple[str, int, int], dict[str, float]] = {}
+    for record in records:
+        if record["status"] == "ok" and record["timing"]:
+            key = (record["backend"], record["devices"], record["nbytes"])
+            busbw.setdefault(key, {})[_p2p_of(record)] = result_from_record(record).busbw / 1e9
+    said = next((short(_links_of(r)) for r in records if _p2p_of(r) == "off"), "")
+    lines = ["#", f"# busbw (GB/s) side by side: P2P on = the machine's own links; {said}",
+             f"# {'backend':<16s} {'devices':>7s} {'size (B)':>12s} {'P2P on':>8s} {'P2P off':>8s} {'off/on':>7s}"]
+    for (backend, count, nbytes), found in busbw.items():
+        on, off = found.get("on"), found.get("off")
+        cells = [f"{v:8.2f}" if v is not None else f"{'-':>8s}" for v in (on, off)]
+        ratio = f"{off / on:7.3f}" if on and off is not None else f"{'-':>7s}"
+        lines.append(f"# {backend:<16s} {count:>7d} {nbytes:>12d} {cells[0]} {cells[1]} {ratio}")
+    return lines
 
 
 def _preamble(records: Sequence[AllReduceRecord], environment: Mapping[str, Any]) -> list[str]:
@@ -137,11 +193,14 @@ def _preamble(records: Sequence[AllReduceRecord], environment: Mapping[str, Any]
 
 
 def _block_head(backend: str, count: int, first: AllReduceRecord, info: Mapping[str, Any] | None,
-                launcher: str) -> list[str]:
+                launcher: str, both: bool = False) -> list[str]:
     where = f"# {devices_line(backend, info, launcher)}" if info else f"# {backend}"
+    said = notes(_links_of(first))
+    if both and not said:
+        said = ["P2P on: the machine's own GPU-to-GPU links"]
     return ["#", where,
             f"# Using {count} device(s) on {first.get('platform') or 'unknown platform'}, launcher {launcher}",
-            "#", *NCCL_HEADERS]
+            *(f"# {line}" for line in said), "#", *NCCL_HEADERS]
 
 
 def _nccl_line(record: AllReduceRecord) -> str:
@@ -179,6 +238,7 @@ def _as_json(records: Sequence[AllReduceRecord]) -> list[dict[str, Any]]:
     out = []
     for record in records:
         row: dict[str, Any] = {"backend": record["backend"], "devices": record["devices"], "nbytes": record["nbytes"],
+                               "p2p": _p2p_of(record), "links": _links_of(record),
                                "status": record["status"], "reason": record["reason"]}
         if record["status"] == "ok":
             r = result_from_record(record)

@@ -15,6 +15,7 @@ from xbench.cli.options import (
     NnodesOption,
     NodeRankOption,
     NprocOption,
+    P2pOption,
     Platform,
     Precision,
     Scaling,
@@ -24,6 +25,7 @@ from xbench.cli.options import (
     backend_options,
     integers,
     names,
+    p2p_value,
     startup_timeout_s,
     value,
 )
@@ -67,6 +69,7 @@ def compare(
         help="Matmul precision, set explicitly in every backend (default fp32).")] = None,
     platform: Annotated[Optional[Platform], typer.Option(
         help="auto: GPUs when present, else simulated CPU devices (default auto).")] = None,
+    p2p: P2pOption = None,
     repeats: Annotated[Optional[int], typer.Option(
         metavar="INT", help=f"Timed windows per replicate at most (default {PROTOCOL.repeats}; fewer once "
                             "--target-ci is met or --window-budget is spent).")] = None,
@@ -159,7 +162,7 @@ def compare(
         "interval_target": interval_target, "time_budget_s": time_budget, "max_replicates": max_replicates,
         "run_variation": run_variation, "device_run_variation": device_run_variation,
         "order_seed": order_seed, "seed": seed, "samples": samples, "options": backend_options(option),
-        "variants": names(variants), "single_device": value(single_device),
+        "variants": names(variants), "single_device": value(single_device), "p2p": p2p_value(p2p),
     }
     spec = load_spec(config, overrides)
     err = status_console()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from rich.markup import escape
 from rich.table import Table
 
 from xbench.cli.consoles import data_console
+from xbench.results.links import nccl_variables, p2p_disabled
 from xbench.run.environment import host_environment
 from xbench.run.registry import discover
 
@@ -22,8 +26,23 @@ def env() -> int:
         console.print(gpu_table(info))
         topo = info["gpu_topology"] or {}
         console.print(link_table(topo))
+    console.print(escape(p2p_line(len(info["gpus"]), os.environ)))
     console.print(backend_table())
     return 0
+
+
+def p2p_line(gpus: int, environ: Mapping[str, str]) -> str:
+    """Which links a run's collectives would use here: P2P on or off, and what decides it."""
+    nccl = " ".join(f"{k}={v}" for k, v in nccl_variables(environ).items())
+    if p2p_disabled(environ):
+        state = f"P2P off: NCCL_P2P_DISABLE={environ['NCCL_P2P_DISABLE']} in the environment stages GPU-to-GPU " \
+                "traffic through host memory in every run (as --p2p off does)"
+    else:
+        state = ("P2P on: runs use the links above (NVLink, PCIe peer-to-peer); --p2p off stages GPU-to-GPU traffic "
+                 "through host memory (NCCL_P2P_DISABLE=1, NCCL_NVLS_ENABLE=0)")
+    if gpus < 2:
+        state += f"; with {'one GPU' if gpus else 'no GPU'} the switch changes nothing here"
+    return f"GPU-to-GPU links: {state}" + (f" [NCCL variables: {nccl}]" if nccl else "")
 
 
 def gpu_table(info: dict) -> Table:

@@ -9,6 +9,7 @@ import typer
 
 from xbench.errors import SpecError, XbenchError
 from xbench.experiment import COMPILE_CACHES, MAX_SECONDS, PLATFORMS, PRECISIONS, SCALINGS, SINGLE_DEVICE
+from xbench.results.links import P2P_CHOICES
 from xbench.run.cluster import LAUNCHER_CHOICES
 from xbench.run.launcher import STARTUP_TIMEOUT_S
 
@@ -18,6 +19,7 @@ Scaling = Enum("Scaling", {name: name for name in SCALINGS}, type=str)  # type: 
 Precision = Enum("Precision", {name: name for name in PRECISIONS}, type=str)  # type: ignore[misc]
 Platform = Enum("Platform", {name: name for name in PLATFORMS}, type=str)  # type: ignore[misc]
 Launcher = Enum("Launcher", {name: name for name in LAUNCHER_CHOICES}, type=str)  # type: ignore[misc]
+P2p = Enum("P2p", {name: name for name in P2P_CHOICES}, type=str)  # type: ignore[misc]
 CompileCache = Enum("CompileCache", {name: name for name in COMPILE_CACHES}, type=str)  # type: ignore[misc]
 
 # The launcher options, shared by compare, verify and allreduce.
@@ -45,6 +47,26 @@ StartupTimeoutOption = Annotated[Optional[float], typer.Option(
     metavar="SECONDS", help="Seconds a worker (every rank, every node under spmd) may take to start and find its "
                             f"devices (default {STARTUP_TIMEOUT_S:g}), and a fork server to import its framework; a "
                             "multi-node run stops when another node never comes.")]
+# The GPU-to-GPU links, shared by compare, verify and sweep (allreduce takes both at once).
+P2P_HELP = ("GPU-to-GPU links: on, the machine's own (NVLink, PCIe peer-to-peer); off, NCCL's collectives stage "
+            "the traffic through host memory (NCCL_P2P_DISABLE=1, NCCL_NVLS_ENABLE=0 in every worker), as on a "
+            "PCIe machine without peer-to-peer (default on; the spec's p2p).")
+P2pOption = Annotated[Optional[P2p], typer.Option(help=P2P_HELP)]
+
+
+def p2p_value(choice: Enum | None) -> bool | None:
+    """--p2p as the spec's `p2p` (None: not given, the spec's own)."""
+    return None if choice is None else choice.value == "on"
+
+
+def p2p_list(values: list[str] | None) -> list[bool]:
+    """`--p2p on off` (xbench allreduce: one block per topology), each once and in order; on
+    alone when not given."""
+    words = names(values) or ["on"]
+    bad = [w for w in words if w not in P2P_CHOICES]
+    if bad:
+        raise SpecError(f"--p2p takes on, off or both (on off); got {' '.join(bad)}")
+    return [w == "on" for w in dict.fromkeys(words)]
 
 
 def startup_timeout_s(value: float | None) -> float:

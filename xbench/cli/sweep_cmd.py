@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from xbench.cli.consoles import data_console, status_console
-from xbench.cli.options import Precision, integers, names, value
+from xbench.cli.options import P2pOption, Precision, integers, names, p2p_value, value
 from xbench.cli.running import check_resume_alone, run_comparison, run_dir_option
 from xbench.errors import SpecError, XbenchError
 from xbench.experiment import load_raw
@@ -45,6 +45,7 @@ def sweep(
                                "simulated on a CPU).")] = None,
     precision: Annotated[Optional[Precision], typer.Option(
         help="Matmul precision, set explicitly in every backend (default fp32).")] = None,
+    p2p: P2pOption = None,
     replicates: Annotated[Optional[int], typer.Option(
         metavar="INT", help="Fresh worker processes per configuration; the fit's intervals come from them "
                             "(default: 3 on GPUs, 2 on CPUs).")] = None,
@@ -75,7 +76,8 @@ def sweep(
         params=sizes or ([] if presets or raw else list(DEFAULT_PARAMS[platform])),
         models=presets, batch_sizes=_per_device_batches(per_device_batch, batch_sizes, platform),
         devices=integers(devices, "--devices") or _default_devices(),
-        precision=value(precision) or "fp32", replicates=replicates, window_budget_s=window_budget, config=raw)
+        precision=value(precision) or "fp32", replicates=replicates, window_budget_s=window_budget, config=raw,
+        p2p=p2p_value(p2p))
     err = status_console()
     with err.status("finding devices for each backend…"):
         comparison = compare.prepare(spec, run_dir_option(out), strict_devices=devices is not None, breakdown=True)

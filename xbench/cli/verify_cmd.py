@@ -12,12 +12,14 @@ from rich.markup import escape
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import (
     LauncherOption,
+    P2pOption,
     Platform,
     SingleDeviceOption,
     StartupTimeoutOption,
     VariantsOption,
     integers,
     names,
+    p2p_value,
     startup_timeout_s,
     value,
 )
@@ -25,6 +27,8 @@ from xbench.cli.progress import watching_verification
 from xbench.errors import XbenchError
 from xbench.experiment import load_spec
 from xbench.report.terminal import checks_table, floors_caption, precision_floors_caption, verify_caption
+from xbench.results.links import links_record, notes
+from xbench.run import links
 from xbench.run.cluster import resolve_launch
 from xbench.run.environment import host_environment
 from xbench.run.readiness import ready_backends
@@ -44,6 +48,7 @@ def verify(
     platform: Annotated[Optional[Platform], typer.Option(
         help="auto: GPUs when present, else simulated CPU devices (default auto).")] = None,
     seed: Annotated[Optional[int], typer.Option(metavar="INT", help="Seed for weights and data (default 0).")] = None,
+    p2p: P2pOption = None,
     launcher: LauncherOption = None,
     variants: VariantsOption = None,
     single_device: SingleDeviceOption = None,
@@ -62,14 +67,18 @@ def verify(
                           "run it in a one-node step (e.g. srun -N1 xbench verify ...)")
     spec = load_spec(config, {"backends": names(backends), "models": names(model),
                               "devices": integers(devices, "--devices"), "platform": value(platform),
-                              "seed": seed, "variants": names(variants), "single_device": value(single_device)})
+                              "seed": seed, "variants": names(variants), "single_device": value(single_device),
+                              "p2p": p2p_value(p2p)})
     err = status_console()
-    with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp, links.applied(spec.p2p) as nccl:
         with err.status("finding devices for each backend…"):
             ready = ready_backends(spec, Path(tmp), launch=launch, startup_timeout_s=startup)
         entries = ready.entries
+        environment = {**host_environment(), "links": links_record(spec.p2p, nccl, ready.devices, spec.devices)}
+        for line in notes(environment["links"]):
+            err.print(escape(line), soft_wrap=True)
         with watching_verification(err, "running each backend's reference steps") as progress:
-            result = run_verification(spec, entries, spec.devices, Path(tmp), host_environment(), progress,
+            result = run_verification(spec, entries, spec.devices, Path(tmp), environment, progress,
                                       launch=launch, launchers=ready.launchers, lineups=ready.lineups,
                                       startup_timeout_s=startup)
     console = data_console()

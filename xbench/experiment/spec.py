@@ -34,6 +34,7 @@ from xbench.experiment.values import (
     MAX_TARGET_CI,
     SEED_RANGE_WHY,
     as_table,
+    boolean,
     choice,
     integer,
     non_negative_number,
@@ -94,6 +95,10 @@ class Spec:
     # where it has one, compared separately), "data-parallel" alone, or "plain" alone (the
     # speedup is then taken over another program, and every output says so).
     single_device: str = "both"
+    # GPU-to-GPU links: True, the machine's own (NVLink, PCIe peer-to-peer); False, every
+    # collective that goes through NCCL stages through host memory, as on a PCIe machine without
+    # peer-to-peer (`xbench.run.links` sets NCCL's variables in every worker).
+    p2p: bool = True
 
     def global_batch(self, batch: int, devices: int) -> int:
         """The batch one step processes over all devices."""
@@ -110,7 +115,7 @@ DEFAULT_RAW: dict[str, Any] = {
 
 _TOP_KEYS = {
     "models", "backends", "devices", "scaling", "precision", "platform",
-    "learning_rate", "seed", "data", "protocol", "options", "variants", "single_device",
+    "learning_rate", "seed", "data", "protocol", "options", "variants", "single_device", "p2p",
 }
 ALL_VARIANTS = "all"
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
@@ -232,6 +237,7 @@ def build_spec(raw: Mapping[str, Any], source: str = "spec") -> Spec:
         options=_options(raw.get("options", {}), source),
         variants=_variants(raw, source),
         single_device=choice(raw, "single_device", SINGLE_DEVICE, defaults.single_device, source),
+        p2p=boolean(raw, "p2p", defaults.p2p, source),
     )
     _check_batches(spec)
     _check_array_sizes(spec)

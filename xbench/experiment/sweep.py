@@ -69,7 +69,8 @@ def preset_table(name: str, batch_sizes: Sequence[int]) -> dict[str, Any]:
 
 def sweep_spec(backends: Sequence[str], params: Sequence[float], models: Sequence[str], batch_sizes: Sequence[int],
                devices: Sequence[int], precision: str, replicates: int | None, seed: int = 0,
-               window_budget_s: float | None = None, config: Mapping[str, Any] | None = None) -> Spec:
+               window_budget_s: float | None = None, config: Mapping[str, Any] | None = None,
+               p2p: bool | None = None) -> Spec:
     """The compare spec of a sweep: every model at every per-device batch, weak scaling. A
     config (a compare spec's raw tables) adds its [[models]] (keeping their batch sizes) and
     its [protocol], [data] and learning rate; the sweep's own settings win."""
@@ -88,7 +89,7 @@ def sweep_spec(backends: Sequence[str], params: Sequence[float], models: Sequenc
     raw: dict[str, Any] = {
         "learning_rate": SWEEP_LEARNING_RATE, **config, "models": tables, "backends": list(backends),
         "devices": sorted(set(devices)), "scaling": "weak", "precision": precision, "seed": seed,
-        "protocol": protocol,
+        "protocol": protocol, **({} if p2p is None else {"p2p": p2p}),
         "data": {**config.get("data", {}), "samples": max(config.get("data", {}).get("samples", 0), biggest)},
     }
     return build_spec(raw, "the sweep")

@@ -110,3 +110,11 @@ def choice(table: Mapping[str, Any], key: str, choices: tuple[str, ...], default
     if value not in choices:
         raise SpecError(f"'{key}' in {where} must be one of {', '.join(choices)}, got {value!r}")
     return value
+
+
+def boolean(table: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    """A TOML true or false (not 1, 0 or a string: `p2p = "off"` is a mistake worth naming)."""
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"'{key}' in {where} must be true or false, got {value!r}")
+    return value

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from xbench import stats
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, backend_label, implementation
 from xbench.report.words import ratio_text
+from xbench.results.links import NO_EFFECT
 from xbench.results.summary import (
     BENEFICIAL_SPEEDUP,
     INCONCLUSIVE,
@@ -381,6 +382,14 @@ def _caveats(rows: list[Row]) -> list[str]:
     if any(r.simulated for r in rows):
         caveats.append("These devices are simulated on one CPU's cores: the device answers test the harness and "
                        "the frameworks' CPU paths, not multi-GPU scaling.")
+    links = {r.links for r in rows if r.links}
+    if any(NO_EFFECT in said for said in links):
+        caveats.append("P2P off was asked (--p2p off) but changes nothing on these devices: no collective here goes "
+                       "through NCCL, or there is one GPU.")
+    if any(NO_EFFECT not in said for said in links):
+        caveats.append("P2P off (--p2p off): GPU-to-GPU traffic went through host memory, so the multi-device answers "
+                       "are for that topology, as on a PCIe machine without peer-to-peer, staged through this "
+                       "machine's host memory (not a PCIe box's own bandwidth).")
     bound = [r for r in rows if r.host_bound]
     if bound and not all(r.simulated for r in rows):
         caveats.append(f"{len(bound)} of {len(rows)} row(s) are host-bound (the step measures dispatch, not "

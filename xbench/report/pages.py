@@ -30,6 +30,7 @@ from xbench.report.words import (
 )
 from xbench.results.allreduce import ok_results
 from xbench.results.conditions import busy_host
+from xbench.results.links import notes
 from xbench.results.records import (
     ALLREDUCE_FILE,
     RUN_FILE,
@@ -141,6 +142,8 @@ def environment_section(records: Sequence[Record]) -> list[Block]:
         pairs = [f"{a}–{b}: {matrix['links'][a][b]}" for i, a in enumerate(matrix["gpus"])
                  for b in matrix["gpus"][i + 1:]]
         items.append("GPU links (nvidia-smi topo -m): " + ", ".join(pairs))
+    said = notes(env.get("links") or {})
+    items += said or (["GPU-to-GPU links: the machine's own (P2P on)"] if env.get("links") else [])
     for backend, info in _devices_by_backend(records).items():
         kind = ("simulated CPU devices (one CPU split; not a multi-GPU measurement)" if info["simulated"]
                 else f"{info['platform'].upper()}: {', '.join(info['device_names'])}")

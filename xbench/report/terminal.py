@@ -188,6 +188,7 @@ def _compact_caption(rows: list[Row], notes_below: bool = False, plain_below: bo
     lines = [f"{row.label} d{row.devices} b{row.global_batch}: {escape(', '.join(said))}"
              for row in full_rows(rows) if notes_below and row.throughput is not None
              and (said := _notes_below(row, plain_below))]
+    lines += [f"links: {said}" for said in sorted({r.links for r in rows if r.links})]
     lines += [COMPACT_NOTE]
     lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}" for r in rows if r.throughput is None]
     return "\n".join(lines)
@@ -354,6 +355,7 @@ def _caption(rows: list[Row]) -> str:
         "their windows; host-bound: the step measures dispatch, not arithmetic; MFU: model FLOPs utilisation "
         "against the devices' dense peak at this precision (details in the report)",
     ]
+    lines += [f"links: {said}" for said in sorted({r.links for r in rows if r.links})]
     lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}"
               for r in rows if r.throughput is None]
     return "\n".join(lines)

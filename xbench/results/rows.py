@@ -75,6 +75,7 @@ class Row:
     simulated: bool = False  # measured on simulated CPU devices: the host is the device
     interval_target: float = 0.0  # the ±95 % the spec asked of each interval, as a fraction (0: none)
     framework: str = ""  # the framework behind the backend, as its worker named it ("" before it started)
+    links: str = ""  # the GPU-to-GPU links where P2P was off (`xbench.results.links.short`); "": the machine's own
 
     @property
     def trial_id(self) -> str:

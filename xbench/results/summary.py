@@ -24,6 +24,7 @@ from xbench import stats
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, trial_id
 from xbench.models.model_spec import ModelSpec
 from xbench.results.conditions import host_bound_reason
+from xbench.results.links import short
 from xbench.results.peaks import Peak, peak_for
 from xbench.results.records import Record, StoredModel
 from xbench.results.rows import Breakdown, Replicate, Row, full_rows, program_kind, variance_group
@@ -165,6 +166,7 @@ def _row(records: Sequence[Record]) -> Row:
         device_run_variation=float(protocol.get("device_run_variation") or 0.0),
         simulated=any(_simulated(r) for r in records),
         framework=_framework(records),
+        links=short((records[0].get("environment") or {}).get("links")) if records else "",
         interval_target=float(protocol.get("interval_target") or 0.0),
         peak=_device_peak(records, trial["precision"]),
         precision=trial["precision"],

@@ -18,6 +18,8 @@ from typing import Any
 
 from xbench.contract import implementation
 from xbench.experiment import Spec
+from xbench.results.links import links_record
+from xbench.results.links import notes as link_notes
 from xbench.results.records import (
     ALLREDUCE_FILE,
     RUN_FILE,
@@ -31,7 +33,7 @@ from xbench.results.records import (
     read_run,
     write_json,
 )
-from xbench.run import drift, launcher
+from xbench.run import drift, launcher, links
 from xbench.run.allreduce_phase import breakdown_allreduce
 from xbench.run.cluster import Launch
 from xbench.run.comparison import Comparison, Observer, claim_new_run_dir, new_run_id
@@ -65,10 +67,13 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, break
     return comparison
 
 
-def start_run(comparison: Comparison, no_verify: bool = False) -> dict[str, Any]:
+def start_run(comparison: Comparison, no_verify: bool = False,
+              nccl: dict[str, str] | None = None) -> dict[str, Any]:
     """Write run.json before anything runs (a resumed run adds to its "resumed" list);
-    returns the host environment."""
-    environment = host_environment()
+    returns the host environment, with the links the workers' collectives use (`nccl`: NCCL's
+    variables in their environment)."""
+    environment = {**host_environment(), "links": links_record(comparison.spec.p2p, nccl or {}, comparison.devices,
+                                                                comparison.spec.devices)}
     path = comparison.run_dir / RUN_FILE
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if path.exists():
@@ -116,12 +121,19 @@ def run(comparison: Comparison, observer: Observer, no_verify: bool = False, res
     """Verify, time every trial not yet done, time the all-reduce (--breakdown); every record
     is in the run directory as soon as it exists. Ctrl-C propagates as KeyboardInterrupt,
     with every finished record kept."""
+    with links.applied(comparison.spec.p2p) as nccl:  # every worker of the run inherits NCCL's variables
+        return _run(comparison, observer, no_verify, resumed, nccl)
+
+
+def _run(comparison: Comparison, observer: Observer, no_verify: bool, resumed: bool, nccl: dict[str, str]) -> Outcome:
     started = time.monotonic()
     done = finished_trials(comparison.run_dir) if resumed else set()
     if resumed and not no_verify and started_without_verify(comparison.run_dir):
         observer.note("the run started with --no-verify: its rest runs without verification too")
         no_verify = True
-    environment = start_run(comparison, no_verify)
+    environment = start_run(comparison, no_verify, nccl)
+    for line in link_notes(environment["links"]):
+        observer.note(line)
     outcome = verification_outcome(comparison, environment, observer, no_verify)
     drift.record(comparison.run_dir, "before")
     records = execute(comparison, environment, outcome, observer, done)
