@@ -34,6 +34,8 @@ class NnxPrepared:
     ys: Any
     float64: bool = False
     extra: ExtraWork = field(default_factory=ExtraWork)  # the extra_work option's calls
+    objective: Any = None  # objective(output, targets): the family's loss (`shard_losses`)
+    shard_programs: dict = field(default_factory=dict)  # shards -> jitted slice losses, built on first use
 
 
 def build(trial: Trial, work: Work, device, parts, objective):
@@ -88,6 +90,36 @@ def train(prepared: NnxPrepared, steps: int) -> list[float]:
     with float64_scope(prepared.float64):
         return [float(prepared.step(prepared.model, prepared.optimizer, prepared.xs, prepared.ys))
                 for _ in range(steps)]
+
+
+def shard_losses(prepared: NnxPrepared, shards: int) -> list[float]:
+    """The loss of each of `shards` consecutive slices of the current step's batch (the one
+    `loss_and_grads` picks: the optimizer's step mod the batches), each its own forward pass of
+    the module in training mode. Flax's functional pattern under `jax.jit`: the module split
+    (`nnx.split`) and merged inside, so what a call would update (BatchNorm's running averages,
+    the dropout stream's count) changes only that traced copy, never the module."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from xbench_backends.jax.steps import check_shards
+
+    check_shards(prepared.xs.shape[1], 1, shards)
+    graphdef, state = nnx.split(prepared.model)
+    batches, objective = prepared.xs.shape[0], prepared.objective
+    if shards not in prepared.shard_programs:
+        def losses(state, xs, ys, step):
+            model = nnx.merge(graphdef, state)
+            index = step % batches
+            x, y = xs[index], ys[index]
+            size = x.shape[0] // shards
+            return jnp.stack([objective(model(x[i * size:(i + 1) * size]), y[i * size:(i + 1) * size])
+                              for i in range(shards)])
+
+        prepared.shard_programs[shards] = jax.jit(losses)
+    with float64_scope(prepared.float64):
+        values = prepared.shard_programs[shards](state, prepared.xs, prepared.ys, prepared.optimizer.step[...])
+        return [float(v) for v in np.asarray(values)]
 
 
 def weights(prepared: NnxPrepared) -> list[np.ndarray]:

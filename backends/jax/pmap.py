@@ -28,6 +28,7 @@ slowdown: `run` makes a fraction F more calls of the step than it counts (`xbenc
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass, field
@@ -63,11 +64,13 @@ from xbench_backends.jax.steps import (
     AXIS,
     MATMUL_PRECISION,
     JaxAllReduce,
+    check_shards,
     check_variant,
     initial_state,
     kernel_settings,
     optimizer,
     programs,
+    shard_loss_fn,
     steady_cpu_scheduler,
     step_losses,
     use_compile_cache,
@@ -101,6 +104,10 @@ class JaxPrepared:
     stacked: bool = True  # state and outputs carry a leading device axis (pmap); False: plain
     float64: bool = False  # an "fp64" trial: every call runs in x64 mode (`layers.float64_scope`)
     extra: ExtraWork = field(default_factory=ExtraWork)  # the extra_work option's calls
+    global_batch: int = 0
+    # shards -> pmapped (jitted: plain) (state, xs, ys) -> each device's loss (one device: each
+    # slice's), no collective (`steps.shard_loss_fn`); built and compiled on first use only
+    shard_program: Any = None
 
 
 class JaxPmapBackend:
@@ -261,7 +268,12 @@ class JaxPmapBackend:
             notes=(*program_notes(trial, "jax.pmap, a lax.pmean of the gradients"), *model.notes),
             settings=kernel_settings(),
         )
-        return JaxPrepared(info, step, grads, replicated, xs, ys, trial.protocol.steps_per_call, model.in_order)
+        # Each device's loss of its own batch, pmapped as the step is, without the pmean.
+        shard_program = functools.cache(lambda count: jax.pmap(
+            shard_loss_fn(model.loss_fn, xs.shape[1], n, lambda: lax.axis_index(AXIS), count),
+            axis_name=AXIS, devices=self.devices))
+        return JaxPrepared(info, step, grads, replicated, xs, ys, trial.protocol.steps_per_call, model.in_order,
+                           global_batch=trial.global_batch, shard_program=shard_program)
 
     def _prepare_plain(self, trial: Trial, work: Work, model: JaxModel) -> JaxPrepared:
         """`jax.jit` of the functional step on the first device: the same model, loss, Adam,
@@ -283,8 +295,10 @@ class JaxPmapBackend:
             notes=(*program_notes(trial, "jit"), *model.notes),
             settings=kernel_settings(),
         )
+        shard_program = functools.cache(
+            lambda count: jax.jit(shard_loss_fn(model.loss_fn, xs.shape[0], 1, lambda: 0, count)))
         return JaxPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, model.in_order,
-                           stacked=False)
+                           stacked=False, global_batch=trial.global_batch, shard_program=shard_program)
 
     def _prepare_nnx(self, trial: Trial, work: Work, model: JaxModel) -> NnxPrepared:
         """The plain program as NNX users write it (`nnx_program`)."""
@@ -301,7 +315,7 @@ class JaxPmapBackend:
             notes=(*program_notes(trial, "nnx.jit"), *model.notes, *_one_step_per_call(trial)),
             settings={**kernel_settings(), "flax": metadata.version("flax")},
         )
-        return NnxPrepared(info, net, opt, step, loss_and_grads, model.nnx.paths, xs, ys)
+        return NnxPrepared(info, net, opt, step, loss_and_grads, model.nnx.paths, xs, ys, objective=model.objective)
 
     def run(self, prepared: JaxPrepared | NnxPrepared, steps: int) -> None:
         import jax
@@ -393,6 +407,19 @@ class JaxPmapBackend:
                 prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
                 losses += step_losses(_gathered(loss) if prepared.stacked else loss, prepared.steps_per_call)
         return losses
+
+    def shard_losses(self, prepared: JaxPrepared | NnxPrepared, shards: int) -> list[float]:
+        """Each device's loss of its own share of the current step's batch, from a pmap of the
+        step's loss without its pmean, in device order (gathered from every process); on one
+        device (and in the plain programs), the batch's `shards` slices, each its own forward
+        pass. Untimed; the state is read, never donated or changed."""
+        if isinstance(prepared, NnxPrepared):
+            return nnx_program.shard_losses(prepared, shards)
+        check_shards(prepared.global_batch, len(self.devices) if prepared.stacked else 1, shards)
+        with float64_scope(prepared.float64):
+            losses = prepared.shard_program(shards)(prepared.state, prepared.xs, prepared.ys)
+            values = _gathered(losses) if prepared.stacked else np.asarray(losses)
+        return [float(v) for v in np.asarray(values).reshape(-1)]
 
     def replica_weights(self, prepared: JaxPrepared | NnxPrepared) -> list[list[np.ndarray]]:
         if isinstance(prepared, NnxPrepared):

@@ -14,6 +14,7 @@ jax falls back to `jax.experimental.shard_map` and `lax.pvary` (untested here).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -28,11 +29,13 @@ from xbench_backends.jax.steps import (
     AXIS,
     MATMUL_PRECISION,
     JaxAllReduce,
+    check_shards,
     check_variant,
     dropout_rng,
     initial_state,
     kernel_settings,
     optimizer,
+    shard_loss_fn,
     step_losses,
     train_steps,
 )
@@ -50,6 +53,10 @@ class MeshPrepared:
     in_order: Any  # a tree shaped like the params -> its leaves in canonical order
     float64: bool = False  # an "fp64" trial: every call runs in x64 mode (`layers.float64_scope`)
     extra: ExtraWork = field(default_factory=ExtraWork)  # the extra_work option's calls (`run` is jax's)
+    global_batch: int = 0
+    # shards -> jitted (state, xs, ys) -> each device's loss of its share (one device: each
+    # slice's), no collective; built and compiled on first use only (`shard_losses`)
+    shard_program: Any = None
 
 
 class _MeshBackend(JaxPmapBackend):
@@ -92,7 +99,8 @@ class _MeshBackend(JaxPmapBackend):
                 settings=kernel_settings(),
             )
         return MeshPrepared(info, step, grads, state, xs, ys, trial.protocol.steps_per_call, model.in_order, float64,
-                            ExtraWork.of(trial.options))
+                            ExtraWork.of(trial.options), trial.global_batch,
+                            functools.cache(lambda shards: self.shard_program(trial, work, mesh, model, shards)))
 
     def model(self, trial: Trial, work: Work) -> JaxModel:
         return build(trial, work, self.devices[0])
@@ -104,6 +112,11 @@ class _MeshBackend(JaxPmapBackend):
         return jax.device_put(xs, _sharding(mesh, AXIS)), jax.device_put(ys, _sharding(mesh, AXIS))
 
     def step_programs(self, trial: Trial, work: Work, tx, mesh, model: JaxModel) -> tuple[Any, Any, tuple[str, ...]]:
+        raise NotImplementedError
+
+    def shard_program(self, trial: Trial, work: Work, mesh, model: JaxModel, shards: int) -> Any:
+        """The jitted `(state, xs, ys) -> losses` of `shard_losses`: one per device, in device
+        order, each computed on the device that holds that share (one device: one per slice)."""
         raise NotImplementedError
 
     def canonical_arrays(self, leaves: list, replica: int) -> list[np.ndarray]:
@@ -147,6 +160,15 @@ class _MeshBackend(JaxPmapBackend):
                 prepared.state, loss = prepared.step(prepared.state, prepared.xs, prepared.ys)
                 losses += step_losses(loss, prepared.steps_per_call)
         return losses
+
+    def shard_losses(self, prepared: MeshPrepared, shards: int) -> list[float]:
+        """Each device's loss of its own share of the current step's batch, without the
+        reduction, in device order; on one device, the batch's `shards` slices, each its own
+        forward pass. Untimed; the state is read, never donated or changed."""
+        check_shards(prepared.global_batch, len(self.devices), shards)
+        with float64_scope(prepared.float64):
+            losses = prepared.shard_program(shards)(prepared.state, prepared.xs, prepared.ys)
+            return [float(v) for v in np.asarray(losses).reshape(-1)]
 
     def replica_weights(self, prepared: MeshPrepared) -> list[list[np.ndarray]]:
         leaves = prepared.in_order(prepared.state[0])
@@ -200,6 +222,18 @@ class JaxShardMapBackend(_MeshBackend):
         grads = jax.jit(_shard_map(loss_and_grads, mesh, check_vma=check, **grads_specs))
         return step, grads, ()
 
+    def shard_program(self, trial: Trial, work: Work, mesh, model: JaxModel, shards: int):
+        """The step's shard_map and loss without grad or pmean: each device's loss of its own
+        batch (with its own dropout stream), out_specs P("d")."""
+        import jax
+        from jax import lax
+
+        devices = len(self.devices)
+        losses = shard_loss_fn(model.loss_fn, work.x.shape[0] // trial.global_batch, devices,
+                               lambda: lax.axis_index(AXIS), shards)
+        return jax.jit(_shard_map(lambda state, xs, ys: losses(state, xs[0], ys[0]), mesh,
+                                  in_specs=(_spec(), _spec(AXIS), _spec(AXIS)), out_specs=_spec(AXIS)))
+
 
 class JaxAutoBackend(_MeshBackend):
     name: ClassVar[str] = "jax-auto"
@@ -250,6 +284,37 @@ class JaxAutoBackend(_MeshBackend):
         partitionable = bool(getattr(jax.config, "jax_threefry_partitionable", True))
         return step, grads, (f"dropout: one mask over the global batch per step and layer "
                              f"(jax_threefry_partitionable={partitionable})",)
+
+    def shard_program(self, trial: Trial, work: Work, mesh, model: JaxModel, shards: int):
+        """The global batch regrouped as [shards, rows of one share] with the groups on "d",
+        the loss vmapped over them: the compiler gives device i group i, the rows its step holds.
+        BatchNorm's statistics per group: the model's loss of one share (built again here where
+        the step's normalises several devices' rows in one call). Dropout: group i draws the
+        stream device i does in `jax` (the step draws one mask over the global batch, so with
+        dropout on these are not its masks; verify runs without dropout)."""
+        import jax
+        import jax.numpy as jnp
+        from jax import lax
+
+        loss_fn = model.loss_fn
+        if len(self.devices) > 1 and work.model.kind.batch_statistics:
+            loss_fn = build(trial, work, self.devices[0]).loss_fn  # statistics of the group it is given
+        batches = work.x.shape[0] // trial.global_batch
+        grouped = _sharding(mesh, AXIS) if len(self.devices) > 1 else _sharding(mesh)
+
+        def losses(state, xs, ys):
+            params, _, step, key = state
+            x, y = (lax.dynamic_index_in_dim(a, step % batches, keepdims=False) for a in (xs, ys))
+            x, y = (lax.with_sharding_constraint(a.reshape(shards, a.shape[0] // shards, *a.shape[1:]), grouped)
+                    for a in (x, y))
+
+            def one(i, xi, yi):
+                return loss_fn(params, xi, yi, dropout_rng(key, step, shards, lambda: i))
+
+            return jax.vmap(one)(jnp.arange(shards), x, y)
+
+        replicated, batch = _sharding(mesh), _sharding(mesh, None, AXIS)
+        return jax.jit(losses, in_shardings=(replicated, batch, batch), out_shardings=grouped)
 
 
 def _spec(*axes):

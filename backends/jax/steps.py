@@ -81,6 +81,41 @@ def programs(trial: Trial, loss_fn, tx, batches: int, reduce_gradients, devices:
     return train_steps(tx, loss_and_grads, trial.protocol.steps_per_call), loss_and_grads
 
 
+def check_shards(global_batch: int, devices: int, shards: int) -> None:
+    """`shard_losses`' refusals (the contract's `ReportsShardLosses`): `shards` must divide the
+    global batch, and a program on N > 1 devices reports exactly its N devices' shares."""
+    if shards < 1 or global_batch % shards:
+        raise ValueError(f"{shards} shards do not divide the global batch of {global_batch}")
+    if devices > 1 and shards != devices:
+        raise ValueError(f"a program on {devices} devices reports {devices} shards (one per device), not {shards}")
+
+
+def shard_loss_fn(loss_fn, batches: int, devices: int, device_index, shards: int):
+    """A per-device function (for pmap, shard_map or jit on one device) `(state, xs, ys) ->
+    losses`: the loss of the current step's batch as `loss_and_grads` picks it (batch step mod
+    `batches`), with no gradient and no collective. On `devices` > 1: this device's own batch,
+    one value (its share, as the step computes it: the same dropout stream too). On one device:
+    that batch cut into `shards` consecutive slices, each its own forward pass (so batch
+    statistics come from the slice), slice i drawing the dropout stream device i of `shards`
+    would; `shards` values."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    def losses(state, xs, ys):
+        params, _, step, key = state
+        index = step % batches
+        x = lax.dynamic_index_in_dim(xs, index, keepdims=False)
+        y = lax.dynamic_index_in_dim(ys, index, keepdims=False)
+        if devices > 1:
+            return loss_fn(params, x, y, dropout_rng(key, step, devices, device_index))[None]
+        size = x.shape[0] // shards
+        return jnp.stack([loss_fn(params, x[i * size:(i + 1) * size], y[i * size:(i + 1) * size],
+                                  dropout_rng(key, step, shards, lambda i=i: i))
+                          for i in range(shards)])
+
+    return losses
+
+
 def dropout_rng(key_data, step, devices: int, device_index):
     """The dropout key of one (step, device): a single fold of the run's key, as a minimal
     loop folds in its step (each fold is a threefry kernel on a GPU: at 0.1 ms per step, one

@@ -67,6 +67,10 @@ class TfPrepared:
     canonical: Any  # arrays of `variables` -> canonical layout (models.Built.canonical)
     steps_per_call: int
     next_step: int = 0
+    # tf.function: (step, slices) -> per-replica losses of `slices` slices of each replica's batch
+    shard_losses: Any = None
+    global_batch: int = 0
+    model: Any = None  # the Keras model
 
 
 @dataclass
@@ -225,8 +229,9 @@ class TfMirroredBackend:
             optimizer = _optimizer(trial.learning_rate, all_reduce=trial.all_reduce)
             optimizer.build(built.variables)  # before the loop: slots built lazily in a tf.function fail
             x_all, y_all = _data(strategy, work, trial.global_batch, float64=trial.precision == "fp64")
-        programs = _programs(_on_replicas(strategy), built, optimizer, x_all, y_all, trial,
-                             batches=work.x.shape[0] // trial.global_batch, jit_compile=jit_compile)
+        train, one_step, gradients, shard_losses = _programs(
+            _on_replicas(strategy), built, optimizer, x_all, y_all, trial,
+            batches=work.x.shape[0] // trial.global_batch, jit_compile=jit_compile)
         info = PreparedInfo(
             # Keras's own count of trainable parameters (a tied embedding counts once).
             params=sum(int(np.prod(v.shape)) for v in built.model.trainable_variables),
@@ -241,7 +246,9 @@ class TfMirroredBackend:
                       "TF_CUDNN_USE_AUTOTUNE": os.environ.get("TF_CUDNN_USE_AUTOTUNE", "1 (default)"),
                       "TF_XLA_FLAGS": os.environ.get("TF_XLA_FLAGS", ""), "compile_cache": None},
         )
-        return TfPrepared(info, *programs, strategy, built.variables, built.canonical, trial.protocol.steps_per_call)
+        return TfPrepared(info, train, one_step, gradients, strategy, built.variables, built.canonical,
+                          trial.protocol.steps_per_call, shard_losses=shard_losses, global_batch=trial.global_batch,
+                          model=built.model)
 
     def _plain_device(self, trial: Trial) -> str:
         """The one device of the plain program. Under the spmd launcher it is built the same
@@ -331,6 +338,28 @@ class TfMirroredBackend:
             prepared.next_step += 1
             result.append(_global_loss(prepared.strategy, losses))
         return result
+
+    def shard_losses(self, prepared: TfPrepared, shards: int) -> list[float]:
+        """Each replica's loss of its own share of the current step's batch: `strategy.run` of
+        the replica's loss (no scaling by the global batch, no reduction), read with
+        `experimental_local_results` in replica order (gathered from every worker under
+        MultiWorkerMirroredStrategy); on one replica (and in the plain program), the batch's
+        `shards` slices, each its own forward pass. Untimed; no variable changes (BatchNorm's
+        moving statistics and the dropout seed included: `keras.StatelessScope`)."""
+        import tensorflow as tf
+
+        replicas = 1 if prepared.strategy is None else prepared.strategy.num_replicas_in_sync
+        if shards < 1 or prepared.global_batch % shards:
+            raise ValueError(f"{shards} shards do not divide the global batch of {prepared.global_batch}")
+        if replicas > 1 and shards != replicas:
+            raise ValueError(f"a program on {replicas} devices reports {replicas} shards (one per replica), "
+                             f"not {shards}")
+        losses = prepared.shard_losses(tf.constant(prepared.next_step, dtype=tf.int64), 1 if replicas > 1 else shards)
+        if prepared.strategy is None:
+            return [float(v) for v in losses.numpy()]
+        if self.multi_worker is not None:
+            return [float(v) for v in prepared.strategy.gather(losses, axis=0).numpy()]
+        return [float(v) for local in prepared.strategy.experimental_local_results(losses) for v in local.numpy()]
 
     def replica_weights(self, prepared: TfPrepared) -> list[list[np.ndarray]]:
         if prepared.strategy is None:
@@ -502,8 +531,10 @@ def _gather_replicas(strategy, local: list[list[np.ndarray]]) -> list[list[np.nd
 
 
 def _programs(on_replicas, built: Built, optimizer, x_all, y_all, trial: Trial, batches: int, jit_compile: bool):
-    """The timed loop, one step of it, and the gradients it applies, as tf.functions;
-    `on_replicas` (`_on_replicas`) runs a replica function on every replica."""
+    """The timed loop, one step of it, the gradients it applies, and each replica's loss of
+    its batch's slices (`shard_losses`), as tf.functions; `on_replicas` (`_on_replicas`) runs a
+    replica function on every replica."""
+    import keras
     import tensorflow as tf
 
     model, variables, per_example_loss = built.model, built.variables, built.per_example_loss
@@ -554,4 +585,25 @@ def _programs(on_replicas, built: Built, optimizer, x_all, y_all, trial: Trial, 
     def gradients(step):
         return on_replicas(replica_gradients, (x_all, y_all, step % batches))
 
-    return train, one_step, gradients
+    def slice_loss(x, y):
+        """One slice's mean loss, its own forward pass in training mode (batch statistics and
+        dropout as the step has them). Keras's StatelessScope keeps the forward's variable
+        updates (BatchNorm's moving statistics, the dropout seed) from being applied; entered
+        here, in the replica's thread, as Keras's scopes are per thread."""
+        with keras.StatelessScope():
+            per_example = per_example_loss(model, x, y)
+        return tf.reduce_mean(per_example)
+
+    if jit_compile:  # as the step's forward: XLA around each replica's computation only
+        slice_loss = tf.function(slice_loss, jit_compile=True)
+
+    def replica_losses(xs, ys, index, slices: int):
+        x, y = batch(xs, ys, index)
+        size = x.shape[0] // slices
+        return tf.stack([slice_loss(x[i * size:(i + 1) * size], y[i * size:(i + 1) * size]) for i in range(slices)])
+
+    @tf.function
+    def shard_losses(step, slices: int):
+        return on_replicas(functools.partial(replica_losses, slices=slices), (x_all, y_all, step % batches))
+
+    return train, one_step, gradients, shard_losses

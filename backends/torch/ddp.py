@@ -401,6 +401,47 @@ class TorchDdpBackend:
         losses = torch.stack([_train_step(prepared).clone() for _ in range(steps)])
         return [float(x) for x in _global_mean(losses)]
 
+    def shard_losses(self, prepared: TorchPrepared, shards: int) -> list[float]:
+        """Each rank's loss of its own share of the current step's batch (the one `gradients`
+        uses), gathered by rank (`dist.all_gather`): one forward under no_grad of the module DDP
+        wraps, in training mode (BatchNorm's statistics from the rank's batch, dropout on as the
+        trial says), with no gradient and no all-reduce. On one process, the batch's `shards`
+        slices one by one. Untimed; nothing of the trial changes: BatchNorm's running
+        statistics are put back and the random stream is forked (`torch.random.fork_rng`).
+        The compiled variants run their TrainingLoss eagerly here: the compiled region is a
+        training graph, and calling it under no_grad (or at a slice's shape) would compile
+        another one in the trial's process."""
+        import torch
+        import torch.distributed as dist
+
+        world = dist.get_world_size()
+        global_batch = prepared.xs.shape[1] * world
+        if shards < 1 or global_batch % shards:
+            raise ValueError(f"{shards} shards do not divide the global batch of {global_batch}")
+        if world > 1 and shards != world:
+            raise ValueError(f"a program on {world} ranks reports {world} shards (one per rank), not {shards}")
+        module = prepared.ddp.module if prepared.ddp is not None else prepared.forward
+        module = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the eager module
+        index = prepared.step % prepared.xs.shape[0]
+        batch, target = prepared.xs[index], prepared.ys[index]
+        slices = 1 if world > 1 else shards
+        size = batch.shape[0] // slices
+        kept = [buffer.clone() for buffer in module.buffers()]
+        devices = [prepared.device] if prepared.device.type == "cuda" else []
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=devices):
+                losses = torch.stack([module(batch[i * size:(i + 1) * size], target[i * size:(i + 1) * size])
+                                      for i in range(slices)])
+        finally:
+            with torch.no_grad():
+                for buffer, value in zip(module.buffers(), kept):
+                    buffer.copy_(value)
+        if world == 1:
+            return [float(v) for v in losses.cpu()]
+        gathered = [torch.empty_like(losses) for _ in range(world)]
+        dist.all_gather(gathered, losses)
+        return [float(v) for shard in gathered for v in shard.cpu()]
+
     def replica_weights(self, prepared: TorchPrepared) -> list[list[np.ndarray]]:
         import torch
         import torch.distributed as dist

@@ -297,6 +297,18 @@ class NumpyMlpBackend(NumpyBackend):
     def replica_weights(self, prepared: MlpPrepared) -> list[list[np.ndarray]]:
         return [[w.copy() for w in weights] for weights in prepared.replicas]
 
+    def shard_losses(self, prepared: MlpPrepared, shards: int) -> list[float]:
+        """Each device's loss of its own shard of the current step's batch, by device; on one
+        device, the batch's `shards` slices one by one (`ReportsShardLosses`)."""
+        devices, batch = _check_shards(prepared, shards), prepared.step % prepared.x.shape[1]
+        if devices > 1:
+            return [_mlp_gradients(weights, prepared.x[d, batch], prepared.y[d, batch], prepared.bf16)[0]
+                    for d, weights in enumerate(prepared.replicas)]
+        x, y = prepared.x[0, batch], prepared.y[0, batch]
+        size = x.shape[0] // shards
+        return [_mlp_gradients(prepared.replicas[0], x[i * size:(i + 1) * size], y[i * size:(i + 1) * size],
+                               prepared.bf16)[0] for i in range(shards)]
+
     def _all_reduced(self, prepared: MlpPrepared) -> tuple[float, list[np.ndarray]]:
         """The global loss and the mean of the devices' gradients on the current step's batch."""
         batch = prepared.step % prepared.x.shape[1]
@@ -306,6 +318,39 @@ class NumpyMlpBackend(NumpyBackend):
         loss = sum(r[0] for r in results) / devices
         grads = [prepared.scale * sum(r[1][i] for r in results) / devices for i in range(len(results[0][1]))]
         return float(loss), [np.asarray(g, prepared.dtype) for g in grads]
+
+
+class FirstDeviceMlpBackend(NumpyMlpBackend):
+    """A planted wrong data-parallel program: on N devices it computes the whole global batch
+    on its first device and copies the result to the others, so its gradients, training
+    losses and (identical) replicas equal the 1-device program's exactly, and every other
+    check passes. Its `shard_losses` honestly reports what each device computed: the whole
+    batch's loss on every device, which the 1-device program's slices do not match. On one
+    device it is the correct program."""
+
+    name: ClassVar[str] = "numpy-mlp-first-device"
+
+    def _all_reduced(self, prepared: MlpPrepared) -> tuple[float, list[np.ndarray]]:
+        batch = prepared.step % prepared.x.shape[1]
+        x, y = (np.concatenate(list(a[:, batch])) for a in (prepared.x, prepared.y))  # the global batch, in order
+        loss, grads = _mlp_gradients(prepared.replicas[0], x, y, prepared.bf16)  # all on device 0
+        return float(loss), [np.asarray(prepared.scale * g, prepared.dtype) for g in grads]
+
+    def shard_losses(self, prepared: MlpPrepared, shards: int) -> list[float]:
+        devices = _check_shards(prepared, shards)
+        if devices == 1:
+            return super().shard_losses(prepared, shards)
+        return [self._all_reduced(prepared)[0]] * devices  # device 0's loss, copied to every device
+
+
+def _check_shards(prepared: MlpPrepared, shards: int) -> int:
+    """The program's device count, once `shards` is one that it can report."""
+    devices = prepared.x.shape[0]
+    if shards < 1 or prepared.trial.global_batch % shards:
+        raise ValueError(f"{shards} shards do not divide the global batch of {prepared.trial.global_batch}")
+    if devices > 1 and shards != devices:
+        raise ValueError(f"a program on {devices} devices reports {devices} shards, not {shards}")
+    return devices
 
 
 def _mlp_gradients(weights: list[np.ndarray], x: np.ndarray, y: np.ndarray, bf16: bool

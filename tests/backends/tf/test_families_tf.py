@@ -21,6 +21,7 @@ test_tf_variants: the number of simulated CPU devices is fixed at TensorFlow's s
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -93,11 +94,30 @@ def _counts() -> dict:
     return out
 
 
-def _reference(backend, work, trial):
+def _reference(backend, work, trial, shards: dict | None = None):
+    """The trial's verification run; with `shards`, its `shard_losses` too, recorded there."""
     from xbench.worker.capture import reference_run
 
     prepared = backend.prepare(trial, work)
-    return prepared.info, reference_run(backend, prepared, trial.protocol.steps)
+    if shards is None:
+        return prepared.info, reference_run(backend, prepared, trial.protocol.steps)
+    kept = [v.numpy().copy() for v in prepared.model.non_trainable_variables]  # BatchNorm's, dropout's seed
+    shards["start"] = backend.shard_losses(prepared, 2)  # before anything else: it must change nothing
+    shards["kept"] = all(np.array_equal(a, v.numpy()) for a, v in zip(kept, prepared.model.non_trainable_variables))
+    reference = reference_run(backend, prepared, trial.protocol.steps)
+    shards["loss"] = reference.loss  # the global loss `gradients` gave at the start
+    backend.train(prepared, 1)  # an odd step: the other batch
+    shards["later"], shards["later loss"] = backend.shard_losses(prepared, 2), backend.gradients(prepared)[0]
+    shards["refused"] = [_refusal(backend, prepared, count) for count in (3, 4 if trial.devices == 2 else 1)]
+    return prepared.info, reference
+
+
+def _refusal(backend, prepared, shards: int) -> str | None:
+    try:
+        backend.shard_losses(prepared, shards)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def _patched(module, constant: str, value, run):
@@ -122,15 +142,19 @@ def _one_device() -> dict:
     for family, model in _models().items():
         work = build_work(model, GLOBAL_BATCH * STEPS, 0)
         out[family, "hash"], out[family, "params"] = work.weights_hash, work.params
-        out[family, "correct"] = _reference(backend, work, _trial(model, 1))
-        out[family, "again"] = _reference(backend, work, _trial(model, 1, program="plain"))
-        out[family, "xla"] = _reference(backend, work, _trial(model, 1, variant="xla"))
+        for name, changes in (("correct", {}), ("again", {"program": "plain"}), ("xla", {"variant": "xla"})):
+            out[family, name] = _reference(backend, work, _trial(model, 1, **changes),
+                                           shards=out.setdefault(("shards", family, name), {}))
         for wrong_family, constant, value in WRONG_BUILDS:
             if wrong_family == family:
                 module = importlib.import_module(f"xbench_backends.tf.{family}")
                 def run(work=work, model=model):  # bound now: the loop moves on
                     return _reference(backend, work, _trial(model, 1))
                 out[family, constant] = _patched(module, constant, value, run)
+    model = _mlp_model(dropout=0.0)
+    for name, changes in (("correct", {}), ("again", {"program": "plain"}), ("xla", {"variant": "xla"})):
+        _reference(backend, build_work(model, GLOBAL_BATCH * STEPS, 0), _trial(model, 1, **changes),
+                   shards=out.setdefault(("shards", "mlp", name), {}))
     out["gelu"] = _gelu_runs(backend)
     prepared = backend.prepare(_trial(_models()["transformer"], 1, precision="bf16"), build_work(
         _models()["transformer"], GLOBAL_BATCH * STEPS, 0))
@@ -164,13 +188,22 @@ def _two_devices() -> dict:
 
     backend = TfMirroredBackend()
     backend.setup(2, "cpu")
-    out = {}
+    out: dict = {}
     for family in ("transformer", "lstm"):
         model = _models()[family]
-        out[family] = _reference(backend, build_work(model, GLOBAL_BATCH * STEPS, 0), _trial(model, 2))
+        out[family] = _reference(backend, build_work(model, GLOBAL_BATCH * STEPS, 0), _trial(model, 2),
+                                 shards=out.setdefault(("shards", family, "correct"), {}))
     model = _models()["cnn"]
     out["cnn fp64"] = _reference(backend, build_work(model, GLOBAL_BATCH * STEPS, 0),
-                                 _trial(model, 2, precision="fp64"))
+                                 _trial(model, 2, precision="fp64"), shards=out.setdefault(("shards", "cnn fp64"), {}))
+    # The same trial's 1-device halves, in float64 too: the plain program on the first device.
+    plain = backend.prepare(_trial(model, 1, program="plain", precision="fp64"),
+                            build_work(model, GLOBAL_BATCH * STEPS, 0))
+    out["shards", "cnn fp64 plain"] = backend.shard_losses(plain, 2)
+    model = _mlp_model(dropout=0.0)
+    for name, changes in (("correct", {}), ("xla", {"variant": "xla"})):
+        _reference(backend, build_work(model, GLOBAL_BATCH * STEPS, 0), _trial(model, 2, **changes),
+                   shards=out.setdefault(("shards", "mlp", name), {}))
     return out
 
 
@@ -205,10 +238,10 @@ def _float64() -> dict:
     return out
 
 
-def _mlp_model():
+def _mlp_model(**changes):
     from xbench.models.model_spec import preset_model
 
-    return preset_model("medium", batch_sizes=(GLOBAL_BATCH,))
+    return replace(preset_model("medium", batch_sizes=(GLOBAL_BATCH,)), **changes)
 
 
 def _bare_float64_model(work):
@@ -402,6 +435,59 @@ def test_two_devices_match_one(runs):
         one = runs["d1"][family, "correct"][1]
         checks = run_checks({("tf", 1, "m"): one, ("tf", 2, "m"): two}, "tf")
         assert len(checks) == 3 and all(check.passed for check in checks), (family, checks)
+
+
+def _relative(a, b) -> float:
+    return float(np.max(np.abs(np.subtract(a, b)) / np.abs(b)))
+
+
+SHARDS_AGREE = 1e-5  # relative: one slice's loss in two programs
+
+
+@pytest.mark.slow
+def test_shard_losses_are_each_replicas_own_half(runs):
+    """`shard_losses(prepared, 2)`: on 2 replicas each replica's loss of its own half (strategy.run
+    without the reduction); on 1 (the data-parallel program, the plain one, the xla variant) the
+    two halves one by one. All agree with the 1-device program's halves, now and after a step
+    (the other batch), average to the loss `gradients` returns, and differ from each other."""
+    d1, d2 = runs["d1"], runs["d2"]
+    for family in ("mlp", "transformer", "lstm"):
+        reference = d1["shards", family, "correct"]
+        found = {(1, name): d1["shards", family, name] for name in ("correct", "again", "xla")}
+        found.update({(2, name): d2["shards", family, name] for name in ("correct", "xla")
+                      if ("shards", family, name) in d2})
+        for key, shards in found.items():
+            print(f"{family} {key}: halves {shards['start']}, after 3 steps {shards['later']}")
+            for when in ("start", "later"):
+                assert len(shards[when]) == 2 and _relative(shards[when], reference[when]) <= SHARDS_AGREE, \
+                    (family, key, when, shards[when], reference[when])
+                assert _relative(shards[when][0], shards[when][1]) > 1e-4, (family, key, when)
+            assert _relative(np.mean(shards["start"]), shards["loss"]) <= 1e-6, (family, key)
+            assert _relative(np.mean(shards["later"]), shards["later loss"]) <= 1e-6, (family, key)
+            assert shards["kept"], (family, key)
+            devices = key[0]
+            assert shards["refused"][0] == "3 shards do not divide the global batch of 8"
+            if devices == 2:
+                assert shards["refused"][1] == "a program on 2 devices reports 2 shards (one per replica), not 4"
+            else:
+                assert shards["refused"][1] is None  # 1 shard: the whole batch
+    assert ("shards", "transformer", "correct") in d2 and ("shards", "mlp", "xla") in d2
+
+
+@pytest.mark.slow
+def test_resnet_halves_use_their_own_batch_statistics(runs):
+    """Each replica normalises over its own half: the 2-replica halves are the 1-device plain
+    program's halves (float64 both), their mean is the 2-replica loss but not the 1-device one
+    (statistics over all 8 images, float32 here); BatchNorm's moving statistics stay as they were."""
+    d1, two, plain = runs["d1"], runs["d2"]["shards", "cnn fp64"], runs["d2"]["shards", "cnn fp64 plain"]
+    reference = d1["shards", "cnn", "correct"]
+    for name in ("again", "xla"):
+        assert _relative(d1["shards", "cnn", name]["start"], reference["start"]) <= SHARDS_AGREE, name
+    print(f"resnet18 halves: 2 replicas {two['start']}, 1 device {plain} (fp64); 1 device fp32 {reference['start']}")
+    assert _relative(two["start"], plain) <= SHARDS_AGREE
+    assert _relative(np.mean(two["start"]), two["loss"]) <= 1e-9
+    assert _relative(np.mean(reference["start"]), reference["loss"]) > 1e-3
+    assert all(d1["shards", "cnn", name]["kept"] for name in ("correct", "again", "xla")) and two["kept"]
 
 
 def _float64_arrays(reference) -> bool:

@@ -8,6 +8,13 @@ One small fp32 verification trial (medium MLP, dropout off, global batch 32) run
 - jax on 1 CPU device (the reference backend), in its own process.
 All four processes start at once and share the machine's cores; every wait has a timeout and
 every child is killed in a `finally`.
+
+Each torch process also reports `shard_losses(prepared, 2)` (each rank's loss of its own half
+of the step's batch, gathered by rank; on 1 process the two halves one by one) for the
+verification trial and for small trials of transformer-tiny (its blocks; shorter context and
+vocabulary), resnet18 (BatchNorm: each half its own statistics; also channels-last) and an MLP
+with dropout on (2 ranks), each before its gradients: the halves must agree across process
+counts, average to the global loss, and change nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +45,36 @@ def _trial(devices: int, **changes):
     trial = next(t for t in verification_trials(spec, ["torch", "jax"], [1, 2])
                  if t.devices == devices and t.backend == changes.get("backend", "torch"))
     return replace(trial, **changes)
+
+
+SHARDS_AGREE = 1e-5  # relative: one half's loss on 1 process and on 2 ranks
+SHARD_BATCH = 8
+
+
+def _shard_trial(family: str, devices: int, **changes):
+    """A small trial (global batch 8, 2 batches) for `shard_losses`."""
+    from xbench.contract import Trial
+    from xbench.contract.timing import TimingProtocol
+    from xbench.models.model_spec import preset_model
+
+    preset, dims, dropout = {"transformer": ("transformer-tiny", {"context": 16, "vocab": 64}, 0.0),
+                             "cnn": ("resnet18", {}, 0.0), "mlp": ("medium", {}, 0.2)}[family]
+    model = preset_model(preset, batch_sizes=(SHARD_BATCH,))
+    model = replace(model, dims=tuple(sorted({**dict(model.dims), **dims}.items())), dropout=dropout)
+    trial = Trial(backend="torch", model=model, devices=devices, global_batch=SHARD_BATCH, scaling="strong",
+                  precision="fp32", platform="cpu", learning_rate=1e-3, seed=0, samples=SHARD_BATCH * 2,
+                  protocol=TimingProtocol(warmup_steps=0, steps=2, repeats=1))
+    return replace(trial, **changes)
+
+
+def _shard_trials(devices: int) -> dict:
+    trials = {"transformer": _shard_trial("transformer", devices), "cnn": _shard_trial("cnn", devices),
+              "cnn channels-last": _shard_trial("cnn", devices, variant="channels-last")}
+    if devices == 1:
+        trials["transformer plain"] = _shard_trial("transformer", 1, program="plain")
+    else:
+        trials["mlp dropout"] = _shard_trial("mlp", devices)
+    return trials
 
 
 def _free_port() -> int:
@@ -87,6 +124,8 @@ def _torch_child(backend, job: dict, trials: dict, out: dict) -> dict:
         out["device"] = backend.setup_process(process, "cpu")
     prepared = _verification(backend, trials["fp32"], out)
     out["memory"] = backend.memory_peak_bytes(prepared)
+    out["shard_runs"] = {name: _shard_run(backend, trial, job["world"]) for name, trial in trials.items()
+                         if name.startswith(("transformer", "cnn", "mlp"))}
     if job["world"] == 1:
         out["gpu_refusal"] = _gpu_refusal()
         for precision in ("tf32", "bf16"):
@@ -128,17 +167,42 @@ def _verification(backend, trial, out: dict):
 
     prepared = backend.prepare(trial, build_work(trial.model, trial.samples, trial.seed))
     out["info"] = prepared.info
+    out["halves"] = backend.shard_losses(prepared, 2)  # first: the checks below see whether it changed anything
     out["loss"], out["gradients"] = backend.gradients(prepared)
     out["losses"] = backend.train(prepared, STEPS)
     out["replicas"] = backend.replica_weights(prepared)
+    out["halves later"] = backend.shard_losses(prepared, 2)  # after STEPS steps: another batch
     return prepared
+
+
+def _shard_run(backend, trial, world: int) -> dict:
+    """A trial's halves before anything else ran, whether they left BatchNorm's running
+    statistics and the random stream alone, the global loss `gradients` then gives, and the
+    refusals of shard counts that do not fit."""
+    import torch
+
+    from xbench.contract.work import build_work
+
+    prepared = backend.prepare(trial, build_work(trial.model, trial.samples, trial.seed))
+    buffers, stream = [b.clone() for b in prepared.model.buffers()], torch.get_rng_state()
+    halves = backend.shard_losses(prepared, 2)
+    kept = all(torch.equal(a, b) for a, b in zip(buffers, prepared.model.buffers()))
+    out = {"halves": halves, "kept": kept and torch.equal(stream, torch.get_rng_state()), "buffers": len(buffers),
+           "loss": backend.gradients(prepared)[0], "refused": []}
+    for shards in (3, 4 if world == 2 else 1):
+        try:
+            out["refused"].append(len(backend.shard_losses(prepared, shards)))
+        except ValueError as err:
+            out["refused"].append(str(err))
+    return out
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("torch_ddp")
-    one = {"fp32": _trial(1), "tf32": _trial(1, precision="tf32"), "bf16": _trial(1, precision="bf16")}
-    two = {"fp32": _trial(2), "compute_only": _trial(2, all_reduce=False)}
+    one = {"fp32": _trial(1), "tf32": _trial(1, precision="tf32"), "bf16": _trial(1, precision="bf16"),
+           **_shard_trials(1)}
+    two = {"fp32": _trial(2), "compute_only": _trial(2, all_reduce=False), **_shard_trials(2)}
     port = _free_port()
 
     def raw(trials):
@@ -279,6 +343,61 @@ def test_device_info_and_collectives(runs):
     assert one["memory"] is None  # no peak counter on CPU
     if one["gpu_refusal"] is not None:  # a machine without CUDA
         assert one["gpu_refusal"].startswith("torch finds no CUDA device"), one["gpu_refusal"]
+
+
+def _relative(a, b) -> float:
+    return float(np.max(np.abs(np.subtract(a, b)) / np.abs(b)))
+
+
+@pytest.mark.slow
+def test_each_rank_computes_its_own_half(runs):
+    """(f) shard_losses: rank r's loss of its own half (rows r*16 .. of the global batch of 32),
+    gathered by rank, equals the 1-process program's loss of that half; their mean is the global
+    loss; the halves differ; after 10 steps they follow the step's batch. Both ranks see all of
+    them; the jax reference's halves agree too."""
+    one, rank0, rank1, jax = runs["torch1"], runs["torch2_rank0"], runs["torch2_rank1"], runs["jax1"]
+    print(f"halves: 1 process {one['halves']}, 2 ranks {rank0['halves']}, jax {jax['halves']}")
+    assert rank0["halves"] == rank1["halves"] and rank0["halves later"] == rank1["halves later"]
+    for when in ("halves", "halves later"):
+        assert len(rank0[when]) == 2 and _relative(rank0[when], one[when]) <= SHARDS_AGREE, when
+        assert _relative(one[when][0], one[when][1]) > 1e-4, when
+        assert _relative(jax[when], one[when]) <= SHARDS_AGREE, when
+    assert _relative(np.mean(rank0["halves"]), rank0["loss"]) <= 1e-6
+    assert _relative(np.mean(one["halves"]), one["loss"]) <= 1e-6
+    assert _relative(one["halves"], one["halves later"]) > 1e-4
+
+
+@pytest.mark.slow
+def test_shard_losses_of_each_family(runs):
+    """(g) transformer-tiny (the data-parallel and the plain program), resnet18 (as written and
+    channels-last) and an MLP with dropout: the 2-rank halves are the 1-process halves; for the
+    transformer their mean is the global loss; for resnet18 it is the 2-rank loss (each rank
+    normalises over its half) but not the 1-process one (statistics over all 8 images); with
+    dropout, the 2-rank halves are the masks the step draws (the random stream is forked, not
+    advanced), so their mean is the loss `gradients` sees. BatchNorm's running statistics and the
+    random stream are left as they were; shard counts that do not fit are refused."""
+    one, rank0, rank1 = (runs[name]["shard_runs"] for name in ("torch1", "torch2_rank0", "torch2_rank1"))
+    for name, found in rank0.items():
+        print(f"{name}: 2 ranks {found['halves']}, 1 process {one.get(name, {}).get('halves')}")
+        assert found["halves"] == rank1[name]["halves"], name
+        assert _relative(found["halves"][0], found["halves"][1]) > 1e-4, name
+        assert _relative(np.mean(found["halves"]), found["loss"]) <= 1e-6, name
+        if name in one:
+            # channels-last: oneDNN's convolutions round otherwise with a rank's half of the
+            # cores (8e-6 measured; a rank computing another share would be off by ~0.5)
+            agree = 1e-4 if "channels-last" in name else SHARDS_AGREE
+            assert _relative(found["halves"], one[name]["halves"]) <= agree, name
+        assert found["refused"] == ["3 shards do not divide the global batch of 8",
+                                    "a program on 2 ranks reports 2 shards (one per rank), not 4"], name
+    for name, found in one.items():
+        assert found["kept"] and rank0.get(name, found)["kept"] and rank1.get(name, found)["kept"], name
+        assert found["refused"] == ["3 shards do not divide the global batch of 8", 1], name
+        if name.startswith("transformer"):
+            assert _relative(np.mean(found["halves"]), found["loss"]) <= 1e-6, name
+            assert _relative(found["halves"], one["transformer"]["halves"]) <= SHARDS_AGREE, name
+        else:
+            assert found["buffers"] > 0 and _relative(np.mean(found["halves"]), found["loss"]) > 1e-3, name
+    assert rank0["mlp dropout"]["kept"] and set(rank0) == {"transformer", "cnn", "cnn channels-last", "mlp dropout"}
 
 
 if __name__ == "__main__":
