@@ -84,3 +84,27 @@ def test_the_planted_program_agrees_with_one_device_everywhere_but_its_shares():
     assert len(replicas) == 2
     for replica in replicas:
         assert all(np.array_equal(a, b) for a, b in zip(replica, right.replica_weights(one)[0]))
+
+
+def test_the_planted_program_passes_every_other_check_and_fails_verification_with_a_one_line_reason():
+    """Through the worker's capture and the real checks: the copying program's gradients,
+    ten steps and replicas agree with the correct program's, and only its shares fail."""
+    from xbench.results.checks import run_checks
+    from xbench.results.full_size import shard_checks
+    from xbench.run.verification import Verification
+    from xbench.worker.capture import reference_run
+
+    refs = {}
+    for cls in (NumpyMlpBackend, FirstDeviceMlpBackend):
+        for devices in (1, 2):
+            backend = cls()
+            state = prepared(backend, devices)
+            refs[(cls.name, devices, MODEL.name)] = reference_run(backend, state, 2, state.trial)
+    others = run_checks(refs, reference_backend=NumpyMlpBackend.name)
+    assert others and all(c.passed for c in others), [c for c in others if not c.passed]
+    shares = shard_checks(refs, dict.fromkeys(refs, "fp32"), "")
+    verification = Verification(tuple(others + shares), {}, frozenset(), {})
+    assert verification.outcome(NumpyMlpBackend.name)["status"] == "passed"
+    outcome = verification.outcome(FirstDeviceMlpBackend.name)
+    assert outcome["status"] == "failed" and len(outcome["failed"]) == 1
+    assert outcome["failed"][0].startswith("each device's share") and "\n" not in outcome["failed"][0]
