@@ -60,6 +60,7 @@ class Job:
     mode: Mode = "time"  # time the trials; capture verification arrays of them; time all-reduces
     trials: tuple[Trial, ...] = ()  # modes time and verify
     arrays_dir: Path | None = None  # mode verify (and only it): where each trial's arrays go
+    shard_counts: tuple[int, ...] = ()  # mode verify: the slice counts a 1-device run reports (the N planned)
     sizes: tuple[int, ...] = ()  # mode allreduce: buffer sizes, bytes per device
     options: dict[str, Any] = field(default_factory=dict)  # mode allreduce: the backend's options
     process: Process | None = None  # spmd launcher: this process's place in the job; else None

@@ -108,3 +108,16 @@ def test_the_planted_program_passes_every_other_check_and_fails_verification_wit
     outcome = verification.outcome(FirstDeviceMlpBackend.name)
     assert outcome["status"] == "failed" and len(outcome["failed"]) == 1
     assert outcome["failed"][0].startswith("each device's share") and "\n" not in outcome["failed"][0]
+
+
+def test_a_one_device_run_reports_the_slices_of_the_device_counts_planned_only():
+    """Each slice count compiles another forward pass on a GPU: only the planned ones."""
+    from xbench.worker.capture import shard_losses
+
+    backend = NumpyMlpBackend()
+    state = prepared(backend, 1)
+    assert set(shard_losses(backend, state, state.trial, (2,))) == {2}
+    assert set(shard_losses(backend, state, state.trial, (2, 3))) == {2}  # 3 does not divide 8
+    assert set(shard_losses(backend, state, state.trial)) == {2, 4, 8}  # none named: every count up to 8
+    two = prepared(backend, 2)
+    assert set(shard_losses(backend, two, two.trial, (4,))) == {2}  # N devices: their own N

@@ -129,6 +129,7 @@ class VerificationWatch:
     total: int = 0
     done: int = 0
     running: dict[str, str] = field(default_factory=dict)  # trial id -> its label
+    began: dict[str, float] = field(default_factory=dict)  # trial id -> when its worker began it
     started: float = field(default_factory=time.monotonic)
     task: TaskID | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -143,6 +144,7 @@ class VerificationWatch:
     def trial_started(self, trial: Trial) -> None:
         with self.lock:
             self.running[trial.id] = verification_label(trial)
+            self.began[trial.id] = time.monotonic()
             self._show()
 
     def window_done(self, trial: Trial, done: int) -> None:
@@ -152,9 +154,13 @@ class VerificationWatch:
         with self.lock:
             self.running.pop(trial.id, None)
             self.done += 1
+            began = self.began.pop(trial.id, None)
             if not self.live:
                 status = "ok" if record["status"] == "ok" else escape(record_result(record))
-                self.console.print(f"verifying {self.done}/{self.total}: {verification_label(trial)}: {status} "
+                # A run's own seconds (from its start in the worker, or the worker's start for
+                # one that never started) say where verification's time goes.
+                took = "" if began is None else f" in {duration(time.monotonic() - began)}"
+                self.console.print(f"verifying {self.done}/{self.total}: {verification_label(trial)}: {status}{took} "
                                    f"({duration(time.monotonic() - self.started)} elapsed)", soft_wrap=True)
             self._show()
 

@@ -66,6 +66,7 @@ class Context:
     listener: Listener = field(default_factory=_Silent)
     startup_timeout_s: float = STARTUP_TIMEOUT_S
     arrays_dir: Path | None = None  # set: capture verification arrays here (Job mode "verify"), not timings
+    shard_counts: tuple[int, ...] = ()  # verify: the device counts whose slices 1-device runs report
     annotate: Callable[[Trial], dict[str, Any]] = lambda trial: {}  # extra record fields
     launch: Launch = field(default_factory=Launch)  # spmd node geometry
     env: dict[str, str] = field(default_factory=dict)  # extra environment of every worker
@@ -120,7 +121,8 @@ def run_group(group: Group, ctx: Context) -> list[Record]:
 def start_gang(group: Group, trials: list[Trial], ctx: Context, job_index: int = 0) -> Gang:
     """The processes for a group's `trials`: one worker, or one per local rank (spmd)."""
     job = Job(group.target, group.devices, trials[0].platform, mode="time" if ctx.arrays_dir is None else "verify",
-              trials=tuple(trials), arrays_dir=ctx.arrays_dir)
+              trials=tuple(trials), arrays_dir=ctx.arrays_dir,
+              shard_counts=ctx.shard_counts if ctx.arrays_dir is not None else ())
     label = f"{group.backend} on {group.devices} device(s), replicate {trials[0].replicate}"
     if group.launcher != "spmd":
         return Gang.start([(job, dict(ctx.env))], ctx.run_dir / LOG_FILE, label, ctx.fork_servers)

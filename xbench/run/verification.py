@@ -105,6 +105,7 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     records: list[Record] = []
     ctx = launcher.Context(run_id="verify", run_dir=log_dir or work_dir, environment=environment,
                            write=records.append, arrays_dir=Path(work_dir),
+                           shard_counts=tuple(sorted({n for n in devices if n > 1})),
                            launch=launch or Launch(), startup_timeout_s=startup_timeout_s)
     if progress is not None:
         progress.planned(trials)

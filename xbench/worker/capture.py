@@ -22,15 +22,17 @@ SUMMARY_COLUMNS = ("norm", "sum", "projection 1", "projection 2")
 MAX_SHARDS = 8  # a 1-device run reports its slice losses for every slice count up to this
 
 
-def reference_run(backend: Backend, prepared: Any, steps: int, trial: Trial | None = None) -> Reference:
-    """Gradients at the start, each device's slice losses (given the `trial`), then `steps`
-    training steps; with none (a full-size probe), only the start, its gradients summarised.
-    Raises `Unsupported`, naming what is missing, for a backend that is not `Verifiable`."""
+def reference_run(backend: Backend, prepared: Any, steps: int, trial: Trial | None = None,
+                  shard_counts: tuple[int, ...] = ()) -> Reference:
+    """Gradients at the start, each device's slice losses (given the `trial`; on 1 device for
+    `shard_counts`, see `shard_losses`), then `steps` training steps; with none (a full-size
+    probe), only the start, its gradients summarised. Raises `Unsupported`, naming what is
+    missing, for a backend that is not `Verifiable`."""
     if not isinstance(backend, Verifiable):
         missing = ", ".join(missing_methods(backend, Verifiable))
         raise Unsupported(f"backend {backend.name!r} lacks {missing}; it cannot be verified")
     loss, gradients = backend.gradients(prepared)
-    shards = shard_losses(backend, prepared, trial) if trial is not None else {}
+    shards = shard_losses(backend, prepared, trial, shard_counts) if trial is not None else {}
     if steps == 0:
         return Reference(float(loss), [], [], [], summaries=summarize(gradients), shard_losses=shards)
     losses = backend.train(prepared, steps)
@@ -39,14 +41,17 @@ def reference_run(backend: Backend, prepared: Any, steps: int, trial: Trial | No
                      tuple(relative_errors(r, replicas[0]) for r in replicas[1:]), shard_losses=shards)
 
 
-def shard_losses(backend: Backend, prepared: Any, trial: Trial) -> dict[int, tuple[float, ...]]:
+def shard_losses(backend: Backend, prepared: Any, trial: Trial, wanted: tuple[int, ...] = ()
+                 ) -> dict[int, tuple[float, ...]]:
     """On N > 1 devices, each device's loss on its own slice; on one device, the slice losses
-    for every slice count that divides the batch (the N-device runs it is compared with);
-    nothing from a backend without `ReportsShardLosses`."""
+    for each of the `wanted` counts (the N-device runs it is compared with; without them,
+    every count up to MAX_SHARDS) that divides the batch (each count compiles another forward
+    pass, so only those); nothing from a backend without `ReportsShardLosses`."""
     if not isinstance(backend, ReportsShardLosses):
         return {}
     batch = trial.global_batch
-    counts = [trial.devices] if trial.devices > 1 else [n for n in range(2, MAX_SHARDS + 1) if batch % n == 0]
+    candidates = wanted or range(2, MAX_SHARDS + 1)
+    counts = [trial.devices] if trial.devices > 1 else [n for n in candidates if n > 1 and batch % n == 0]
     return {n: tuple(float(x) for x in backend.shard_losses(prepared, n)) for n in counts}
 
 

@@ -100,7 +100,8 @@ def _setup(backend: Backend, job: Job) -> DeviceInfo:
 def _trial_action(job: Job, info: DeviceInfo, ranks: Ranks) -> Action:
     """What each trial of a job of mode "time" or "verify" is for."""
     if job.arrays_dir is not None:  # mode "verify" (Job allows arrays_dir there only)
-        return _verification(job.arrays_dir, save=job.process is None or job.process.local_rank == 0)
+        return _verification(job.arrays_dir, save=job.process is None or job.process.local_rank == 0,
+                             shard_counts=job.shard_counts)
     return _timing(info, ranks)
 
 
@@ -292,12 +293,12 @@ def _timing_fields(result: Any) -> dict[str, Any]:
             "steps_per_window": result.steps_per_window, "stopped": result.stopped}
 
 
-def _verification(arrays_dir: Path, save: bool) -> Action:
+def _verification(arrays_dir: Path, save: bool, shard_counts: tuple[int, ...] = ()) -> Action:
     """Reference arrays for verify; in an spmd job every rank computes them (collectives),
     one per node saves them."""
     def capture(backend: Backend, prepared: Any, trial: Trial, work: Work, emit: Emit) -> dict[str, Any]:
         path = arrays_dir / f"{trial.id.replace('/', '_')}.npz"
-        reference = reference_run(backend, prepared, trial.protocol.steps, trial)
+        reference = reference_run(backend, prepared, trial.protocol.steps, trial, shard_counts)
         if save:
             save_reference(path, reference)
         return {"arrays": str(path)}
