@@ -122,3 +122,16 @@ def test_verify_says_at_which_size_and_precision_it_checked_each_model():
     text = sizes_checked(preset_model("gpt2-small"), [1, 2], "fp32")
     assert "reduced instance (context 64, layers 2)" in text
     assert "full size (context 1024, layers 12): initial loss and per-tensor gradient summaries, batch 4, fp32" in text
+
+
+def test_a_model_too_large_to_probe_leaves_its_program_unverified_with_a_one_line_reason():
+    from xbench.run.verification import verdict
+
+    spec = build_spec({"models": [{"preset": "gpt2-small"}], "devices": [1]})
+    [probe] = [t for t in verification_trials(spec, ["jax"], [1]) if t.replicate == FULL_SIZE_REPLICATE]
+    record = {"trial_id": probe.id, "status": "failed",
+              "reason": "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 83.00GiB."}
+    result = verdict(spec, ["jax"], [probe], [record])
+    why = result.outcome("jax")
+    assert why["status"] == "unverifiable" and "\n" not in why["reason"]
+    assert why["reason"].startswith("gpt2-small is too large to verify on 1 device(s) here: failed: RESOURCE_EXHAUSTED")
