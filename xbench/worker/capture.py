@@ -32,7 +32,10 @@ def reference_run(backend: Backend, prepared: Any, steps: int, trial: Trial | No
         missing = ", ".join(missing_methods(backend, Verifiable))
         raise Unsupported(f"backend {backend.name!r} lacks {missing}; it cannot be verified")
     loss, gradients = backend.gradients(prepared)
-    shards = shard_losses(backend, prepared, trial, shard_counts) if trial is not None else {}
+    # A program's own run (replicate 0) and its probe report their devices' shares; its float64
+    # referee and the precision references (replicates 1 and up) serve the trajectory checks only.
+    proves_shares = trial is not None and (trial.replicate == 0 or steps == 0)
+    shards = shard_losses(backend, prepared, trial, shard_counts) if proves_shares and trial else {}
     if steps == 0:
         return Reference(float(loss), [], [], [], summaries=summarize(gradients), shard_losses=shards)
     losses = backend.train(prepared, steps)
