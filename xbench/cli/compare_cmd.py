@@ -29,7 +29,7 @@ from xbench.cli.options import (
     startup_timeout_s,
     value,
 )
-from xbench.cli.running import check_resume_alone, run_comparison, run_dir_option
+from xbench.cli.running import check_resume_alone, print_plan, run_comparison, run_dir_option
 from xbench.contract import TimingProtocol
 from xbench.contract.timing import DEFAULT_DEVICE_RUN_VARIATION
 from xbench.errors import XbenchError
@@ -140,6 +140,9 @@ def compare(
     node_rank: NodeRankOption = None,
     coordinator: CoordinatorOption = None,
     startup_timeout: StartupTimeoutOption = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the plan and its estimated wall time (verification and timing apart), then exit: "
+                          "no worker starts, nothing is written; a bad spec gets the run's own error.")] = False,
     resume: Annotated[Optional[Path], typer.Option(
         metavar="RUN_DIR", help="Finish an interrupted run in this directory: its own spec, the replicates not "
                                 "yet recorded (and failed ones) only.")] = None,
@@ -165,6 +168,8 @@ def compare(
         "variants": names(variants), "single_device": value(single_device), "p2p": p2p_value(p2p),
     }
     spec = load_spec(config, overrides)
+    if dry_run:
+        return print_plan(spec, launch, breakdown, no_verify)
     err = status_console()
     with err.status("finding devices for each backend…"):
         comparison = prepare(spec, run_dir_option(out), strict_devices=devices is not None, breakdown=breakdown,

@@ -14,6 +14,7 @@ from xbench.cli.consoles import data_console, status_console
 from xbench.cli.progress import ProgressObserver
 from xbench.cli.stored_runs import make_report
 from xbench.errors import Interrupted, XbenchError
+from xbench.experiment import Spec
 from xbench.report.bottom_line import bottom_line
 from xbench.report.terminal import bottom_line_text, busbw_by_size, devices_line, model_tables
 from xbench.report.words import busy_text
@@ -22,7 +23,9 @@ from xbench.results.records import RECORDS_FILE, RUN_FILE, finished_trials, iter
 from xbench.results.summary import Row, rows_from_records
 from xbench.run import compare
 from xbench.run.adaptive import reached
+from xbench.run.cluster import Launch
 from xbench.run.comparison import Comparison, trial_count
+from xbench.run.estimate import plan_lines
 from xbench.run.resume import complete
 
 # The options --resume may come with: the rest would change the run's own spec.
@@ -36,6 +39,20 @@ def check_resume_alone(given: dict[str, Any]) -> None:
     if changed:
         flags = ", ".join("--" + name.replace("_", "-") for name in changed)
         raise XbenchError(f"--resume reruns the run's own spec; drop {flags}")
+
+
+def print_plan(spec: Spec, launch: Launch, breakdown: bool, no_verify: bool) -> int:
+    """--dry-run: the plan and its estimated cost on stdout, checked as the run would check it;
+    no worker starts and nothing is written."""
+    resolved_spec, found = compare.dry_run(spec, launch, breakdown, no_verify)
+    console = data_console()
+    backends = ", ".join(resolved_spec.backends)
+    console.print(escape(f"dry run: {backends} on {'/'.join(map(str, resolved_spec.devices))} device(s); "
+                         "nothing started (device counts are checked when the run finds the devices)"),
+                  soft_wrap=True)
+    for line in plan_lines(found, resolved_spec.protocol.replicates or 1):
+        console.print(escape(line), soft_wrap=True)
+    return 0
 
 
 def run_dir_option(out: str | None) -> Path | None:
@@ -70,6 +87,8 @@ def _run_locked(comparison: Comparison, no_verify: bool, resumed: bool, command:
     protocol = comparison.spec.protocol
     err.print(f"{protocol.replicates} replicate(s) per configuration (fresh worker processes), "
               f"in a shuffled order (order seed {protocol.order_seed})")
+    for line in plan_lines(compare.planned_cost(comparison, no_verify, done), protocol.replicates or 1):
+        err.print(escape(line))
     try:
         with ProgressObserver(err, trial_count(comparison, done), protocol.repeats) as observer:
             outcome = compare.run(comparison, observer, no_verify=no_verify, resumed=resumed)

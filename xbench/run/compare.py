@@ -9,6 +9,7 @@ directory where it was left.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -38,7 +39,16 @@ from xbench.run.allreduce_phase import breakdown_allreduce
 from xbench.run.cluster import Launch
 from xbench.run.comparison import Comparison, Observer, claim_new_run_dir, new_run_id
 from xbench.run.environment import command_line, host_environment
-from xbench.run.readiness import ready_backends, resolved
+from xbench.run.estimate import Estimate, costs_for, estimate, host_flops
+from xbench.run.readiness import (
+    check_options,
+    check_spmd_devices,
+    choose_launchers,
+    choose_lineups,
+    ready_backends,
+    resolved,
+)
+from xbench.run.registry import resolve
 from xbench.run.rounds import execute
 from xbench.run.verify_phase import failed_verification, started_without_verify, verification_outcome
 
@@ -65,6 +75,39 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, break
             raise ResultsNotWritten(f"cannot write into {comparison.run_dir}: {err.strerror or err}; nothing was "
                                     "run") from None
     return comparison
+
+
+def planned_cost(comparison: Comparison, no_verify: bool = False,
+                 done: set[str] | frozenset[str] = frozenset()) -> Estimate:
+    """What the comparison's trials not in `done` will cost, verification included unless it
+    is off (--no-verify, or across nodes, where it does not run)."""
+    gpu = any(not info.get("simulated", True) for info in comparison.devices.values())
+    costs = costs_for("gpu" if gpu else "cpu", None if gpu else host_flops())
+    verify = not no_verify and not comparison.launch.multi_node
+    return estimate(comparison.spec, [e.name for e in comparison.entries], comparison.lineups, comparison.launchers,
+                    costs, "gpu" if gpu else "cpu", comparison.breakdown, verify, done)
+
+
+def dry_run(spec: Spec, launch: Launch | None = None, breakdown: bool = False,
+            no_verify: bool = False) -> tuple[Spec, Estimate]:
+    """The plan of a run and its cost without starting any worker: the backends, their
+    options, variants and launchers checked as a run checks them before it looks for devices
+    (so a bad spec gets the run's own one-line error), the platform taken from the spec or,
+    for `auto`, from whether this machine has NVIDIA's tools. Device counts are not checked:
+    only a worker can find the devices."""
+    launch = launch or Launch()
+    entries = resolve(spec.backends)
+    check_options(spec, entries)
+    lineups = choose_lineups(spec, entries)
+    launchers = choose_launchers(entries, launch)
+    check_spmd_devices(spec, launchers, launch)
+    gpu = spec.platform == "gpu" or (spec.platform == "auto" and shutil.which("nvidia-smi") is not None)
+    devices = {e.name: {"simulated": not gpu} for e in entries}
+    spec = resolved(spec, devices, launch)
+    costs = costs_for("gpu" if gpu else "cpu", None if gpu else host_flops())
+    verify = not no_verify and not launch.multi_node
+    return spec, estimate(spec, [e.name for e in entries], lineups, launchers, costs, "gpu" if gpu else "cpu",
+                          breakdown, verify)
 
 
 def start_run(comparison: Comparison, no_verify: bool = False,
