@@ -57,7 +57,7 @@ def write_report(run_dir: Path, html: bool = True, plots: bool = True) -> list[P
     rows = rows_from_records(records)
     allreduce = read_records(run_dir, ALLREDUCE_FILE) if (run_dir / ALLREDUCE_FILE).exists() else []
     images = draw_plots(rows, allreduce, run_dir) if plots else {}
-    blocks = build_report(records, run, rows, images, allreduce)
+    blocks = build_report(records, run, rows, images, allreduce, run_dir)
     written = [run_dir / REPORT_MD]
     write_atomic(written[0], to_markdown(blocks).encode("utf-8"))
     if html:
@@ -99,10 +99,11 @@ def _safe(name: str) -> str:
 
 def build_report(records: Sequence[Record], run: RunInfo | None,
                  rows: Sequence[Row], images: Mapping[str, list[Image]],
-                 allreduce: Sequence[AllReduceRecord] = ()) -> list[Block]:
+                 allreduce: Sequence[AllReduceRecord] = (), run_dir: Path | None = None) -> list[Block]:
     blocks: list[Block] = [Heading(_title(records, run), 1)]
     if run:
         blocks.append(Paragraph(f"Command: `{run.get('command', '?')}` — started {run.get('started_at', '?')}."))
+    blocks += incomplete_section(run, run_dir)
     blocks += bottom_line_section(rows)
     blocks += environment_section(records)
     blocks += verification_section(records)
@@ -113,6 +114,23 @@ def build_report(records: Sequence[Record], run: RunInfo | None,
     blocks += problems_section(rows)
     blocks += reading_section(rows)
     return blocks
+
+
+def incomplete_section(run: RunInfo | None, run_dir: Path | None) -> list[Block]:
+    """A run that did not finish says so first: how many of its planned trial replicates ran,
+    which did not, and the command that runs them."""
+    from xbench.run.resume import unfinished  # the plan as --resume reads it
+
+    found = unfinished(run_dir, run) if run and run_dir is not None else None
+    if found is None:
+        return []
+    ran = found.planned - len(found.missing)
+    words = str(run.get("command", "")).split() if run else []
+    command = words[1] if len(words) > 1 and words[1] in ("compare", "sweep") else "compare"
+    return [Heading("Incomplete run"), Paragraph(
+        f"**This run is incomplete:** {ran} of its {found.planned} planned trial replicates ran; "
+        f"{len(found.missing)} did not (never started, or failed): {found.by_backend()}. The tables and the "
+        f"bottom line below cover only what ran. `xbench {command} --resume {run_dir}` runs the rest.")]
 
 
 def bottom_line_section(rows: Sequence[Row]) -> list[Block]:
