@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from xbench.contract import implementation
 from xbench.report.bottom_line import bottom_line
@@ -39,6 +40,7 @@ from xbench.results.records import (
     RunInfo,
     StoredDeviceInfo,
     VerificationOutcome,
+    finished_trials,
     read_records,
     read_run,
     write_atomic,
@@ -117,20 +119,30 @@ def build_report(records: Sequence[Record], run: RunInfo | None,
 
 
 def incomplete_section(run: RunInfo | None, run_dir: Path | None) -> list[Block]:
-    """A run that did not finish says so first: how many of its planned trial replicates ran,
-    which did not, and the command that runs them."""
-    from xbench.run.resume import unfinished  # the plan as --resume reads it
-
-    found = unfinished(run_dir, run) if run and run_dir is not None else None
-    if found is None:
+    """A run that did not finish says so first: how many of its planned trial replicates
+    (run.json's "planned" ids) have a final record, which have none, by backend and devices,
+    and the command that runs them."""
+    planned = cast(Mapping[str, Any], run or {}).get("planned")
+    if run_dir is None or not isinstance(planned, list) or not planned:
         return []
-    ran = found.planned - len(found.missing)
-    words = str(run.get("command", "")).split() if run else []
+    done = finished_trials(run_dir)
+    missing = [str(trial_id) for trial_id in planned if trial_id not in done]
+    if not missing:
+        return []
+    counts: dict[str, dict[str, int]] = {}
+    for trial_id in missing:
+        backend, _, devices, *_ = [*trial_id.split("/"), "", ""]
+        per_devices = counts.setdefault(backend, {})
+        per_devices[devices.lstrip("d")] = per_devices.get(devices.lstrip("d"), 0) + 1
+    which = ", ".join(f"{backend} (" + ", ".join(f"{n} device{'' if n == '1' else 's'}: {count}"
+                                                 for n, count in sorted(found.items())) + ")"
+                      for backend, found in counts.items())
+    words = str(cast(Mapping[str, Any], run).get("command", "")).split()
     command = words[1] if len(words) > 1 and words[1] in ("compare", "sweep") else "compare"
     return [Heading("Incomplete run"), Paragraph(
-        f"**This run is incomplete:** {ran} of its {found.planned} planned trial replicates ran; "
-        f"{len(found.missing)} did not (never started, or failed): {found.by_backend()}. The tables and the "
-        f"bottom line below cover only what ran. `xbench {command} --resume {run_dir}` runs the rest.")]
+        f"**This run is incomplete:** {len(planned) - len(missing)} of its {len(planned)} planned trial replicates "
+        f"ran; {len(missing)} did not (never started, or failed): {which}. The tables and the bottom line below "
+        f"cover only what ran. `xbench {command} --resume {run_dir}` runs the rest.")]
 
 
 def bottom_line_section(rows: Sequence[Row]) -> list[Block]:

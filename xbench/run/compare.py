@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from xbench.contract import implementation
 from xbench.experiment import Spec
@@ -37,7 +37,7 @@ from xbench.results.records import (
 from xbench.run import drift, launcher, links
 from xbench.run.allreduce_phase import breakdown_allreduce
 from xbench.run.cluster import Launch
-from xbench.run.comparison import Comparison, Observer, claim_new_run_dir, new_run_id
+from xbench.run.comparison import Comparison, Observer, claim_new_run_dir, new_run_id, planned_trials
 from xbench.run.environment import command_line, host_environment
 from xbench.run.estimate import Estimate, costs_for, estimate, host_flops
 from xbench.run.readiness import (
@@ -136,6 +136,8 @@ def start_run(comparison: Comparison, no_verify: bool = False,
         "environment": environment,
         "devices": comparison.devices,
     }
+    # The plan's trial ids, so that a report of a run that never finished can say what is missing.
+    cast(dict[str, Any], run)["planned"] = [t.id for t in planned_trials(comparison)]
     write_json(path, run)
     return environment
 

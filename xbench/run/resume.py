@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from xbench.contract import DATA_PARALLEL, Trial
+from xbench.contract import DATA_PARALLEL
 from xbench.errors import SpecError, XbenchError
 from xbench.experiment import Spec, build_spec
 from xbench.models.model_spec import ModelSpec, model_table
@@ -27,7 +27,6 @@ from xbench.run import launcher
 from xbench.run.cluster import Launch
 from xbench.run.comparison import Comparison, trial_count
 from xbench.run.environment import command_line
-from xbench.run.plan import plan_trials
 from xbench.run.readiness import choose_launchers, choose_lineups, ready_backends
 from xbench.run.registry import resolve
 from xbench.run.rounds import round_due
@@ -87,44 +86,6 @@ def _as_recorded(spec: Spec, saved: Mapping[str, Any], run_dir: Path, launch: La
                           bool(saved.get("breakdown", False)), launch, launchers, choose_lineups(spec, entries),
                           startup_timeout_s, lock)
     return recorded if complete(recorded) else None
-
-
-@dataclass(frozen=True)
-class Unfinished:
-    """The planned trial replicates of a stored run that have no final record."""
-
-    planned: int
-    missing: tuple[Trial, ...]  # missing, or whose last record failed: --resume reruns them
-
-    def by_backend(self) -> str:
-        """e.g. "torch (1 device: 12, 2 devices: 12), jax (2 devices: 7)"."""
-        counts: dict[str, dict[int, int]] = {}
-        for trial in self.missing:
-            per_device = counts.setdefault(trial.backend, {})
-            per_device[trial.devices] = per_device.get(trial.devices, 0) + 1
-        return ", ".join(f"{backend} (" + ", ".join(f"{n} device{'s' if n > 1 else ''}: {count}"
-                                                    for n, count in sorted(found.items())) + ")"
-                         for backend, found in counts.items())
-
-
-def unfinished(run_dir: Path, run: Mapping[str, Any]) -> Unfinished | None:
-    """The planned trials a stored run (its run.json as `run`) still lacks, as `--resume`
-    plans them; None when nothing is missing or the plan cannot be read. A backend not
-    installed here is planned as written, data-parallel on 1 device (its plain program's
-    trials cannot be told apart without it)."""
-    try:
-        spec = saved_spec(run["spec"], str(run_dir / RUN_FILE))
-        try:
-            lineups = choose_lineups(spec, resolve(spec.backends))
-        except XbenchError:
-            lineups = {}
-        launchers = dict(run.get("launch", {}).get("backends", {}))
-        trials = plan_trials(spec, spec.backends, bool(run.get("breakdown", False)), launchers, lineups)
-    except (KeyError, TypeError, ValueError, XbenchError):
-        return None
-    done = finished_trials(run_dir)
-    missing = tuple(t for t in trials if t.id not in done)
-    return Unfinished(len(trials), missing) if missing else None
 
 
 def complete(comparison: Comparison) -> bool:
