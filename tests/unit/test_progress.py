@@ -129,5 +129,5 @@ def test_verification_says_which_run_and_how_many(live):
     text = console.export_text()
     assert f"verifying identical work: {len(planned)} reference run(s)" in text
     assert f"verifying 1/{len(planned)} done · jax medium d2 fp32 running" in drawn.export_text()
-    line = re.search(rf"verifying 1/{len(planned)}: jax medium d1 fp32: ok \(\d+ s elapsed\)", text)
+    line = re.search(rf"verifying 1/{len(planned)}: jax medium d1 fp32: ok in \d+ s \(\d+ s elapsed\)", text)
     assert (line is None) == live  # a line per finished run where there is no live bar
