@@ -122,7 +122,7 @@ def incomplete_section(run: RunInfo | None, run_dir: Path | None) -> list[Block]
     """A run that did not finish says so first: how many of its planned trial replicates
     (run.json's "planned" ids) have a final record, which have none, by backend and devices,
     and the command that runs them."""
-    planned = cast(Mapping[str, Any], run or {}).get("planned")
+    planned = run.get("planned") if run is not None else None
     if run_dir is None or not isinstance(planned, list) or not planned:
         return []
     done = finished_trials(run_dir)

@@ -326,6 +326,7 @@ class RunInfo(_RunInfoBase, total=False):
     devices: dict[str, dict[str, Any]]  # backend -> its `DeviceInfo` on one device, as stored
     resumed: list[Resumption]  # each --resume of the run
     fork_server_off: str  # why the fork servers were turned off mid-run, if they were
+    planned: list[str]  # the trial ids of the plan, so that a report can tell an incomplete run
 
 RETRIED_STATUSES = ("failed", "crashed", "timeout", "skipped")
 STATUSES = ("ok", "unsupported", *RETRIED_STATUSES)

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from xbench.contract import implementation
 from xbench.experiment import Spec
@@ -137,7 +137,7 @@ def start_run(comparison: Comparison, no_verify: bool = False,
         "devices": comparison.devices,
     }
     # The plan's trial ids, so that a report of a run that never finished can say what is missing.
-    cast(dict[str, Any], run)["planned"] = [t.id for t in planned_trials(comparison)]
+    run["planned"] = [t.id for t in planned_trials(comparison)]
     write_json(path, run)
     return environment
 
