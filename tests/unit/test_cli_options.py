@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from xbench.cli.main import app, expand_variadic, variadic_options
+from xbench.cli.main import app, command_line, expand_variadic, main, variadic_options
 
 
 def commands() -> dict[str, Any]:
@@ -42,3 +42,13 @@ def test_no_command_mixes_a_list_option_with_a_positional_argument():
         lists = [p for p in command.params if p.param_type_name == "option" and p.multiple]
         positional = [p for p in command.params if p.param_type_name == "argument"]
         assert not (lists and positional), name
+
+
+def test_an_on_off_flag_says_no_value_type_in_any_help(capsys):
+    """A flag's help row shows no `<bool>`: `--html true` is refused, as a flag takes no value."""
+    flags = [(name, p.opts[0]) for name, c in command_line().commands.items() for p in c.params
+             if getattr(p, "is_flag", False) and not getattr(p, "count", False) and p.opts[0] != "--help"]
+    assert ("report", "--html") in flags and ("compare", "--no-verify") in flags
+    for name in dict.fromkeys(name for name, _ in flags):
+        assert main([name, "--help"]) == 0
+        assert "<bool>" not in capsys.readouterr().out, name

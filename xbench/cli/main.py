@@ -71,6 +71,27 @@ def variadic_options() -> frozenset[str]:
                      if param.param_type_name == "option" and param.multiple for flag in param.opts)
 
 
+def command_line() -> Any:
+    """Every command, as the parser runs them: on/off flags (`--html`, `--no-verify`) shown in
+    the help without a value type (typer prints `<bool>`, which reads as if they took `true`)."""
+    group: Any = typer.main.get_command(app)
+    for command in (group, *group.commands.values()):
+        for param in command.params:
+            if getattr(param, "is_flag", False) and not getattr(param, "count", False):
+                param.metavar = ""
+        command.get_help_option = _without_type(command.get_help_option)  # click adds --help per call
+    return group
+
+
+def _without_type(get_help_option: Any) -> Any:
+    def wrapped(ctx: Any) -> Any:
+        option = get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+    return wrapped
+
+
 def expand_variadic(argv: list[str]) -> list[str]:
     """Rewrite `--backends tf jax` as `--backends tf --backends jax` for the parser."""
     variadic = variadic_options()
@@ -106,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run_command(args: list[str], errors: Console) -> int:
     """The command's exit code, every error a user can act on as one line."""
     try:
-        code = app(args=args, prog_name="xbench", standalone_mode=False)
+        code = command_line()(args=args, prog_name="xbench", standalone_mode=False)
     except ResultsNotWritten as err:
         errors.print(f"[red]error:[/] {escape(str(err))}", soft_wrap=True)
         return NOT_WRITTEN
