@@ -192,7 +192,7 @@ def test_schema_3_records_become_replicate_0(tmp_path):
     assert migrated["trial_id"] == "b/m/d1/b32/r0"
     [row] = rows_from_records([migrated])
     assert row.throughput.replicates == 1 and math.isnan(row.throughput.ci_low)
-    assert dict(zip(RESULT_HEADERS, result_cells(row)))["±95%"] == "n/a"
+    assert dict(zip(RESULT_HEADERS, result_cells(row)))["95% interval"] == "n/a"
 
 
 # -- bad input ---------------------------------------------------------------------------------

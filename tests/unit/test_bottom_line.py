@@ -60,7 +60,7 @@ def test_devices_help_from_the_batch_where_the_verdict_turns_beneficial():
     rows = study(lambda b, d, n: (n * 1e-5 / d + (2e-3 if d == 2 else 0)) * (1.0 if b == "fast" else 1.3))
     said = " ".join(sentences(rows))
     assert "fast: 2 devices beat 1 from batch 1,024 on" in said
-    assert "below it: single device preferred at batch 64" in said
+    assert "below it: slower than 1 at batch 64" in said
 
 
 def test_the_speedup_a_sentence_quotes_is_the_one_the_table_prints():

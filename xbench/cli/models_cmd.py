@@ -2,30 +2,59 @@
 
 from __future__ import annotations
 
+from rich.console import RenderableType
 from rich.markup import escape
 from rich.table import Table
 
 from xbench.cli.consoles import data_console
+from xbench.cli.layout import table_or_stacked
 from xbench.models import broken_families, families
 from xbench.models.model_spec import preset_model
 from xbench.report.words import flops_text
 
+COLUMNS = ("preset", "family", "parameters", "FLOP per sample", "unit", "shape", "batch sizes")
+IDENTIFYING = ("preset", "family")  # never wrapped nor cut: a user copies them into --model
+
 
 def models() -> int:
     """List model presets (use with --model): family, parameters, training FLOPs, shape."""
-    table = Table(title="xbench model presets (families: entry-point group xbench.families)", title_justify="left")
-    for column in ("preset", "family", "parameters", "FLOP per sample", "unit", "shape", "batch sizes"):
-        table.add_column(column, justify="right" if column in ("parameters", "FLOP per sample") else "left")
+    console = data_console()
+    console.print(models_table(preset_rows(), console.width))
+    return 0
+
+
+def preset_rows() -> list[tuple[str, ...]]:
+    """One row of COLUMNS per preset of every family, and one per family that failed to load."""
+    found = []
     for name, fam in families().items():
         for preset in getattr(fam, "presets", {}):
             try:
-                table.add_row(*_preset_row(name, preset))
+                found.append(_preset_row(name, preset))
             except Exception as err:  # a plugin family's bug is its row's reason, never a traceback
-                table.add_row(preset, name, "", "", "", f"[red]{escape(f'{type(err).__name__}: {err}')}[/]", "")
+                found.append((preset, name, "", "", "", f"[red]{escape(f'{type(err).__name__}: {err}')}[/]", ""))
     for name, why in broken_families().items():
-        table.add_row("", f"[red]{escape(name)}[/]", "", "", "", f"[red]failed to load: {escape(why)}[/]", "")
-    data_console().print(table)
-    return 0
+        found.append(("", f"[red]{escape(name)}[/]", "", "", "", f"[red]failed to load: {escape(why)}[/]", ""))
+    return found
+
+
+def models_table(rows: list[tuple[str, ...]], width: int) -> RenderableType:
+    """The presets as a table where their names fit whole at `width` columns, else one block per
+    preset: its name and family on one line, the other columns under it."""
+    table = Table(title="xbench model presets (families: entry-point group xbench.families)", title_justify="left")
+    for column in COLUMNS:
+        table.add_column(column, justify="right" if column in ("parameters", "FLOP per sample") else "left",
+                         no_wrap=column in IDENTIFYING)
+    for row in rows:
+        table.add_row(*row)
+    blocks = [(f"[bold]{escape(row[0])}[/] ({row[1]})" if row[0] else row[1], _details(row)) for row in rows]
+    return table_or_stacked(table, width, blocks)
+
+
+def _details(row: tuple[str, ...]) -> list[str]:
+    _, _, params, flops, unit, shape, batches = row
+    facts = ", ".join(part for part in (params and f"{params} parameters", flops and f"{flops} per sample",
+                                        unit and f"throughput in {unit}") if part)
+    return [line for line in (facts, shape and f"shape: {shape}", batches and f"batch sizes: {batches}") if line]
 
 
 def _preset_row(family_name: str, preset: str) -> tuple[str, ...]:

@@ -10,12 +10,14 @@ run-level floor (`stats.Scaling.run_floor`) with its distance to the nearest ver
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from xbench import stats
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, backend_label, implementation
-from xbench.report.words import ratio_text
+from xbench.report.words import USABLE_SPAN, ratio_text, too_uncertain
+from xbench.results.control import movements
 from xbench.results.links import NO_EFFECT
 from xbench.results.summary import (
     BENEFICIAL_SPEEDUP,
@@ -67,18 +69,21 @@ class Contest:
         return f"{_plural(self.devices, 'device')}, {batch_phrase(self.best)}{plain}"
 
 
-def bottom_line(rows: Sequence[Row]) -> list[ModelBottomLine]:
-    """Per model with a measured row, in the tables' order."""
+def bottom_line(rows: Sequence[Row], controls: Sequence[Mapping[str, Any]] = ()) -> list[ModelBottomLine]:
+    """Per model with a measured row, in the tables' order. `controls`: the run's drift control
+    (`xbench.results.control.read_controls`), whose movement within the run is said first."""
     found = []
+    moved = machine_moved(controls)
     for model in dict.fromkeys(row.model for row in rows):
         measured = [r for r in full_rows(rows) if r.model == model and r.throughput is not None]
         if measured:
-            found.append(ModelBottomLine(model, tuple(_sentences(measured))))
+            found.append(ModelBottomLine(model, tuple(([moved] if moved else []) + _sentences(measured))))
     return found
 
 
 def _sentences(rows: list[Row]) -> list[str]:
-    sentences = _fastest_sentences(rows)
+    sentences = _machine_sentences(rows)
+    sentences += _fastest_sentences(rows)
     sentences += [s for s in (_devices_sentence(label, [r for r in rows if r.label == label])
                               for label in _device_labels(rows)) if s]
     sentences += _plain_sentences(rows)
@@ -191,6 +196,8 @@ def _margin(c: Contest) -> str:
     m = c.margin
     if c.untested:
         return f"{m.ratio:.2f}× over {c.rival.label}, untested: one replicate a side"
+    if m.ci_high / m.ci_low > USABLE_SPAN:
+        return f"{m.ratio:.2f}× over {c.rival.label}, too uncertain to say which is faster"
     return (f"{m.ratio:.2f}× over {c.rival.label}, {m.ci_low:.2f}–{m.ci_high:.2f}"
             + ("" if c.significant else ", not significant"))
 
@@ -214,6 +221,10 @@ def _devices_sentence(label: str, rows: list[Row]) -> str:
     return _verdicts_sentence(label, most, multi) + _above_linear_sentence(multi)
 
 
+# What each verdict says of N devices against 1, in a sentence: plain words, no thresholds.
+SAID = {BENEFICIAL: "faster than 1", SINGLE: "slower than 1", EVEN: "about even with 1", INCONCLUSIVE: "undecided"}
+
+
 def _verdicts_sentence(label: str, most: int, multi: list[Row]) -> str:
     verdicts = [verdict(r) for r in multi]
     lead, every = f"{label}: {most} devices", "every batch measured"
@@ -222,18 +233,23 @@ def _verdicts_sentence(label: str, most: int, multi: list[Row]) -> str:
     if all(v == BENEFICIAL for v in verdicts):
         return f"{lead} beat 1 at {every} ({_speedups(multi)})."
     if start is not None:
-        below = _listed(f"{v} at {batch_phrase(r)}" for r, v in zip(multi[:start], verdicts[:start]))
+        below = _by_verdict(multi[:start], verdicts[:start])
         return f"{lead} beat 1 from {batch_phrase(multi[start])} on ({_speedup(multi[start])}); below it: {below}."
     if all(v == SINGLE for v in verdicts):
         return f"{lead} are slower than 1 at {every} (best {_speedup(best)} at {batch_phrase(best)})."
     if all(_no_interval(r) for r in multi):
         return (f"{lead}: {_listed(f'{_speedup(r)} at {batch_phrase(r)}' for r in multi)}; with one replicate a "
                 "side there is no interval, so no verdict.")
-    if BENEFICIAL in verdicts:
-        helped = _listed(batch_phrase(r) for r, v in zip(multi, verdicts) if v == BENEFICIAL)
-        return (f"{lead} beat 1 at {helped} but not at every larger one (best {_speedup(best)} at "
-                f"{batch_phrase(best)}).")
-    return f"{lead} never clearly beat 1 (best {_speedup(best)} at {batch_phrase(best)}; {_counted(verdicts)})."
+    if all(v == INCONCLUSIVE for v in verdicts):
+        return (f"{lead} against 1: undecided at {every} "
+                f"({_listed(f'{_speedup(r)} at {batch_phrase(r)}' for r in multi)}).")
+    return f"{lead} against 1: {_by_verdict(multi, verdicts)}."
+
+
+def _by_verdict(rows: list[Row], verdicts: list[str]) -> str:
+    """e.g. "faster than 1 at batch 64 (1.52× (1.31–1.77)); undecided at batch 256 (1.73×, too
+    few replicates to say)": each batch in its verdict's plain words, with its speedup."""
+    return _listed(f"{SAID.get(v, v)} at {batch_phrase(r)} ({_speedup(r)})" for r, v in zip(rows, verdicts))
 
 
 def _above_linear_sentence(multi: list[Row]) -> str:
@@ -269,7 +285,8 @@ def _plain_sentences(rows: list[Row]) -> list[str]:
 
 def _plain_part(row: Row, single: Row | None) -> str:
     assert row.vs_plain is not None
-    total = f"{ratio_text(row.vs_plain)} at {batch_phrase(row)}"
+    total = (f"{row.vs_plain.speedup:.2f}× at {batch_phrase(row)} (too uncertain to say)" if too_uncertain(row.vs_plain)
+             else f"{ratio_text(row.vs_plain)} at {batch_phrase(row)}")
     if single is None or single.vs_plain is None or row.scaling is None:
         return total
     return f"{total} = {single.vs_plain.speedup:.2f}× from the program × {row.scaling.speedup:.2f}× from the devices"
@@ -305,7 +322,7 @@ def _batch_of(row: Row) -> int:
 
 def _speedup(row: Row) -> str:
     assert row.scaling is not None
-    return ratio_text(row.scaling)
+    return ratio_text(row.scaling, brief=False)
 
 
 def _speedups(rows: list[Row]) -> str:
@@ -342,14 +359,14 @@ def _undecided_sentences(rows: list[Row]) -> list[str]:
                          "--replicates 2 or more would give one.")
     if narrowable:
         sentences.append(
-            f"Undecided: {_listed(_where(r) for r in narrowable)}"
-            f" spans {SINGLE_PREFERRED_BELOW:.2f}× or {BENEFICIAL_SPEEDUP:.2f}×; more replicates would decide it "
-            "(a longer --time-budget, or --max-replicates).")
+            f"Undecided: more devices against 1 for {_listed(_where(r) for r in narrowable)}; these replicates "
+            "cannot yet tell a gain from no change or a loss; more replicates would decide it (a longer "
+            "--time-budget, or --max-replicates).")
     if floored:
         sentences.append(
-            f"Undecided: {_listed(_where(r) for r in floored)}"
-            "; this machine's run-to-run variation alone is wider than the gap, so more replicates will not decide "
-            "it: a larger batch (less host-bound) or a quieter machine would.")
+            f"Undecided: more devices against 1 for {_listed(_where(r) for r in floored)}; this machine's "
+            "run-to-run variation alone is wider than the gap, so more replicates will not decide it: a larger batch "
+            "(less host-bound) or a quieter machine would.")
     return sentences
 
 
@@ -395,6 +412,36 @@ def _caveats(rows: list[Row]) -> list[str]:
         caveats.append(f"{len(bound)} of {len(rows)} row(s) are host-bound (the step measures dispatch, not "
                        "arithmetic): a larger batch would show the devices.")
     return caveats
+
+
+# The machine the run measured on --------------------------------------------------------------
+
+
+def _machine_sentences(rows: list[Row]) -> list[str]:
+    """A busy machine, first, since it qualifies every other sentence: other programs competed
+    with the measurement (`conditions.busy_host`, the run's verdict, carried by each row)."""
+    busy = next((r.busy for r in rows if r.busy), None)
+    if busy is None:
+        return []
+    load, cores = busy
+    return [f"Measured on a busy machine (the host's load averaged {load:.1f} on {_plural(cores, 'core')} as "
+            "replicates started): other programs competed with the measurement, so these numbers, and every "
+            "speedup and lead below, may not hold on an idle machine; rerun there before relying on them."]
+
+
+def machine_moved(controls: Sequence[Mapping[str, Any]]) -> str:
+    """The sentence for a run whose drift control (`xbench.run.drift`, timed before and after its
+    replicates) moved between its start and its end, else "": the machine changed while the run
+    measured, so its early and late replicates saw different machines."""
+    before = [c for c in controls if c.get("when") == "before"]
+    after = [c for c in controls if c.get("when") == "after"]
+    moved = [m for m in movements(before, after) if m.moved]
+    if not moved:
+        return ""
+    said = "; ".join(f"its {m.workload} ran {abs(m.ratio - 1):.0%} {'slower' if m.ratio > 1 else 'faster'} at "
+                     "the end than at the start" for m in moved)
+    return (f"The machine moved during the run ({said}): replicates timed early and late saw different machines, "
+            "so a rerun may differ by more than the intervals say.")
 
 
 # Wording helpers ---------------------------------------------------------------------------

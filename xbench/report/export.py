@@ -9,7 +9,7 @@ from xbench.contract import AS_WRITTEN, DATA_PARALLEL
 from xbench.report.words import notes
 from xbench.results.conditions import energy_mj_per_sample, gpu_util_pct, memory_gib
 from xbench.results.records import Record, StoredDeviceInfo
-from xbench.results.summary import Row, mfu, rows_from_records, verdict
+from xbench.results.summary import Row, geomean_rate, mfu, rows_from_records, verdict
 
 
 def flat_rows(records: Sequence[Record]) -> list[dict[str, Any]]:
@@ -37,7 +37,9 @@ def flat_rows(records: Sequence[Record]) -> list[dict[str, Any]]:
             **_device_fields(devices),
             "replicates": t.replicates if t else 0, "replicates_planned": max(row.planned, len(row.replicates)),
             "replicate_means": ";".join(f"{m:.6g}" for m in t.means) if t else None,
-            "samples_per_s_mean": t.mean if t else None, "samples_per_s_median": t.median if t else None,
+            "samples_per_s_mean": t.mean if t else None,
+            "samples_per_s_geomean": geomean_rate(row) if t else None,  # what the tables print
+            "samples_per_s_median": t.median if t else None,
             "ci95_low": t.ci_low if t else None, "ci95_high": t.ci_high if t else None,
             "between_var": t.between_var if t else None, "within_var": t.within_var if t else None,
             "anova_p": t.anova_p if t else None, "replicate_spread": t.spread if t else None,

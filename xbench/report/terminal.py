@@ -2,27 +2,33 @@
 
 from __future__ import annotations
 
-import math
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rich import box
-from rich.console import Group, JustifyMethod
+from rich.console import Console, Group, JustifyMethod
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from xbench.contract import PLAIN
 from xbench.report.bottom_line import ModelBottomLine
 from xbench.report.words import (
+    INTERVAL_HEADER,
     NUMERIC_COLUMNS,
     RESULT_HEADERS,
+    USABLE_SPAN,
     brief_notes,
     fastest_cells,
     fastest_headers,
+    floor_span,
+    interval_text,
     model_facts,
     rate_header,
+    rate_text,
     replicates_text,
     result_cells,
     result_headers,
@@ -32,7 +38,15 @@ from xbench.report.words import (
 from xbench.results.allreduce import format_size, ok_results, result_from_record
 from xbench.results.conditions import energy_mj_per_sample, gpu_util_pct, memory_gib
 from xbench.results.records import AllReduceRecord
-from xbench.results.summary import BENEFICIAL_SPEEDUP, SINGLE_PREFERRED_BELOW, Row, fastest_rows, full_rows, verdict
+from xbench.results.summary import (
+    BENEFICIAL_SPEEDUP,
+    SINGLE_PREFERRED_BELOW,
+    Row,
+    fastest_rows,
+    full_rows,
+    geomean_rate,
+    verdict,
+)
 
 Busbw = Mapping[tuple[str, int, int], float]  # (backend, devices, bytes) -> busbw in bytes/s
 
@@ -63,19 +77,19 @@ def allreduce_rows(records: Sequence[AllReduceRecord]) -> list[tuple[str, ...]]:
 
 
 def model_tables(rows: Sequence[Row], busbw: Busbw | None = None, wide: bool = False,
-                 width: int = 120) -> list[Table]:
+                 width: int = 120) -> list[Table | Group]:
     """Per model, the throughput table and, when measured, a second table of where the time
     goes: compute-only twins, exposed communication, all-reduce busbw, GPU telemetry. The
     default fits a terminal `width` wide, down to 80 columns; `wide` shows every column and the
     full caption."""
-    tables = []
+    tables: list[Table | Group] = []
     for model in dict.fromkeys(row.model for row in rows):
         mine = [r for r in rows if r.model == model]
         tables.append(_model_table(model, mine) if wide else _compact_table(model, mine, width))
         costs = _cost_table(model, mine, busbw or {}, compact=not wide)
         if costs is not None:
             tables.append(costs)
-        fastest = _fastest_table(model, mine) if wide else _compact_fastest_table(model, mine)
+        fastest = _fastest_table(model, mine) if wide else _compact_fastest_table(model, mine, width)
         if fastest is not None:
             tables.append(fastest)
     return tables
@@ -88,7 +102,9 @@ COMPACT_HEADERS = ("program", "dev", "batch", "samples/s", "speedup (95%)", "vs 
 PLAIN_HEADER = "vs plain"  # shown where some backend's plain program ran
 COMPACT_VERDICTS = {"multi-device beneficial": "beneficial", "single device preferred": "single better",
                     "baseline": ""}
-COMPACT_NOTE = ("±: the 95% interval of the mean over fresh worker processes; speedup: over the same program "
+COMPACT_NOTE = ("samples/s: the geometric mean over fresh worker processes (every ratio divides it), with its 95% "
+                "interval (± where nearly symmetric, else its bounds; \"too few reps\": the bounds lie more than "
+                f"{USABLE_SPAN:g}× apart); speedup: over the same program "
                 "on 1 device (\"vs plain\" in it: over the plain program, another program); vs plain: over the "
                 "plain single-device program (\"plain\" rows), program and devices together (--wide: its "
                 "interval); verdict: the zone "
@@ -98,11 +114,10 @@ COMPACT_NOTE = ("±: the 95% interval of the mean over fresh worker processes; s
                 "every column")
 
 
-WRAPPED = ("program", "notes")  # long variant names wrap rather than squeeze the notes away
-COMPACT_MIN_WIDTH = {"program": 9, "notes": 12}
-COMPACT_MAX_WIDTH = {"program": 20}
-NOTES_FIT = 96  # narrower terminals get the notes under the table instead of in a column ...
-PLAIN_FIT = 112  # ... and so do those narrower than this where the "vs plain" column takes its room
+# The program names a row and never wraps or shrinks: where the columns do not fit, the notes,
+# then "vs plain", the verdict and the speedup move under the table, one line per row, in that order.
+MOVABLE = (PLAIN_HEADER, "verdict", "speedup (95%)")
+NOTES_MIN_WIDTH = 20  # the notes column, wrapped, is no narrower than this (else the notes go below)
 
 
 def bottom_line_text(found: Sequence[ModelBottomLine]) -> Group:
@@ -119,32 +134,65 @@ def bottom_line_text(found: Sequence[ModelBottomLine]) -> Group:
     return Group(*parts)
 
 
-def _compact_table(model: str, rows: list[Row], width: int) -> Table:
-    """Eight or nine short columns; only the notes wrap, and no column can shrink to nothing. On
-    a terminal narrower than NOTES_FIT, or PLAIN_FIT with a "vs plain" column, each row's notes
-    are listed under the table."""
-    headers = compact_headers(rows, narrow=width < NOTES_FIT)
-    notes = width >= (PLAIN_FIT if PLAIN_HEADER in headers else NOTES_FIT)
+def _compact_table(model: str, rows: list[Row], width: int) -> Group:
+    """Eight or nine short columns; the program column keeps every name whole on one line, and
+    only the notes wrap. Columns that do not fit `width` (`compact_columns`) are said under the
+    table, row by row. The title and those lines take the terminal's width, not the table's."""
+    headers = compact_headers(rows)
+    cells = [_compact_cells(row) for row in full_rows(rows)]
+    shown = compact_columns(rows, headers, cells, width)
+    below = tuple(h for h in headers if h not in shown)
     facts = model_facts(rows, brief=True)
-    table = Table(title=f"model {model}" + (f" — {facts}" if facts else ""), title_justify="left",
-                  caption=_compact_caption(rows, notes_below=not notes, plain_below=PLAIN_HEADER not in headers),
-                  caption_justify="left", **COMPACT_STYLE)
-    for header in headers if notes else headers[:-1]:
-        shown = rate_header(rows) if header == "samples/s" else header
-        numeric = header in ("dev", "batch", "samples/s", "speedup (95%)", PLAIN_HEADER, "reps")
-        table.add_column(shown, justify="right" if numeric else "left", no_wrap=header not in WRAPPED,
-                         min_width=COMPACT_MIN_WIDTH.get(header, len(shown)), max_width=COMPACT_MAX_WIDTH.get(header),
-                         overflow="fold")
-    for row in full_rows(rows):
-        cells = _compact_cells(row)
-        table.add_row(*[cells[h] for h in headers][:len(table.columns)])
-    return table
+    table = Table(**COMPACT_STYLE)
+    for header in shown:
+        _add_compact_column(table, header, rows)
+    for cell in cells:
+        table.add_row(*[cell[h] for h in shown])
+    title = Text(f"model {model}" + (f" — {facts}" if facts else ""), style="italic")
+    return Group(title, table, Text.from_markup(_compact_caption(rows, below), style="dim"))
 
 
-def compact_headers(rows: Sequence[Row], narrow: bool = False) -> tuple[str, ...]:
-    """COMPACT_HEADERS, without "vs plain" where no plain program ran (it would be empty) or
-    the terminal is `narrow` (the lines under the table say it then)."""
-    plain = any(r.program == PLAIN for r in rows) and not narrow
+def _add_compact_column(table: Table, header: str, rows: Sequence[Row]) -> None:
+    shown = rate_header(rows) if header == "samples/s" else header
+    numeric = header in ("dev", "batch", "samples/s", "speedup (95%)", PLAIN_HEADER, "reps")
+    notes = header == "notes"
+    table.add_column(shown, justify="right" if numeric else "left", no_wrap=not notes,
+                     min_width=NOTES_MIN_WIDTH if notes else len(shown), overflow="fold" if notes else "ellipsis")
+
+
+def compact_columns(rows: Sequence[Row], headers: Sequence[str], cells: Sequence[dict[str, str]],
+                    width: int) -> tuple[str, ...]:
+    """The columns of `headers` that fit `width` whole: the notes where at least NOTES_MIN_WIDTH
+    of them fit beside the rest, then the MOVABLE ones in turn left out until the others fit.
+    Every other column (the program's name among them) always stays."""
+    columns = [h for h in headers if h != "notes"]
+    for movable in MOVABLE:
+        if _natural_width(rows, columns, cells) <= width:
+            break
+        if movable in columns:
+            columns.remove(movable)
+    if "notes" in headers and _natural_width(rows, [*columns, "notes"], cells, notes=NOTES_MIN_WIDTH) <= width:
+        columns.append("notes")
+    return tuple(columns)
+
+
+def _natural_width(rows: Sequence[Row], columns: Sequence[str], cells: Sequence[dict[str, str]],
+                   notes: int = 0) -> int:
+    """The width the compact table takes with these columns, none wrapped (the notes `notes` wide)."""
+    table = Table(**COMPACT_STYLE)
+    for header in columns:
+        _add_compact_column(table, header, rows)
+    for cell in cells:
+        table.add_row(*["x" * notes if h == "notes" else cell[h] for h in columns])
+    return Measurement.get(_MEASURING, _MEASURING.options, table).maximum
+
+
+_MEASURING = Console(width=10_000, file=io.StringIO())
+
+
+def compact_headers(rows: Sequence[Row]) -> tuple[str, ...]:
+    """COMPACT_HEADERS, without "vs plain" where no plain program ran (it would be empty)."""
+    plain = any(r.program == PLAIN for r in rows)
     return tuple(h for h in COMPACT_HEADERS if plain or h != PLAIN_HEADER)
 
 
@@ -165,54 +213,81 @@ def _compact_cells(row: Row) -> dict[str, str]:
     return cells
 
 
-def _notes_below(row: Row, plain: bool) -> list[str]:
-    vs_plain = vs_plain_text(row, interval=False) if plain and row.program != PLAIN else ""
-    return ([f"vs plain {vs_plain}"] if vs_plain else []) + brief_notes(row)
+def _said_below(row: Row, below: Sequence[str]) -> list[str]:
+    """What a row's columns that moved under the table say: its verdict, its ratio to the plain
+    program, its notes."""
+    said = []
+    if "speedup (95%)" in below and (speedup := speedup_text(row)) and row.devices > 1:
+        said.append(f"speedup {speedup}")
+    if "verdict" in below and row.devices > 1:
+        said.append(verdict(row))
+    if PLAIN_HEADER in below and row.program != PLAIN and (vs_plain := vs_plain_text(row, interval=False)):
+        said.append(f"vs plain {vs_plain}")
+    return said + (brief_notes(row) if "notes" in below else [])
 
 
 def rate_with_interval(row: Row) -> str:
-    """e.g. "30,806 ±10%": the mean throughput and its 95 % half-width relative to it."""
-    t = row.measured
-    relative = t.ci_half_width / t.mean if t.mean else math.nan
-    mean = t.mean * row.units_per_sample
-    rate = f"{mean / 1e6:,.4g}M" if mean >= 1e6 else f"{mean:,.0f}"  # 1.188M, 126.6M: not 126,602,464
-    if math.isnan(relative):
-        return rate
-    spread = f"±{relative:.0%}" if relative >= 0.01 else f"±{relative:.1%}" if relative >= 0.0005 else "±<0.1%"
-    return f"{rate} {spread}"
+    """e.g. "30,806 ±10%", "2.471M (1.91M–3.2M)" or "13,388 (too few reps)": the throughput the
+    ratios divide (`rate_cells`) and its 95 % interval as `interval_text` shows it."""
+    t, k = row.measured, row.units_per_sample
+    mean = geomean_rate(row) * k
+    said = interval_text(mean, t.ci_low * k, t.ci_high * k, floor_span(row), bound_text)
+    return f"{rate_text(mean)} {said}" if said else rate_text(mean)
 
 
-def _compact_caption(rows: list[Row], notes_below: bool = False, plain_below: bool = False) -> str:
-    """The notes of each row (where they sit under the table, with its ratio to the plain
-    program where that has no column), the columns' meaning and the rows that failed."""
+def bound_text(rate: float) -> str:
+    """An interval's end, in three digits: "780k", "1.2M"."""
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if rate >= scale:
+            return f"{rate / scale:.3g}{unit}"
+    return f"{rate:.3g}"
+
+
+def _compact_caption(rows: list[Row], below: Sequence[str] = ()) -> str:
+    """What the columns `below` say of each row (where they moved under the table), the columns'
+    meaning and the rows that failed."""
     lines = [f"{row.label} d{row.devices} b{row.global_batch}: {escape(', '.join(said))}"
-             for row in full_rows(rows) if notes_below and row.throughput is not None
-             and (said := _notes_below(row, plain_below))]
+             for row in full_rows(rows) if row.throughput is not None and (said := _said_below(row, below))]
     lines += [f"links: {said}" for said in sorted({r.links for r in rows if r.links})]
     lines += [COMPACT_NOTE]
     lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}" for r in rows if r.throughput is None]
     return "\n".join(lines)
 
 
-def _compact_fastest_table(model: str, rows: list[Row]) -> Table | None:
+def _compact_fastest_table(model: str, rows: list[Row], width: int = 120) -> Group | None:
     """Per configuration, the fastest program and the rows not significantly slower; what
-    tuning gained, when variants ran."""
+    tuning gained, when variants ran. Names stay whole: the rows not significantly slower wrap
+    between names, or go under the table where even their longest name does not fit."""
     found = fastest_rows(rows)
     if not found:
         return None
     tuned = any(f.gain is not None for f in found)
-    table = Table(title=f"model {model}: fastest per configuration", title_justify="left", **COMPACT_STYLE)
-    headers = ("dev", "batch", "fastest", rate_header(rows), *(("tuned gain",) if tuned else ()),
-               "not significantly slower")
-    for header in headers:
-        table.add_column(header, justify="left" if header in ("fastest", "not significantly slower") else "right",
-                         no_wrap=header != "not significantly slower", min_width=min(len(header), 9))
-    for f in found:
-        cells = fastest_cells(f)
-        gain = (cells[8],) if tuned else ()
-        table.add_row(*(escape(c) for c in (cells[0], f"{f.global_batch:,}", cells[2], rate_with_interval(f.best),
-                                            *gain, cells[9])))
-    return table
+    headers = ("dev", "batch", "fastest", rate_header(rows), *(("tuned gain",) if tuned else ()))
+    lines = [(*(escape(c) for c in (cells[0], f"{f.global_batch:,}", cells[2], rate_with_interval(f.best))),
+              *((escape(cells[8]),) if tuned else ()), escape(cells[9]))
+             for f in found if (cells := fastest_cells(f))]
+    longest = max((len(name) for f in found for name in (*f.tied, *f.untested)), default=0)
+
+    def build(tied: bool) -> Table:
+        table = Table(**COMPACT_STYLE)
+        for header in headers:
+            table.add_column(header, justify="left" if header == "fastest" else "right", no_wrap=True)
+        if tied:
+            table.add_column(TIED, no_wrap=False, min_width=max(longest, 9), overflow="fold")
+        for line in lines:
+            table.add_row(*(line if tied else line[:-1]))
+        return table
+
+    narrow = build(False)
+    tied_fits = Measurement.get(_MEASURING, _MEASURING.options, narrow).maximum + 2 + max(longest, 9) <= width
+    below = [] if tied_fits else [f"d{line[0]} b{line[1].replace(',', '')}: {TIED} {line[-1]}"
+                                  for line in lines if line[-1]]
+    parts: list[Any] = [Text(f"model {model}: fastest per configuration", style="italic"),
+                        build(True) if tied_fits else narrow]
+    return Group(*parts, *(Text.from_markup(line, style="dim") for line in below))
+
+
+TIED = "not significantly slower"
 
 
 def _fastest_table(model: str, rows: list[Row]) -> Table | None:
@@ -224,7 +299,7 @@ def _fastest_table(model: str, rows: list[Row]) -> Table | None:
     table = Table(title=f"model {model}: fastest per configuration", title_justify="left")
     rate = rate_header(rows)
     for header in fastest_headers(rows):
-        table.add_column(header, justify="right" if header in ("dev", "batch", rate, "±95%", "tuned gain")
+        table.add_column(header, justify="right" if header in ("dev", "batch", rate, INTERVAL_HEADER, "tuned gain")
                          else "left", no_wrap=header != "not significantly slower")
     for f in found:
         table.add_row(*(escape(cell) for cell in fastest_cells(f)))
@@ -344,9 +419,10 @@ def format_p(p: float) -> str:
 def _caption(rows: list[Row]) -> str:
     modes = " and ".join(sorted({r.scaling_mode for r in rows}))
     lines = [
-        f"{modes} scaling; samples/s: mean of the replicates' means (reps: replicates, each a fresh worker "
-        "process); ±95%: half-width of the 95% interval of the replicate means, their spread pooled over the "
-        "backend's configurations; speedup (95% interval) over the same program on 1 device (\"vs plain\" in it: "
+        f"{modes} scaling; samples/s: geometric mean of the replicates' means, which every ratio divides (reps: "
+        "replicates, each a fresh worker process); 95% interval: of that mean, ± where nearly symmetric, else its "
+        "bounds, in words where they lie more than 2× apart, the spread pooled over the backend's configurations; "
+        "speedup (95% interval) over the same program on 1 device (\"vs plain\" in it: "
         "over the plain program, another program, as --single-device plain asks); vs plain: over the backend's plain "
         "single-device program, program and devices together; verdict: the zone "
         f"that holds the whole speedup interval (beneficial ≥ {BENEFICIAL_SPEEDUP:.2f}, single device ≤ "

@@ -19,13 +19,15 @@ from xbench.results.summary import (
     Row,
     above_linear,
     can_narrow,
+    geomean_rate,
     mfu,
     run_floor,
     verdict,
     wide,
 )
 
-RESULT_HEADERS = ("backend", "dev", "batch", "samples/s", "±95%", "step ms", "MFU", "1st call s", "speedup",
+INTERVAL_HEADER = "95% interval"
+RESULT_HEADERS = ("backend", "dev", "batch", "samples/s", INTERVAL_HEADER, "step ms", "MFU", "1st call s", "speedup",
                   "eff.", "vs plain", "verdict", "reps", "notes")
 NUMERIC_COLUMNS = frozenset(range(1, 11)) | {12}
 
@@ -43,11 +45,52 @@ def result_cells(row: Row, brief: bool = False) -> tuple[str, ...]:
 
 
 def rate_cells(row: Row) -> tuple[str, str]:
-    """The mean throughput and its 95 % half-width in the model's unit (tokens/s for a
-    transformer: samples/s times its context)."""
+    """The throughput the tables print (the geometric mean of the replicate means: the centre
+    of its interval, and what every ratio divides) and its 95 % interval (`interval_text`), in
+    the model's unit (tokens/s for a transformer: samples/s times its context)."""
     t, k = row.measured, row.units_per_sample
-    half = "n/a" if math.isnan(t.ci_half_width) else f"{t.ci_half_width * k:,.0f}"
-    return f"{t.mean * k:,.0f}", half
+    shown = interval_text(geomean_rate(row) * k, t.ci_low * k, t.ci_high * k, floor_span(row), rate_text,
+                          brief=False)
+    return rate_text(geomean_rate(row) * k), shown or "n/a"
+
+
+def rate_text(rate: float, digits: int = 4) -> str:
+    """e.g. "30,806" or "1.188M" (126.6M: not 126,602,464)."""
+    return f"{rate / 1e6:,.{digits}g}M" if rate >= 1e6 else f"{rate:,.0f}"
+
+
+# An interval is shown as a ± only where its longer side (from the value) is at most this many
+# times its shorter one; a more lopsided one shows its bounds, so that no ± overstates one side.
+NEARLY_SYMMETRIC = 1.15
+# An interval whose upper end is more than this many times its lower one leaves a reader nothing
+# to use: it is said in words ("too few replicates to say") instead of printed.
+USABLE_SPAN = 2.0
+
+
+def interval_text(value: float, low: float, high: float, floor: float, fmt, brief: bool = True) -> str:
+    """A value's 95 % interval as a reader can use it: "±0.6%" where it is nearly symmetric
+    around `value`, else its bounds "(1.91M–3.2M)"; where it spans more than USABLE_SPAN, words:
+    too few replicates to say, or too noisy to say where `floor` (the span the run-to-run
+    variation alone gives it) is that wide already, so that more replicates would not narrow
+    it enough. "" without an interval; `brief`: the words short enough for a table cell."""
+    if not (low > 0 and high >= low and value > 0) or math.isnan(low):
+        return ""
+    if high / low > USABLE_SPAN:
+        few = floor <= USABLE_SPAN
+        if brief:
+            return "(too few reps)" if few else "(too noisy)"
+        return "too few replicates to say" if few else "too noisy to say"
+    up, down = high / value - 1, 1 - low / value
+    if max(up, down) <= NEARLY_SYMMETRIC * min(up, down) or max(up, down) < 0.0005:
+        half = max(up, down)
+        return f"±{half:.0%}" if half >= 0.01 else f"±{half:.1%}" if half >= 0.0005 else "±<0.1%"
+    lows, highs = fmt(low), fmt(high)
+    return f"({lows}–{highs})" if brief else f"{lows}–{highs}"
+
+
+def floor_span(row: Row) -> float:
+    """The factor the run-to-run variation alone spans a row's interval by (1: none)."""
+    return math.exp(2 * run_floor(row))
 
 
 def rate_header(rows: Sequence[Row]) -> str:
@@ -86,7 +129,7 @@ def model_facts(rows: Sequence[Row], brief: bool = False) -> str:
 
 
 def flops_text(flops: float) -> str:
-    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
         if flops >= scale:
             return f"{flops / scale:.3g} {unit}"
     return f"{flops:.0f} FLOP"
@@ -124,13 +167,26 @@ def vs_plain_text(row: Row, interval: bool = True) -> str:
     return ratio_text(row.vs_plain) if interval else f"{row.vs_plain.speedup:.2f}×"
 
 
-def ratio_text(s: stats.Scaling) -> str:
-    """e.g. "0.87× (0.80–0.95)", or the ratio alone where a side has no spread."""
-    return f"{s.speedup:.2f}×" + ("" if math.isnan(s.ci_low) else f" ({s.ci_low:.2f}–{s.ci_high:.2f})")
+def ratio_text(s: stats.Scaling, brief: bool = True) -> str:
+    """e.g. "0.87× (0.80–0.95)", the ratio alone where a side has no spread, and words where
+    the interval spans more than USABLE_SPAN: "1.73× (too uncertain)", in a sentence (not
+    `brief`) "1.73×, too uncertain to say". (Whether more replicates would help a ratio depends
+    on what it must decide: the bottom line says that.)"""
+    ratio = f"{s.speedup:.2f}×"
+    if math.isnan(s.ci_low):
+        return ratio
+    if too_uncertain(s):
+        return f"{ratio} (too uncertain)" if brief else f"{ratio}, too uncertain to say"
+    return f"{ratio} ({s.ci_low:.2f}–{s.ci_high:.2f})"
 
 
-FASTEST_HEADERS = ("dev", "batch", "fastest", "samples/s", "±95%", "fastest as written", "samples/s", "±95%",
-                   "tuned gain", "not significantly slower")
+def too_uncertain(s: stats.Scaling) -> bool:
+    """The ratio's interval spans more than USABLE_SPAN."""
+    return s.ci_high / s.ci_low > USABLE_SPAN
+
+
+FASTEST_HEADERS = ("dev", "batch", "fastest", "samples/s", INTERVAL_HEADER, "fastest as written", "samples/s",
+                   INTERVAL_HEADER, "tuned gain", "not significantly slower")
 
 
 def fastest_cells(f: Fastest) -> tuple[str, ...]:
@@ -139,8 +195,8 @@ def fastest_cells(f: Fastest) -> tuple[str, ...]:
     if f.gain is None:
         gain = "—" if written is best else ""
     else:
-        interval = "" if math.isnan(f.gain.ci_low) else f" ({f.gain.ci_low:.2f}–{f.gain.ci_high:.2f})"
-        gain = f"{f.gain.ratio:.2f}×{interval}"
+        g = f.gain
+        gain = ratio_text(stats.Scaling(0, g.ratio, 0.0, g.p_value, g.ci_low > 1, g.ci_low, g.ci_high))
     written_cells = (written.label, *rate_cells(written)) \
         if written is not None and written.throughput is not None else ("", "", "")
     return (str(f.devices), str(f.global_batch), best.label, *rate_cells(best), *written_cells, gain,
@@ -189,8 +245,9 @@ def _labels(row: Row) -> list[tuple[str, str]]:
                       else "host-bound (flat step)"))
     cause = above_linear(row)
     if cause is not None and row.scaling is not None:
+        short = cause.split(" (")[0]
         found.append((f"above linear: {row.scaling.speedup:.2f}× on {row.devices} devices; likely cause: {cause}",
-                      "above linear"))
+                      f"above linear: {short}" if len(short) <= 20 else "above linear"))
     if row.throttled:
         throttled = sorted({f"r{r.index}" for r in row.replicates if r.throttled})
         found.append(("throttled: " + ", ".join(row.throttled), f"throttled {','.join(throttled)}"))
@@ -225,11 +282,15 @@ READING_NOTES = (
     "every configuration in several replicates, in a shuffled order. The processes, not the windows, "
     "are the independent samples: each process decides once what all its windows share (kernels, "
     "autotuning, memory and thread placement).",
-    "samples/s is the mean of the replicates' mean throughputs (each over timed windows of many steps "
-    "ending with a device sync, windows with |modified z-score| > "
-    f"{stats.OUTLIER_THRESHOLD} dropped within their replicate); ±95% is the half-width of the 95 % interval "
-    "of the configuration's (geometric) mean over processes, from its replicate means on a log scale. The "
-    "spread between replicates is estimated jointly for the configurations of one backend program in one regime "
+    "samples/s is the geometric mean of the replicates' mean throughputs (each over timed windows of many "
+    "steps ending with a device sync, windows with |modified z-score| > "
+    f"{stats.OUTLIER_THRESHOLD} dropped within their replicate): the centre of its interval, and the mean every "
+    "ratio (speedup, vs plain, a lead, a tuned gain) divides, so that each ratio can be recomputed from the "
+    "table. The 95% interval, shown as ± where it is nearly symmetric around that mean and as its bounds where "
+    f"not, and as \"too few replicates to say\" where its ends lie more than {USABLE_SPAN:g}× apart (\"too noisy "
+    "to say\" where this machine's run-to-run variation alone spans that much), is the interval "
+    "of that mean over processes, from the replicate means on a log scale. The spread between replicates is "
+    "estimated jointly for the configurations of one backend program in one regime "
     "(host-bound or not), which vary alike (an empirical-Bayes random-effects model: each configuration's "
     "variance is estimated with the group's, as far as the group's variances agree, and never below its own), "
     "so a few replicates give a usable interval; simulated, it covers the true mean 94-96 % of the time. "

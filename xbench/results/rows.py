@@ -76,6 +76,7 @@ class Row:
     interval_target: float = 0.0  # the ±95 % the spec asked of each interval, as a fraction (0: none)
     framework: str = ""  # the framework behind the backend, as its worker named it ("" before it started)
     links: str = ""  # the GPU-to-GPU links where P2P was off (`xbench.results.links.short`); "": the machine's own
+    busy: tuple[float, int] | None = None  # the run's host load and cores where other programs competed (`busy_host`)
 
     @property
     def trial_id(self) -> str:

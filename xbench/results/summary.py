@@ -23,7 +23,7 @@ import numpy as np
 from xbench import stats
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, trial_id
 from xbench.models.model_spec import ModelSpec
-from xbench.results.conditions import host_bound_reason
+from xbench.results.conditions import busy_host, host_bound_reason
 from xbench.results.links import short
 from xbench.results.peaks import Peak, peak_for
 from xbench.results.records import Record, StoredModel
@@ -42,7 +42,9 @@ def rows_from_records(records: Sequence[Record]) -> list[Row]:
     groups: dict[str, list[Record]] = {}
     for record in records:
         groups.setdefault(_config_key(record), []).append(record)
-    rows = sorted((_row(group) for group in groups.values()), key=_display_order(records))
+    busy = busy_host(records)
+    machine = None if busy is None else (busy.load, busy.cores)  # the run's, said with each of its rows
+    rows = sorted((replace(_row(group), busy=machine) for group in groups.values()), key=_display_order(records))
     rows = _with_pooled_intervals([replace(row, host_bound=host_bound_reason(row, rows)) for row in rows])
     return [_with_breakdown(_with_scaling(row, rows), rows) for row in rows]
 
@@ -115,13 +117,13 @@ def _device_peak(records: Sequence[Record], precision: str) -> Peak | None:
 
 
 def mfu(row: Row) -> tuple[float, float, float] | None:
-    """Model FLOPs utilisation: the mean, and the ends of the throughput's 95 % interval, as
-    fractions of the devices' peak; None where the peak is unknown."""
+    """Model FLOPs utilisation: the (geometric) mean the tables print, and the ends of the
+    throughput's 95 % interval, as fractions of the devices' peak; None where the peak is unknown."""
     t = row.throughput
     if t is None or row.peak is None or not row.flops_per_sample:
         return None
     scale = row.flops_per_sample / (row.devices * row.peak.flops)
-    return t.mean * scale, t.ci_low * scale, t.ci_high * scale
+    return geomean_rate(row) * scale, t.ci_low * scale, t.ci_high * scale
 
 
 def _config_key(record: Record) -> str:
@@ -235,6 +237,8 @@ def above_linear(row: Row) -> str | None:
         return "the 1-device row is another program, the plain one"
     if row.host_bound:
         return "host-bound steps (the 1-device row measures dispatch, which N devices overlap)"
+    if row.busy:
+        return "a busy machine (other programs competed with the replicates, slowing some more than others)"
     if row.simulated:
         return "simulated devices (the CPU's cores and caches are shared unevenly)"
     return "a per-device batch that fits faster memory, or a slow 1-device row: see its notes"

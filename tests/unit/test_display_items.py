@@ -1,0 +1,169 @@
+"""What a reader can use: intervals shown as ± only where nearly symmetric, as bounds where
+skewed, in words where they span more than a factor of 2; ratios that the printed means
+reproduce; names that no table cuts at 80, 100 or 120 columns; a bottom line that says an
+undecided result as undecided and a busy machine as busy."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+from rich.console import Console
+
+from tests.unit.test_bottom_line import record
+from xbench.cli.backends_cmd import backends_table
+from xbench.cli.models_cmd import models_table, preset_rows
+from xbench.report.bottom_line import bottom_line, machine_moved
+from xbench.report.terminal import bottom_line_text, model_tables, rate_with_interval
+from xbench.report.words import interval_text, ratio_text
+from xbench.results.summary import geomean_rate, rows_from_records
+
+WIDTHS = (80, 100, 120)
+
+
+def printed(renderables, width: int) -> str:
+    console = Console(width=width, record=True, color_system=None)
+    for renderable in renderables:
+        console.print(renderable)
+    return console.export_text()
+
+
+# 1. Intervals a reader can use ------------------------------------------------------------------
+
+
+def test_a_nearly_symmetric_interval_is_a_plus_minus_a_skewed_one_its_bounds_a_wide_one_words():
+    assert interval_text(100.0, 95.0, 105.2, 1.0, str) == "±5%"
+    assert interval_text(100.0, 70.0, 135.0, 1.0, lambda v: f"{v:.0f}") == "(70–135)"
+    assert interval_text(100.0, 30.0, 300.0, 1.0, str) == "(too few reps)"
+    assert interval_text(100.0, 30.0, 300.0, 1.0, str, brief=False) == "too few replicates to say"
+    assert interval_text(100.0, 30.0, 300.0, 3.0, str) == "(too noisy)"  # the run's own variation spans 3×
+    assert interval_text(100.0, math.nan, math.nan, 1.0, str) == ""
+
+
+def skewed_rows():
+    """Two replicates a configuration whose processes differ by about 2×: intervals that span far
+    more than a factor of 2 (the issue's "13,388 ±3025%")."""
+    return rows_from_records([record(b, d, 64, r, 1e-3 / d * (2.0 if r else 1.0), spread=0.0)
+                              for b in ("fast", "slow") for d in (1, 2) for r in range(2)])
+
+
+def test_an_interval_spanning_more_than_2x_prints_words_and_no_plus_minus_over_100_percent():
+    rows = skewed_rows()
+    assert all(r.measured.ci_high / r.measured.ci_low > 2 for r in rows)
+    text = printed(model_tables(rows, width=120), 120)
+    assert all(rate_with_interval(r).endswith("(too few reps)") for r in rows)
+    assert not re.search(r"±\d{3,}%", text)
+    speedups = [r.scaling for r in rows if r.scaling is not None]
+    assert speedups and all(ratio_text(s).endswith("(too uncertain)") for s in speedups)
+
+
+def test_the_speedup_is_the_ratio_of_the_throughputs_the_table_prints():
+    rows = rows_from_records([record("b", d, 64, r, 1e-3 / (1.8 if d == 2 else 1), spread=0.3)
+                              for d in (1, 2) for r in range(3)])
+    one, two = sorted(rows, key=lambda r: r.devices)
+    shown = {r.devices: float(rate_with_interval(r).split()[0].replace(",", "")) for r in rows}
+    assert two.scaling.speedup == pytest.approx(geomean_rate(two) / geomean_rate(one))
+    assert f"{shown[2] / shown[1]:.2f}" == f"{two.scaling.speedup:.2f}"
+
+
+def busy(out):
+    out["replicate"] = {"host_before": {"loadavg_1m": 5.5, "cpu_count": 2}}
+    return out
+
+
+def test_a_speedup_beyond_the_device_count_on_a_busy_machine_names_that_cause():
+    # The 1-device replicates ran 3× slower than the machine allows: 2 devices "gain" 6×.
+    rows = rows_from_records([busy(record("b", d, 64, r, 3e-3 if d == 1 else 0.5e-3)) for d in (1, 2)
+                              for r in range(3)])
+    text = printed(model_tables(rows, width=120), 120)
+    assert "above linear: a busy machine" in text
+    assert "likely a busy machine" in " ".join(bottom_line(rows)[0].sentences)
+
+
+# 3. Names that no table cuts ----------------------------------------------------------------------
+
+
+LONG_LABELS = [("torch", "channels-last", "plain", "spmd"), ("jax-shardmap", "fused", "data-parallel", "subprocess"),
+               ("jax-shardmap", "fused", "plain", "subprocess")]
+
+
+def long_named_rows():
+    records = []
+    for backend, variant, program, launcher in LONG_LABELS:
+        for devices in (1, 2) if program != "plain" else (1,):
+            for r in range(2):
+                out = record(backend, devices, 65536, r, 1e-3 / devices, spread=0.2)
+                out["trial"].update(variant=variant, program=program, launcher=launcher)
+                records.append(out)
+    return rows_from_records(records)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_compare_table_never_cuts_a_program_name(width):
+    rows = long_named_rows()
+    text = printed(model_tables(rows, width=width), width)
+    lines = text.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= width and "…" not in text
+    table = [line for line in lines if re.match(r"^\S.*\s+[12]\s+65,536\s", line)]
+    for row in rows:  # each row on one line of the table, its name whole
+        assert any(line.startswith(row.label + " ") for line in table), row.label
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_models_never_cuts_a_preset_or_family_name(width):
+    rows = preset_rows()
+    text = printed([models_table(rows, width)], width)
+    lines = text.splitlines()
+    assert "…" not in text and max(len(line.rstrip()) for line in lines) <= width
+    for preset, family, *_ in rows:
+        assert any(preset in line and family in line for line in lines), preset
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_backends_never_cuts_a_backend_or_plugin_name(width):
+    lines_in = [("jax-shardmap", "[green]available[/]", "0.10.2", "subprocess", "data-parallel", "jnp, cudnn, fused",
+                 "CPU, up to 2 simulated devices (no GPU found)", "xbench_backends.jax.shardmap:JaxShardMapBackend"),
+                ("keras-on-jax-plugin", "[red]unavailable[/]", "", "", "", "",
+                 "No module named 'keras'; pip install keras", "my_keras_plugin.backend:KerasOnJaxBackend"),
+                ("torch", "[green]available[/]", "2.13.0+cpu", "spmd", "data-parallel, plain",
+                 "compile, cuda-graphs, channels-last", "(not probed)", "xbench_backends.torch.ddp:TorchDdpBackend")]
+    text = printed([backends_table(lines_in, width)], width)
+    lines = text.splitlines()
+    assert "…" not in text and max(len(line.rstrip()) for line in lines) <= width
+    for line in lines_in:
+        for name in (line[0], line[7]):
+            assert any(name in out for out in lines), name
+        assert any(line[6] in out for out in lines) or width < 100  # the devices too, wrapped at most
+
+
+# 6. The bottom line ------------------------------------------------------------------------------
+
+
+def test_an_undecided_result_is_said_undecided_without_thresholds():
+    rows = skewed_rows()
+    said = " ".join(bottom_line(rows)[0].sentences)
+    assert "Undecided:" in said and "undecided at" in said
+    assert not re.search(r"spans \d\.\d\d×", said) and "0.95" not in said and "1.10" not in said
+    assert "too uncertain to say" in said
+    assert "not at every larger one" not in said
+
+
+def test_a_busy_machine_is_said_first_in_the_bottom_line():
+    records = [busy(record(b, d, n, r, n * 1e-5 / d)) for b in ("fast", "slow") for d in (1, 2) for n in (64, 1024)
+               for r in range(3)]
+    [found] = bottom_line(rows_from_records(records))
+    assert found.sentences[0].startswith("Measured on a busy machine (the host's load averaged 5.5 on 2 cores")
+    quiet = [record(b, d, 64, r, 1e-3 / d) for b in ("fast", "slow") for d in (1, 2) for r in range(3)]
+    assert not any("busy" in s for s in bottom_line(rows_from_records(quiet))[0].sentences)
+    assert "busy machine" in printed([bottom_line_text([found])], 100)
+
+
+def test_a_machine_that_moved_during_the_run_is_said_in_its_bottom_line():
+    controls = [{"when": "before", "host_loop_s": [0.0111, 0.012], "matmul_s": [0.0015, 0.0016]},
+                {"when": "after", "host_loop_s": [0.0091, 0.0093], "matmul_s": [0.0015, 0.0016]}]
+    said = machine_moved(controls)
+    assert said.startswith("The machine moved during the run (its host dispatch loop ran 18% faster at the end")
+    assert machine_moved(controls[:1]) == "" and machine_moved([controls[0], {**controls[0], "when": "after"}]) == ""
+    rows = rows_from_records([record(b, 1, 64, r, 1e-3) for b in ("fast", "slow") for r in range(3)])
+    assert bottom_line(rows, controls)[0].sentences[0] == said
