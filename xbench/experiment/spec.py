@@ -208,7 +208,7 @@ def _select_models(tables: Any, wanted: Any) -> list[dict[str, Any]]:
             chosen.append({"preset": name})
         else:
             known = sorted(set(presets()) | {str(n) for n in by_name})
-            raise SpecError(f"unknown model {name!r}; choose one of: {', '.join(known)}")
+            raise SpecError(f"unknown model {brief(name)}; choose one of: {', '.join(known)}")
     return chosen
 
 
@@ -253,7 +253,7 @@ def _models(value: Any, source: str) -> tuple[ModelSpec, ...]:
     names = [m.name for m in models]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise SpecError(f"model name {duplicates[0]!r} appears twice in {source}; give each a distinct 'name'")
+        raise SpecError(f"model name {brief(duplicates[0])} appears twice in {source}; give each a distinct 'name'")
     return models
 
 
@@ -262,20 +262,21 @@ def _model(table: dict[str, Any], source: str) -> ModelSpec:
     name = _model_key(table, where)
     family_name = _family_name(table, where)
     fam = family(family_name)
-    reject_unknown(table, _MODEL_KEYS | set(fam.dims), f"a [[models]] table of family {family_name!r}", source)
+    reject_unknown(table, _MODEL_KEYS | set(fam.dims), f"a [[models]] table of family {brief(family_name)}", source)
     preset = presets()[table["preset"]][1] if "preset" in table else {}
     if name is None:
-        raise SpecError(f"a model of family {family_name!r} without a 'preset' in {source} needs a 'name'")
+        raise SpecError(f"a model of family {brief(family_name)} without a 'preset' in {source} needs a 'name'")
     dims = {key: _dim(table, key, dim, preset, where, family_name) for key, dim in fam.dims.items()}
     try:
         fam.check(dims)
     except ValueError as err:
-        raise SpecError(f"model {name!r} in {source}: {err}") from None
+        raise SpecError(f"model {brief(name)} in {source}: {err}") from None
     dropout = table.get("dropout", preset.get("dropout", 0.0))
     if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
-        raise SpecError(f"'dropout' in {where} must be a number in [0, 1), got {dropout!r}")
+        raise SpecError(f"'dropout' in {where} must be a number in [0, 1), got {brief(dropout)}")
     if dropout and family_name != "mlp":
-        raise SpecError(f"model {name!r} in {source}: family {family_name!r} has no dropout; remove 'dropout'")
+        raise SpecError(f"model {brief(name)} in {source}: family {brief(family_name)} has no dropout; "
+                        "remove 'dropout'")
     batch_sizes = tuple(positive_list(table, "batch_sizes", preset.get("batch_sizes"), where, maximum=MAX_ELEMENTS))
     if family_name == "mlp":
         return ModelSpec(name=name, widths=tuple(dims["widths"]), dropout=float(dropout), batch_sizes=batch_sizes,
@@ -290,11 +291,11 @@ def _family_name(table: Mapping[str, Any], where: str) -> str:
     if given is not None and (not isinstance(given, str) or given not in families()):
         broken = broken_families().get(given) if isinstance(given, str) else None
         if broken:
-            raise SpecError(f"model family {given!r} in {where} failed to load: {broken}")
+            raise SpecError(f"model family {brief(given)} in {where} failed to load: {broken}")
         raise SpecError(f"unknown model family {brief(given)} in {where}; choose one of: {', '.join(families())}")
     if given is not None and from_preset is not None and given != from_preset:
-        raise SpecError(f"preset {table['preset']!r} in {where} is of family {from_preset!r}, not {given!r}; "
-                        "drop one of 'preset' and 'family'")
+        raise SpecError(f"preset {brief(table['preset'])} in {where} is of family {brief(from_preset)}, "
+                        f"not {brief(given)}; drop one of 'preset' and 'family'")
     name = given or from_preset or ("mlp" if "widths" in table else None)
     if name is None:
         raise SpecError(f"each model in {where} needs a 'preset' ({', '.join(presets())}), a 'family' "
@@ -306,7 +307,7 @@ def _dim(table: Mapping[str, Any], key: str, dim: Dim, preset: Mapping[str, Any]
     """One shape key: from the table, else the preset, else its default; checked."""
     default = preset.get(key, dim.default)
     if key not in table and default is None:
-        raise SpecError(f"model family {family_name!r} in {where} needs {key!r} ({dim.doc})")
+        raise SpecError(f"model family {brief(family_name)} in {where} needs {brief(key)} ({dim.doc})")
     if dim.is_list:
         return tuple(positive_list(table, key, default, where, unique=False, maximum=dim.maximum))
     return integer(table, key, default, where, minimum=dim.minimum, maximum=dim.maximum, why=dim.doc)
@@ -422,7 +423,7 @@ def default_time_budget_s(gpu: bool) -> float:
     except ValueError:
         value = -1.0
     if not 0 <= value <= MAX_SECONDS:
-        raise SpecError(f"{TIME_BUDGET_VARIABLE}={text!r} must be a number of seconds >= 0; unset it or fix it")
+        raise SpecError(f"{TIME_BUDGET_VARIABLE}={brief(text)} must be a number of seconds >= 0; unset it or fix it")
     return value
 
 
@@ -438,14 +439,14 @@ def _check_batches(spec: Spec) -> None:
             for devices in spec.devices:
                 if spec.scaling == "strong" and batch % devices:
                     raise SpecError(
-                        f"global batch {batch} of model {model.name!r} is not divisible by "
+                        f"global batch {batch} of model {brief(model.name)} is not divisible by "
                         f"{devices} devices; use batch sizes divisible by every device count, "
                         "or --scaling weak"
                     )
                 global_batch = spec.global_batch(batch, devices)
                 if global_batch > spec.data.samples:
                     raise SpecError(
-                        f"global batch {global_batch} of model {model.name!r} exceeds "
+                        f"global batch {global_batch} of model {brief(model.name)} exceeds "
                         f"data.samples ({spec.data.samples}); raise [data] samples"
                     )
 
@@ -475,7 +476,7 @@ def _check_array_sizes(spec: Spec) -> None:
 
 def _within_int32(elements: int, model: ModelSpec, what: str, fix: str) -> None:
     if elements > MAX_ELEMENTS:
-        raise SpecError(f"model {model.name!r}: {what} would have {elements} elements, more than the "
+        raise SpecError(f"model {brief(model.name)}: {what} would have {elements} elements, more than the "
                         f"{MAX_ELEMENTS} that the frameworks' int32 indexing allows; {fix}")
 
 
@@ -487,6 +488,6 @@ def _variants(table: Mapping[str, Any], source: str) -> tuple[str, ...]:
     for name in names:
         backend, _, variant = name.partition(":")
         if name != ALL_VARIANTS and not (_NAME.fullmatch(backend) and _NAME.fullmatch(variant)):
-            raise SpecError(f"variant {name!r} in {source} must be BACKEND:VARIANT (a backend's name and one of its "
-                            f"variants) or '{ALL_VARIANTS}'; `xbench backends` lists each backend's variants")
+            raise SpecError(f"variant {brief(name)} in {source} must be BACKEND:VARIANT (a backend's name and one "
+                            f"of its variants) or '{ALL_VARIANTS}'; `xbench backends` lists each backend's variants")
     return tuple(names)

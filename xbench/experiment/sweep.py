@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from xbench.contract.timing import TimingProtocol
-from xbench.errors import SpecError
+from xbench.errors import SpecError, brief
 from xbench.experiment.spec import Spec, build_spec, presets
 
 LADDER_DEPTH = 3
@@ -63,7 +63,7 @@ def ladder_table(params: float, batch_sizes: Sequence[int]) -> dict[str, Any]:
 
 def preset_table(name: str, batch_sizes: Sequence[int]) -> dict[str, Any]:
     if name not in presets():
-        raise SpecError(f"unknown model {name!r}; `xbench models` lists the presets")
+        raise SpecError(f"unknown model {brief(name)}; `xbench models` lists the presets")
     return {"name": name, "preset": name, "batch_sizes": list(batch_sizes)}
 
 

@@ -21,7 +21,7 @@ def reject_unknown(table: Mapping[str, Any], known: set[str], where: str, source
     unknown = sorted(set(table) - known)
     if unknown:
         raise SpecError(
-            f"unknown key {unknown[0]!r} in {where} of {source}; known keys: {', '.join(sorted(known))}"
+            f"unknown key {brief(unknown[0])} in {where} of {source}; known keys: {', '.join(sorted(known))}"
         )
 
 
@@ -51,9 +51,9 @@ def integer(table: Mapping[str, Any], key: str, default: int | None, where: str,
     value = table.get(key, default)
     accepted = "" if maximum is None else f" (accepted: {minimum}..{maximum}{', ' + why if why else ''})"
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise SpecError(f"'{key}' in {where} must be an integer >= {minimum}, got {value!r}{accepted}")
+        raise SpecError(f"'{key}' in {where} must be an integer >= {minimum}, got {brief(value)}{accepted}")
     if maximum is not None and value > maximum:
-        raise SpecError(f"'{key}' in {where} must be an integer <= {maximum}, got {value!r}{accepted}")
+        raise SpecError(f"'{key}' in {where} must be an integer <= {maximum}, got {brief(value)}{accepted}")
     return value
 
 
@@ -62,9 +62,9 @@ def positive_number(table: Mapping[str, Any], key: str, default: float, where: s
     value = table.get(key, default)
     if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
             or value <= 0):
-        raise SpecError(f"'{key}' in {where} must be a positive finite number, got {value!r}")
+        raise SpecError(f"'{key}' in {where} must be a positive finite number, got {brief(value)}")
     if value > maximum:
-        raise SpecError(f"'{key}' in {where} must be at most {maximum:g}, got {value!r}")
+        raise SpecError(f"'{key}' in {where} must be at most {maximum:g}, got {brief(value)}")
     return float(value)
 
 
@@ -73,10 +73,10 @@ def non_negative_number(table: Mapping[str, Any], key: str, default: float, wher
     value = table.get(key, default)
     if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
             or value < 0):
-        raise SpecError(f"'{key}' in {where} must be a finite number >= 0, got {value!r}")
+        raise SpecError(f"'{key}' in {where} must be a finite number >= 0, got {brief(value)}")
     if value > maximum:
         raise SpecError(f"'{key}' in {where} must be in 0..{maximum:g}{' (' + why + ')' if why else ''}, "
-                        f"got {value!r}")
+                        f"got {brief(value)}")
     return float(value)
 
 
@@ -88,7 +88,7 @@ def positive_list(table: Mapping[str, Any], key: str, default: Any, where: str,
     if (not isinstance(value, list) or not value
             or any(not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= maximum for v in value)):
         raise SpecError(f"'{key}' in {where} must be a non-empty list of positive integers <= {maximum}, "
-                        f"got {value!r}")
+                        f"got {brief(value)}")
     if unique and len(set(value)) != len(value):
         raise SpecError(f"'{key}' in {where} lists a value twice: {brief(value)}")
     return value
@@ -99,16 +99,16 @@ def str_list(table: Mapping[str, Any], key: str, default: Any, where: str) -> li
     if isinstance(value, tuple):
         value = list(value)
     if not isinstance(value, list) or not value or any(not isinstance(v, str) or not v for v in value):
-        raise SpecError(f"'{key}' in {where} must be a non-empty list of names, got {value!r}")
+        raise SpecError(f"'{key}' in {where} must be a non-empty list of names, got {brief(value)}")
     if len(set(value)) != len(value):
-        raise SpecError(f"'{key}' in {where} lists a name twice: {value!r}")
+        raise SpecError(f"'{key}' in {where} lists a name twice: {brief(value)}")
     return value
 
 
 def choice(table: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str, where: str) -> str:
     value = table.get(key, default)
     if value not in choices:
-        raise SpecError(f"'{key}' in {where} must be one of {', '.join(choices)}, got {value!r}")
+        raise SpecError(f"'{key}' in {where} must be one of {', '.join(choices)}, got {brief(value)}")
     return value
 
 
@@ -116,5 +116,5 @@ def boolean(table: Mapping[str, Any], key: str, default: bool, where: str) -> bo
     """A TOML true or false (not 1, 0 or a string: `p2p = "off"` is a mistake worth naming)."""
     value = table.get(key, default)
     if not isinstance(value, bool):
-        raise SpecError(f"'{key}' in {where} must be true or false, got {value!r}")
+        raise SpecError(f"'{key}' in {where} must be true or false, got {brief(value)}")
     return value
