@@ -167,3 +167,18 @@ def test_a_machine_that_moved_during_the_run_is_said_in_its_bottom_line():
     assert machine_moved(controls[:1]) == "" and machine_moved([controls[0], {**controls[0], "when": "after"}]) == ""
     rows = rows_from_records([record(b, 1, 64, r, 1e-3) for b in ("fast", "slow") for r in range(3)])
     assert bottom_line(rows, controls)[0].sentences[0] == said
+
+
+def test_the_report_says_the_machine_moved_from_the_runs_own_controls(tmp_path):
+    import json
+
+    from xbench.report.document import to_markdown
+    from xbench.report.pages import bottom_line_section
+    from xbench.results.control import CONTROL_FILE, read_controls
+
+    controls = [{"when": "before", "host_loop_s": [0.0111, 0.012], "matmul_s": [0.0015, 0.0016]},
+                {"when": "after", "host_loop_s": [0.0091, 0.0093], "matmul_s": [0.0015, 0.0016]}]
+    (tmp_path / CONTROL_FILE).write_text("".join(json.dumps(c) + "\n" for c in controls))
+    records = [record(b, 1, 64, r, 1e-3) for b in ("fast", "slow") for r in range(3)]
+    blocks = bottom_line_section(rows_from_records(records), read_controls(tmp_path))
+    assert "The machine moved during the run" in to_markdown(blocks)

@@ -19,6 +19,7 @@ from xbench.report.bottom_line import bottom_line
 from xbench.report.terminal import bottom_line_text, busbw_by_size, devices_line, model_tables
 from xbench.report.words import busy_text
 from xbench.results.conditions import busy_host
+from xbench.results.control import read_controls
 from xbench.results.records import RECORDS_FILE, RUN_FILE, finished_trials, iter_records, last_line_torn
 from xbench.results.summary import Row, rows_from_records
 from xbench.run import compare
@@ -129,7 +130,7 @@ def _finish(err: Console, comparison: Comparison, outcome: compare.Outcome, wide
     if busy is not None:
         err.print(f"[yellow]{escape(busy_text(busy))}[/]")
     err.print(f"report: {make_report(comparison.run_dir, html=True)[0]}")
-    found = bottom_line(rows)
+    found = bottom_line(rows, read_controls(comparison.run_dir))
     if found:
         console.print()
         console.print(bottom_line_text(found))

@@ -31,6 +31,7 @@ from xbench.report.words import (
 )
 from xbench.results.allreduce import ok_results
 from xbench.results.conditions import busy_host
+from xbench.results.control import read_controls
 from xbench.results.links import notes
 from xbench.results.records import (
     ALLREDUCE_FILE,
@@ -106,7 +107,7 @@ def build_report(records: Sequence[Record], run: RunInfo | None,
     if run:
         blocks.append(Paragraph(f"Command: `{run.get('command', '?')}` — started {run.get('started_at', '?')}."))
     blocks += incomplete_section(run, run_dir)
-    blocks += bottom_line_section(rows)
+    blocks += bottom_line_section(rows, read_controls(run_dir) if run_dir is not None else ())
     blocks += environment_section(records)
     blocks += verification_section(records)
     busbw = busbw_by_size(allreduce)
@@ -145,9 +146,9 @@ def incomplete_section(run: RunInfo | None, run_dir: Path | None) -> list[Block]
         f"cover only what ran. `xbench {command} --resume {run_dir}` runs the rest.")]
 
 
-def bottom_line_section(rows: Sequence[Row]) -> list[Block]:
+def bottom_line_section(rows: Sequence[Row], controls: Sequence[Mapping[str, Any]] = ()) -> list[Block]:
     """What the reader came for, first: the same sentences `xbench compare` ends with."""
-    found = bottom_line(rows)
+    found = bottom_line(rows, controls)
     if not found:
         return []
     blocks: list[Block] = [Heading("Bottom line")]
