@@ -52,3 +52,21 @@ def test_an_on_off_flag_says_no_value_type_in_any_help(capsys):
     for name in dict.fromkeys(name for name, _ in flags):
         assert main([name, "--help"]) == 0
         assert "<bool>" not in capsys.readouterr().out, name
+
+
+def test_a_warning_is_one_clean_line_without_python_s_source_location(capsys, monkeypatch):
+    import warnings
+
+    from xbench.cli import main as cli_main
+
+    def warns(*args, **kwargs):
+        warnings.warn("xbench backend 'jax' from my.plugin:Jax is ignored:\n  'jax' is a built-in backend",
+                      RuntimeWarning, stacklevel=2)
+        return 0
+
+    monkeypatch.setattr(cli_main, "_run_command", warns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert cli_main.main(["backends"]) == 0
+    err = capsys.readouterr().err
+    assert err == "warning: xbench backend 'jax' from my.plugin:Jax is ignored: 'jax' is a built-in backend\n", err

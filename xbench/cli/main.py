@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import typer
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     errors = Console(stderr=True, highlight=False)
     args = expand_variadic(list(sys.argv[1:] if argv is None else argv))
     take_interrupts()
-    with guarded_stdout() as stdout:
+    with guarded_stdout() as stdout, one_line_warnings(errors):
         code = _run_command(args, errors)
     if stdout.lost is not None:
         errors.print(f"[red]error:[/] could not write to standard output ({escape(stdout.lost)}); "
@@ -149,6 +152,21 @@ def _run_command(args: list[str], errors: Console) -> int:
     if code == INTERRUPTED:  # typer turns a Ctrl-C that reaches it into this exit code, silently
         errors.print("interrupted")
     return code if isinstance(code, int) else 0
+
+
+@contextlib.contextmanager
+def one_line_warnings(console: Console) -> Iterator[None]:
+    """Warnings (a plugin shadowing a built-in backend, one that fails to load) as one clean
+    line each, without Python's source location and echo of the line that raised them."""
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        console.print(f"[yellow]warning:[/] {escape(' '.join(str(message).split()))}", soft_wrap=True)
+
+    saved = warnings.showwarning
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = saved
 
 
 def take_interrupts() -> None:
