@@ -26,7 +26,7 @@ from xbench.cli.options import (
 from xbench.cli.progress import watching_verification
 from xbench.errors import XbenchError
 from xbench.experiment import load_spec
-from xbench.report.terminal import checks_table, floors_caption, precision_floors_caption, verify_caption
+from xbench.report.verify_text import checks_table, floors_caption, precision_floors_caption, verify_caption
 from xbench.results.links import links_record, notes
 from xbench.run import links
 from xbench.run.cluster import resolve_launch
