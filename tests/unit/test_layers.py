@@ -78,3 +78,12 @@ def string_values(path: Path) -> list[tuple[int, str]]:
 def test_the_core_names_no_framework_in_its_code(path):
     named = [(line, value) for line, value in string_values(path) if value.strip().lower() in FRAMEWORK_NAMES]
     assert not named, f"{path.relative_to(ROOT)} names a framework: {named}"
+
+
+MAX_MODULE_LINES = 500  # a module past this holds two things; split it where they part
+
+
+def test_no_module_of_the_package_outgrows_one_reading():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
