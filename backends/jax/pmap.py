@@ -13,7 +13,8 @@ Besides the data-parallel program, the plain single-device program a user would 
 program unless said): `jnp`, the earlier plain jax.numpy models; `functional` (plain program
 only), the functional pattern under `jax.jit`, as Flax's performance guide advises;
 `cudnn`, the functional program with cuDNN's fused attention (transformer, bf16, NVIDIA
-GPUs); `fused`, `FUSED_STEPS` functional steps per compiled call (lax.scan).
+GPUs); `fused`, `FUSED_STEPS` functional steps per compiled call (lax.scan); `fsdp`
+(data-parallel program only), parameters and Adam state sharded over the devices (`sharded`).
 
 Two ways to start it: one process driving every device (`setup`), or one process per device
 (`setup_process`, the spmd launcher) joined by `jax.distributed.initialize`; the pmapped
@@ -53,9 +54,9 @@ from xbench.contract import (
     hash_weights,
     probe_distributions,
 )
-from xbench_backends import extra_work
+from xbench_backends import extra_work, sharding
 from xbench_backends.extra_work import ExtraWork
-from xbench_backends.jax import nnx_program
+from xbench_backends.jax import nnx_program, sharded
 from xbench_backends.jax.families import FAMILIES, JNP, JaxModel, build, canonical_arrays, refusal
 from xbench_backends.jax.layers import FLOAT64, compute_dtype_name, float64_scope, in_precision
 from xbench_backends.jax.nnx_program import NnxPrepared
@@ -88,6 +89,7 @@ VARIANTS = (
                    "bf16, NVIDIA GPUs", precisions=("bf16",), families=("transformer",)),
     Variant("fused", f"{FUSED_STEPS} functional steps fused into one compiled call (lax.scan)",
             steps_per_call=FUSED_STEPS),
+    sharding.variant("jax.jit with NamedSharding over the data axis; XLA all-gathers and reduce-scatters"),
 )
 
 
@@ -108,6 +110,9 @@ class JaxPrepared:
     # shards -> pmapped (jitted: plain) (state, xs, ys) -> each device's loss (one device: each
     # slice's), no collective (`steps.shard_loss_fn`); built and compiled on first use only
     shard_program: Any = None
+    # state -> each device's gathered copy of the weights, canonical order (`fsdp`: the state
+    # is sharded, so a replica is what an all-gather puts on each device); None: read the state
+    gather_replicas: Any = None
 
 
 class JaxPmapBackend:
@@ -222,7 +227,9 @@ class JaxPmapBackend:
             if why:
                 raise Unsupported(why)  # before anything expensive: the core records the reason
             model = build(trial, work, self.devices[0])
-            if trial.program != PLAIN:
+            if trial.variant == sharding.FSDP:
+                prepared = sharded.prepare(trial, work, model, self.devices, precision_info(trial), model.notes)
+            elif trial.program != PLAIN:
                 prepared = self._prepare(trial, work, model)
             elif trial.variant == AS_WRITTEN:
                 prepared = self._prepare_nnx(trial, work, model)
@@ -237,6 +244,9 @@ class JaxPmapBackend:
         if trial.variant == FUNCTIONAL and trial.program != PLAIN:
             return ("the data-parallel program is functional as written (pmap takes the split state); "
                     f"{FUNCTIONAL} is a variant of the plain program")
+        if trial.variant == sharding.FSDP and trial.program == PLAIN:
+            return (f"{sharding.FSDP} shards the data-parallel program over its devices; the plain program has "
+                    "no devices to shard over")
         return None
 
     def _prepare(self, trial: Trial, work: Work, model: JaxModel) -> JaxPrepared:
@@ -424,6 +434,9 @@ class JaxPmapBackend:
     def replica_weights(self, prepared: JaxPrepared | NnxPrepared) -> list[list[np.ndarray]]:
         if isinstance(prepared, NnxPrepared):
             return [nnx_program.weights(prepared)]
+        if prepared.gather_replicas is not None:
+            with float64_scope(prepared.float64):
+                return prepared.gather_replicas(prepared.state)
         if not prepared.stacked:
             return [canonical_arrays(prepared.in_order(_stacked(prepared.state[0])), replica=0)]
         with float64_scope(prepared.float64):  # a multi-process gather runs a program

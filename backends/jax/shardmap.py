@@ -39,6 +39,7 @@ from xbench_backends.jax.steps import (
     step_losses,
     train_steps,
 )
+from xbench_backends.sharding import FSDP
 
 
 @dataclass
@@ -67,7 +68,8 @@ class _MeshBackend(JaxPmapBackend):
     # The plain single-device program is `jax`'s (jit on one device): timed there, not twice.
     programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL,)
     # `functional` is a variant of the plain program; these programs are functional as written.
-    variants: ClassVar[tuple] = tuple(v for v in VARIANTS if v.name != FUNCTIONAL)
+    # `fsdp` is `jax`'s sharded program (jit with NamedShardings already): not a variant of these.
+    variants: ClassVar[tuple] = tuple(v for v in VARIANTS if v.name not in (FUNCTIONAL, FSDP))
     runner: ClassVar[str] = ""  # how the step runs, for the notes
 
     def prepare(self, trial: Trial, work: Work) -> MeshPrepared:

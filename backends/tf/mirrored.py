@@ -11,7 +11,9 @@ RING collectives on CPU, NCCL on GPUs.
 
 The plain program (`trial.program == "plain"`) is what a user writes for one device without a
 strategy: the same model, Adam and step, called directly. The `xla` variant compiles each
-replica's forward and backward with `tf.function(jit_compile=True)`, in either program.
+replica's forward and backward with `tf.function(jit_compile=True)`, in either program. The
+`fsdp` variant (sharded data parallelism, as `jax` and `torch` have it) is declared so that it
+is asked of TensorFlow too, and refused with the reason (`FSDP_REASON`).
 
 The models (`mlp`, `transformer`, `cnn`, `lstm`), their per-example losses and the mapping of
 their variables to the core's canonical parameters are in `models`; the step programs here
@@ -45,6 +47,7 @@ from xbench.contract import (
     hash_weights,
     probe_distributions,
 )
+from xbench_backends.sharding import FSDP, FSDP_FAMILIES
 from xbench_backends.tf.models import FAMILIES, Built, build
 
 SIMULATED_DEVICE_LIMIT = 8
@@ -53,7 +56,15 @@ OPTIONS = {"cross_device_ops": CROSS_DEVICE_OPS}
 # trial.precision -> Keras global dtype policy. "fp64" (verify's CNN runs): float64 variables,
 # inputs, activations, BatchNorm statistics, losses, gradients, all-reduce and Adam state.
 KERAS_POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp64": "float64"}
-VARIANTS = (Variant("xla", "XLA: jit_compile=True on the per-replica forward and backward"),)
+VARIANTS = (Variant("xla", "XLA: jit_compile=True on the per-replica forward and backward"),
+            Variant(FSDP, "sharded data parallelism: unsupported, TensorFlow has no sharded data-parallel strategy",
+                    families=FSDP_FAMILIES))
+# Checked in TensorFlow 2.21 and Keras 3.15: nothing in tf.distribute shards a data-parallel
+# program's variables over its own replicas (ZeRO/FSDP); what comes closest is not one.
+FSDP_REASON = ("TensorFlow has no sharded data-parallel strategy: MirroredStrategy and MultiWorkerMirroredStrategy "
+               "replicate every variable, ParameterServerStrategy keeps variables on parameter-server tasks for "
+               "asynchronous training, and Keras 3's ModelParallel layouts are a prototype on the TensorFlow backend "
+               "(its distribution_lib says 'DO NOT USE'; distribute_value is unimplemented)")
 
 
 @dataclass
@@ -200,6 +211,8 @@ class TfMirroredBackend:
         return [[float(v) for v in row] for row in strategy.gather(local, axis=0).numpy()]
 
     def prepare(self, trial: Trial, work: Work) -> TfPrepared:
+        if trial.variant == FSDP:
+            raise Unsupported(FSDP_REASON)  # before TensorFlow is even imported
         jit_compile = _jit_compile(trial.variant)  # refuses an unknown one before touching TensorFlow
         import tensorflow as tf
 

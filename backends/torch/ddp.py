@@ -10,7 +10,9 @@ The variants (`TUNINGS`) do what a performance engineer would. `compile` and `cu
 compile that module, forward and loss in one region (`torch.compile`, inside DDP for the
 data-parallel program), in inductor's default mode or in "reduce-overhead" mode (CUDA graphs);
 the region's backward, compiled with it, is run by an eager `loss.backward()`, and the fused
-Adam step stays eager. `channels-last` stays eager. Every variant turns on cuDNN's benchmark
+Adam step stays eager. `channels-last` stays eager. `fsdp` (data-parallel program only) runs
+the eager step under FSDP2 instead of DDP: parameters, gradients and Adam state sharded over
+the ranks (`fsdp`). Every variant turns on cuDNN's benchmark
 mode and lays out the cnn family (its weights, activations and images) channels-last; as
 written, neither. `channels-last` alone is refused for families without convolutions.
 
@@ -59,7 +61,7 @@ from xbench.contract import (
     hash_weights,
     probe_distributions,
 )
-from xbench_backends import extra_work
+from xbench_backends import extra_work, sharding
 from xbench_backends.extra_work import ExtraWork
 from xbench_backends.torch import families as model_families
 
@@ -92,6 +94,7 @@ VARIANTS = (
     Variant("cuda-graphs", "the same in mode='reduce-overhead': CUDA graphs", warmup_steps=3),
     Variant("channels-last", "eager, channels-last memory format and cudnn.benchmark (cnn only)",
             families=("cnn",)),
+    sharding.variant("FSDP2 fully_shard per block and at the root, bf16 through its MixedPrecisionPolicy"),
 )
 
 
@@ -110,6 +113,7 @@ TUNINGS = {
     "compile": Tuning("default", cudnn_benchmark=True, channels_last=True),
     "cuda-graphs": Tuning("reduce-overhead", cudnn_benchmark=True, channels_last=True),
     "channels-last": Tuning(cudnn_benchmark=True, channels_last=True, only_channels_last=True),
+    sharding.FSDP: Tuning(),  # eager, as written; the program differs (`fsdp`), not the tuning
 }
 # What the compiled variants compile (settings["compiled_region"]): the TrainingLoss module.
 COMPILED_REGION = "forward and loss"
@@ -242,6 +246,10 @@ class TorchDdpBackend:
             reason = model_families.channels_last_unsupported(trial.model.family)
             if reason:
                 raise Unsupported(reason)  # before torch is even imported
+        fsdp = trial.variant == sharding.FSDP
+        reason = fsdp_module().refusal(trial, work, self._process().world_size) if fsdp else None
+        if reason:
+            raise Unsupported(reason)
         import torch
 
         from xbench_backends.torch.training_loss import TrainingLoss
@@ -278,7 +286,11 @@ class TorchDdpBackend:
         channels_last = tuning.channels_last and trial.model.family in model_families.CONVOLUTIONAL
         built = model_families.build(work, device, compute_dtype, param_dtype, channels_last=channels_last)
         model = built.model
-        step_loss = TrainingLoss(model, built.loss, compute_dtype)
+        canonical = built.canonical
+        if fsdp:  # sharded before the optimizer is built, so that Adam holds the shards
+            canonical = fsdp_module().shard(model, built.canonical, device, process.world_size, compute_dtype)
+        # FSDP2's mixed-precision policy casts the parameters itself: no autocast under it.
+        step_loss = TrainingLoss(model, built.loss, None if fsdp else compute_dtype)
         # Forward and loss are compiled as one region, as experts compile them: for the
         # transformer the float32 cross-entropy over every position's logits is then fused
         # into the compiled code instead of running eagerly on the materialised logits. The
@@ -295,7 +307,7 @@ class TorchDdpBackend:
         # cuda-graphs over several ranks is written the same way but untested here: the
         # all-reduce runs in DDP's hooks between the recorded backward graphs, and whether
         # CUDA-graph trees keep the gradients DDP reads valid is to be checked on GPUs.
-        ddp = None if trial.program == PLAIN else _ddp(compiled, device, gpu)
+        ddp = None if trial.program == PLAIN or fsdp else _ddp(compiled, device, gpu)
         forward = compiled if ddp is None else ddp
 
         # torch's Adam is the paper's (eps added to sqrt(v_hat), after the bias correction),
@@ -315,7 +327,7 @@ class TorchDdpBackend:
         xs_d = built.place_inputs(_placed(xs[process.rank], device, param_dtype))
         ys_d = built.place_targets(_placed(ys[process.rank], device, param_dtype))
 
-        readback = _numpy(built.canonical(False))
+        readback = _numpy(canonical(False))
         info = PreparedInfo(
             params=sum(p.numel() for p in built.trainable),
             weights_hash=hash_weights(readback),
@@ -337,7 +349,8 @@ class TorchDdpBackend:
                       "compiled_region": None if mode is None else COMPILED_REGION,
                       "compile_cache": compile_cache, **_fp32_precision_settings(), **_dynamo_settings(mode, ddp)},
             notes=(
-                _program_note(ddp),
+                (fsdp_module().note(model, process.world_size, compute_dtype,
+                                    [tuple(p.shape) for p in work.parameters]) if fsdp else _program_note(ddp)),
                 *(() if mode is None else (_compile_note(mode, ddp, model, compute_dtype),)),
                 *built.notes,
                 "Adam: torch.optim.Adam(fused=True), eps after the bias correction (paper/optax form)",
@@ -345,7 +358,7 @@ class TorchDdpBackend:
                 *(() if trial.all_reduce else (_compute_only_note(ddp),)),
             ),
         )
-        return TorchPrepared(info, forward, ddp, model, built.canonical, optimizer, xs_d, ys_d, trial.all_reduce,
+        return TorchPrepared(info, forward, ddp, model, canonical, optimizer, xs_d, ys_d, trial.all_reduce,
                              device, extra=ExtraWork.of(trial.options))
 
     def run(self, prepared: TorchPrepared, steps: int) -> None:
@@ -463,6 +476,13 @@ class TorchDdpBackend:
         if self.process is None:
             raise RuntimeError("setup or setup_process must run before prepare")
         return self.process
+
+
+def fsdp_module():
+    """`xbench_backends.torch.fsdp`, imported when a trial asks for it (it imports FSDP2)."""
+    from xbench_backends.torch import fsdp
+
+    return fsdp
 
 
 def _forward_backward(p: TorchPrepared):

@@ -58,6 +58,21 @@ class Transformer:
         # GPT-2 small (124 M parameters with the tied head); vocab padded to 50,304 as nanoGPT does.
         "gpt2-small": {"layers": 12, "heads": 12, "width": 768, "context": 1024, "vocab": 50304,
                        "batch_sizes": (8, 16)},
+        # The larger GPT-2 shapes (355 M, 774 M, 1.5 B published with vocab 50,257; a few more
+        # here with the padded vocabulary) and two of the GPT-3 paper's, at its 2,048-token
+        # context (6.7 B and 13 B by the paper's names: 6.66 B and 12.85 B counted, vocab 50,257;
+        # heads of width 128). With Adam and fp32 master weights (16 bytes a parameter before
+        # activations, `xbench.models.memory`) the GPT-3 shapes need their state sharded.
+        "gpt2-medium": {"layers": 24, "heads": 16, "width": 1024, "context": 1024, "vocab": 50304,
+                        "batch_sizes": (8, 16)},
+        "gpt2-large": {"layers": 36, "heads": 20, "width": 1280, "context": 1024, "vocab": 50304,
+                       "batch_sizes": (4, 8)},
+        "gpt2-xl": {"layers": 48, "heads": 25, "width": 1600, "context": 1024, "vocab": 50304,
+                    "batch_sizes": (4, 8)},
+        "gpt3-6.7b": {"layers": 32, "heads": 32, "width": 4096, "context": 2048, "vocab": 50304,
+                      "batch_sizes": (2, 4)},
+        "gpt3-13b": {"layers": 40, "heads": 40, "width": 5120, "context": 2048, "vocab": 50304,
+                     "batch_sizes": (2, 4)},
     }
 
     def check(self, dims: Mapping[str, Any]) -> None:

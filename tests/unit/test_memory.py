@@ -1,0 +1,98 @@
+"""The memory estimate per device (`xbench.models.memory`) and the large transformer presets:
+their parameter counts against the published ones, and which of them fit one GPU replicated
+and which need their state sharded."""
+
+from __future__ import annotations
+
+import pytest
+
+from xbench.models import params_count
+from xbench.models.memory import GiB, estimate, per_device_table, shard_of
+from xbench.models.model_spec import ModelSpec, preset_model
+from xbench.models.transformer import Transformer
+
+H100, H200 = 80 * 10**9, 141 * 10**9
+
+
+@pytest.mark.parametrize("preset, published", [
+    ("gpt2-small", 124_439_808), ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080),
+    ("gpt2-xl", 1_557_611_200)])
+def test_gpt2_presets_have_the_published_counts_with_gpt2s_vocabulary(preset, published):
+    """The presets pad the vocabulary to 50,304 (nanoGPT's); with GPT-2's 50,257 the counts
+    are the published ones exactly (tied head)."""
+    dims = {k: v for k, v in Transformer.presets[preset].items() if k != "batch_sizes"}
+    assert params_count(Transformer(), {**dims, "vocab": 50_257}) == published
+    assert preset_model(preset).params == published + 47 * dims["width"]
+
+
+@pytest.mark.parametrize("preset, name, layers, width", [("gpt3-6.7b", 6.7e9, 32, 4096),
+                                                          ("gpt3-13b", 13.0e9, 40, 5120)])
+def test_gpt3_presets_are_the_papers_shapes(preset, name, layers, width):
+    model = preset_model(preset)
+    assert (model.shape["layers"], model.shape["width"], model.shape["context"]) == (layers, width, 2048)
+    assert model.shape["width"] // model.shape["heads"] == 128
+    assert model.params == pytest.approx(name, rel=0.02)  # 6.66 B and 12.85 B counted
+
+
+def _model(preset: str) -> ModelSpec:
+    return preset_model(preset)
+
+
+def test_state_is_16_bytes_a_parameter_replicated_and_a_share_of_it_sharded():
+    model = _model("gpt2-small")
+    one = estimate(model.family, model.shape, model.params, 0)
+    assert (one.parameters, one.gradients, one.optimizer) == (4 * model.params, 4 * model.params, 8 * model.params)
+    assert one.state == 16 * model.params and one.gathered == 0 and one.activations == 0
+    four = estimate(model.family, model.shape, model.params, 0, devices=4, sharded=True)
+    assert four.parameters == 4 * shard_of(model.params, 4)
+    assert 0 < four.gathered < one.state / 4  # one block (or the embedding) gathered, not the model
+    assert four.state < one.state / 2
+    replicated_on_four = estimate(model.family, model.shape, model.params, 0, devices=4)
+    assert replicated_on_four.state == one.state  # replicated: every device holds everything
+    assert estimate(model.family, model.shape, model.params, 0, precision="fp64").state == 32 * model.params
+
+
+def test_activations_grow_with_the_batch_and_shrink_with_bf16_and_fused_attention():
+    model = _model("gpt2-small")
+    args = (model.family, model.shape, model.params)
+    one, eight = estimate(*args, 1), estimate(*args, 8)
+    assert eight.activations == 8 * one.activations
+    # GPT-2 small at 1,024 tokens: a few GiB a sequence in fp32 (the attention probabilities
+    # alone are 12 layers x 12 heads x 1,024^2 x 4 bytes = 0.56 GiB).
+    assert 1 * GiB < one.activations < 4 * GiB
+    assert estimate(*args, 1, precision="bf16").activations < one.activations
+    assert estimate(*args, 1, fused_attention=True).activations < one.activations
+
+
+def test_mlp_activations_and_families_without_a_model_of_them():
+    mlp = _model("medium")
+    sizes = (50, 256, 128, 64, 3)
+    assert estimate(mlp.family, mlp.shape, mlp.params, 2).activations == 2 * 4 * (sum(sizes[:-1]) + sum(sizes[1:]))
+    cnn = _model("resnet18")
+    found = estimate(cnn.family, cnn.shape, cnn.params, 8)
+    assert found.activations is None and found.total == found.state
+
+
+def test_the_gpt3_shapes_need_sharding_where_the_issue_says():
+    """With bf16 compute, fp32 state and a fused attention kernel, one sequence per device:
+    6.7 B does not fit an 80 GB H100 replicated but fits sharded over two; 13 B does not fit a
+    141 GB H200 replicated but fits sharded over two."""
+    for preset, capacity in (("gpt3-6.7b", H100), ("gpt3-13b", H200)):
+        model = _model(preset)
+        args = (model.family, model.shape, model.params, 1)
+        assert not estimate(*args, precision="bf16", fused_attention=True).fits(capacity)
+        assert estimate(*args, devices=2, sharded=True, precision="bf16", fused_attention=True).fits(capacity)
+    xl = _model("gpt2-xl")
+    assert estimate(xl.family, xl.shape, xl.params, 4, precision="bf16", fused_attention=True).fits(H100)
+
+
+def test_the_table_of_xbench_models_and_bad_input():
+    model = _model("gpt2-xl")
+    rows = per_device_table(model.family, model.shape, model.params, 1)
+    assert list(rows) == ["replicated", "sharded over 2", "sharded over 4", "sharded over 8"]
+    totals = [r.total for r in rows.values()]
+    assert totals == sorted(totals, reverse=True)
+    with pytest.raises(ValueError, match="devices must be at least 1"):
+        estimate(model.family, model.shape, model.params, 1, devices=0)
+    with pytest.raises(ValueError, match="unknown precision"):
+        estimate(model.family, model.shape, model.params, 1, precision="fp8")

@@ -1,0 +1,128 @@
+"""Memory per device of one training step, estimated in pure numpy arithmetic before anything
+is launched: what every program holds (parameters, gradients, Adam's two moments) and what its
+backward pass keeps (activations at the batch), replicated on every device or sharded over N.
+
+The training state follows the programs xbench times: float32 master weights, float32
+gradients and float32 Adam moments whatever the compute precision (bf16 mixed precision keeps
+masters and reductions in float32; "fp64" holds everything in float64), so 16 bytes a
+parameter replicated (32 in float64). Sharded over N devices (FSDP, ZeRO-3: `torch:fsdp`,
+`jax:fsdp`) each device holds 1/N of the state, plus the parameters it gathers for the unit
+it computes: the largest unit (a transformer block; the whole MLP, which is one unit) in the
+compute dtype, twice (the unit computed and the next one prefetched), and that unit's full
+float32 gradient before it is reduce-scattered.
+
+Activations are what the backward pass needs, per sample, in the compute dtype:
+- transformer, per block and token: the LayerNorm inputs (2 width), q, k and v with the
+  attention's input and output and the projection's input (6 width), the MLP's input, its
+  4-width hidden layer before and after GELU (9 width), and the attention probabilities
+  (heads x context; a fused attention kernel keeps none: `fused_attention`), after Korthikanti
+  et al., "Reducing Activation Recomputation in Large Transformer Models" (2022), table 2,
+  without dropout masks; then the final LayerNorm and the logits, with the float32 copy the
+  loss takes and its gradient (the largest single tensor of a GPT-2 step);
+- MLP: each layer's input and its pre-activation;
+- other families: unknown here (`activations` is None; the state alone is estimated).
+
+It is an estimate: allocator fragmentation, workspace of kernels and the framework's own
+buffers (NCCL's, XLA's temporaries) come on top, so a framework's measured peak is the judge;
+what it is for is saying before launching whether a configuration can fit at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GiB = 2**30
+STATE_BYTES = 4  # float32 masters, gradients and each Adam moment (fp64: 8)
+COMPUTE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp64": 8}
+PREFETCHED_UNITS = 2  # the unit computed and the next one gathered ahead of it
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one device holds at the peak of a training step. `activations` is None where the
+    family's activations are not modelled here."""
+
+    devices: int
+    sharded: bool
+    parameters: int
+    gradients: int
+    optimizer: int
+    gathered: int  # sharded programs only: the gathered unit(s) and its unsharded gradient
+    activations: int | None
+
+    @property
+    def state(self) -> int:
+        """Parameters, gradients and Adam's moments (and, sharded, what is gathered)."""
+        return self.parameters + self.gradients + self.optimizer + self.gathered
+
+    @property
+    def total(self) -> int:
+        return self.state + (self.activations or 0)
+
+    def fits(self, capacity_bytes: int) -> bool:
+        return self.total <= capacity_bytes
+
+
+def estimate(family: str, shape: Mapping[str, Any], params: int, per_device_batch: int, devices: int = 1,
+             sharded: bool = False, precision: str = "fp32", fused_attention: bool = False) -> MemoryEstimate:
+    """Per device: a model of `family` with `shape` (a ModelSpec's `shape`) and `params`
+    parameters, `per_device_batch` samples on each device, its state replicated or `sharded`
+    over `devices`."""
+    if devices < 1 or per_device_batch < 0:
+        raise ValueError(f"devices must be at least 1 and the batch not negative; got {devices}, {per_device_batch}")
+    if precision not in COMPUTE_BYTES:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(COMPUTE_BYTES)}")
+    state = 2 * STATE_BYTES if precision == "fp64" else STATE_BYTES
+    compute = COMPUTE_BYTES[precision]
+    share = shard_of(params, devices) if sharded else params
+    gathered = 0
+    if sharded and devices > 1:
+        unit = largest_unit(family, shape, params)
+        gathered = PREFETCHED_UNITS * unit * compute + unit * state
+    per_sample = activations_per_sample(family, shape, compute, fused_attention)
+    return MemoryEstimate(devices, sharded, parameters=share * state, gradients=share * state,
+                          optimizer=2 * share * state, gathered=gathered,
+                          activations=None if per_sample is None else per_sample * per_device_batch)
+
+
+def shard_of(count: int, devices: int) -> int:
+    """The elements one device holds of `count` split over `devices` (the last ones pad)."""
+    return -(-count // devices)
+
+
+def largest_unit(family: str, shape: Mapping[str, Any], params: int) -> int:
+    """The parameters of the largest unit a sharded program gathers at once: a transformer
+    block, or the token embedding with the tied head, whichever is larger; the whole model
+    for the other families (sharded at their root only)."""
+    if family != "transformer":
+        return params
+    d = shape["width"]
+    return max(12 * d * d + 13 * d, shape["vocab"] * d)
+
+
+def activations_per_sample(family: str, shape: Mapping[str, Any], compute_bytes: int,
+                           fused_attention: bool = False) -> int | None:
+    """Bytes the backward pass keeps per sample (see the module's docstring), or None."""
+    if family == "transformer":
+        d, t, layers = shape["width"], shape["context"], shape["layers"]
+        scores = 0 if fused_attention else shape["heads"] * t
+        per_block = t * (17 * d + scores) * compute_bytes
+        head = t * (2 * d) * compute_bytes + t * shape["vocab"] * (compute_bytes + 2 * 4)  # logits, f32 copy, grad
+        return layers * per_block + head
+    if family == "mlp":
+        sizes: Sequence[int] = (shape["inputs"], *shape["widths"], shape["outputs"])
+        return sum(sizes[:-1]) * compute_bytes + sum(sizes[1:]) * compute_bytes
+    return None
+
+
+def per_device_table(family: str, shape: Mapping[str, Any], params: int, per_device_batch: int,
+                     device_counts: Sequence[int] = (2, 4, 8), precision: str = "fp32"
+                     ) -> dict[str, MemoryEstimate]:
+    """What `xbench models` lists: one device replicated ("replicated"), and sharded over each
+    of `device_counts` ("sharded over N"), at `per_device_batch` samples per device."""
+    rows = {"replicated": estimate(family, shape, params, per_device_batch, 1, False, precision)}
+    for n in device_counts:
+        rows[f"sharded over {n}"] = estimate(family, shape, params, per_device_batch, n, True, precision)
+    return rows
