@@ -96,3 +96,12 @@ def test_the_table_of_xbench_models_and_bad_input():
         estimate(model.family, model.shape, model.params, 1, devices=0)
     with pytest.raises(ValueError, match="unknown precision"):
         estimate(model.family, model.shape, model.params, 1, precision="fp8")
+
+
+def test_xbench_models_says_memory_per_device_replicated_and_sharded():
+    from xbench.cli.models_cmd import memory_text
+    from xbench.models.model_spec import preset_model
+
+    assert memory_text(preset_model("gpt2-xl")) == "28.5 GiB; fsdp 2/4/8: 17.5/11.7/8.8 GiB"
+    assert memory_text(preset_model("resnet50")).endswith("GiB (state only)")  # activations not modelled
+    assert memory_text(preset_model("medium")).endswith(" MiB")
