@@ -57,11 +57,27 @@ def test_listed_as_available(plugin_env):
     env, tmp = plugin_env
     done = xbench(env, tmp, "backends")
     assert done.returncode == 0, done.stderr
-    row = next((line for line in done.stdout.splitlines() if f" {NAME} " in line), None)
-    assert row is not None, done.stdout
-    cells = [cell.strip() for cell in row.split("│")]
-    assert "available" in cells, row  # not "unavailable"
-    assert "simulated devices" in row  # a worker process imported it and ran setup
+    entry = _entry(done.stdout, NAME)
+    assert entry, done.stdout
+    assert "available" in entry[0].replace("│", " ").split(), entry  # not "unavailable"
+    assert "simulated devices" in " ".join(entry)  # a worker process imported it and ran setup
+
+
+def _entry(listing: str, name: str) -> list[str]:
+    """The lines `xbench backends` gives one backend: its table row, or, where the table would
+    not fit the terminal, its block (the name's line and the indented lines under it)."""
+    lines = listing.splitlines()
+    for i, line in enumerate(lines):
+        if f" {name} " in line and "│" in line:
+            return [line]
+        if line.split()[:1] == [name]:
+            block = [line]
+            for rest in lines[i + 1:]:
+                if not rest.startswith(" "):
+                    break
+                block.append(rest)
+            return block
+    return []
 
 
 def test_verify_passes_against_jax(plugin_env):
