@@ -54,19 +54,14 @@ def test_an_on_off_flag_says_no_value_type_in_any_help(capsys):
         assert "<bool>" not in capsys.readouterr().out, name
 
 
-def test_a_warning_is_one_clean_line_without_python_s_source_location(capsys, monkeypatch):
+def test_a_warning_is_one_clean_line_without_python_s_source_location():
+    """Python prints a warning as `formatwarning` formats it: during a command, one line."""
     import warnings
 
-    from xbench.cli import main as cli_main
+    from xbench.cli.main import one_line_warnings
 
-    def warns(*args, **kwargs):
-        warnings.warn("xbench backend 'jax' from my.plugin:Jax is ignored:\n  'jax' is a built-in backend",
-                      RuntimeWarning, stacklevel=2)
-        return 0
-
-    monkeypatch.setattr(cli_main, "_run_command", warns)
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        assert cli_main.main(["backends"]) == 0
-    err = capsys.readouterr().err
-    assert err == "warning: xbench backend 'jax' from my.plugin:Jax is ignored: 'jax' is a built-in backend\n", err
+    message = "xbench backend 'jax' from my.plugin:Jax is ignored:\n  'jax' is a built-in backend"
+    with one_line_warnings():
+        text = warnings.formatwarning(message, RuntimeWarning, "registry.py", 97, "return Registry(...)")
+    assert text == "warning: xbench backend 'jax' from my.plugin:Jax is ignored: 'jax' is a built-in backend\n"
+    assert "registry.py" in warnings.formatwarning(message, RuntimeWarning, "registry.py", 97)  # restored after

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     errors = Console(stderr=True, highlight=False)
     args = expand_variadic(list(sys.argv[1:] if argv is None else argv))
     take_interrupts()
-    with guarded_stdout() as stdout, one_line_warnings(errors):
+    with guarded_stdout() as stdout, one_line_warnings():
         code = _run_command(args, errors)
     if stdout.lost is not None:
         errors.print(f"[red]error:[/] could not write to standard output ({escape(stdout.lost)}); "
@@ -155,18 +155,19 @@ def _run_command(args: list[str], errors: Console) -> int:
 
 
 @contextlib.contextmanager
-def one_line_warnings(console: Console) -> Iterator[None]:
+def one_line_warnings() -> Iterator[None]:
     """Warnings (a plugin shadowing a built-in backend, one that fails to load) as one clean
-    line each, without Python's source location and echo of the line that raised them."""
-    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-        console.print(f"[yellow]warning:[/] {escape(' '.join(str(message).split()))}", soft_wrap=True)
+    line each, without Python's source location and echo of the line that raised them. Only
+    their format changes: whoever records warnings (`catch_warnings(record=True)`) still does."""
+    def one_line(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
+        return f"warning: {' '.join(str(message).split())}\n"
 
-    saved = warnings.showwarning
-    warnings.showwarning = show
+    saved = warnings.formatwarning
+    warnings.formatwarning = one_line
     try:
         yield
     finally:
-        warnings.showwarning = saved
+        warnings.formatwarning = saved
 
 
 def take_interrupts() -> None:

@@ -53,7 +53,7 @@ SHARD_TOLERANCES = {"fp64": FLOAT64_TOLERANCES["gradients"], "fp32": TOLERANCES[
                     "bf16": 1e-2, "fp16": 1e-2}
 
 FULL_SIZE = "full size: "  # the start checks' names, so prefixed
-SHARES = "each device's share: its slice's loss = 1 device's"
+SHARES = "each device's share"  # its slice's loss on N devices = the slice's on 1
 
 
 def full_size_model(model: ModelSpec, devices: Sequence[int]) -> ModelSpec | None:
