@@ -16,7 +16,7 @@ from xbench.report.words import flops_text
 COLUMNS = ("preset", "family", "parameters", "FLOP per sample", "unit", "shape", "batch sizes", "memory per device")
 # Memory per device (`xbench.models.memory`): training state and activations in bf16 at one
 # sample per device, replicated on 1 device, then sharded (fsdp) over 2, 4 and 8.
-MEMORY_AT = {"precision": "bf16", "per_device_batch": 1, "device_counts": (2, 4, 8)}
+MEMORY_PRECISION, MEMORY_PER_DEVICE_BATCH, MEMORY_SHARDED_OVER = "bf16", 1, (2, 4, 8)
 IDENTIFYING = ("preset", "family")  # never wrapped nor cut: a user copies them into --model
 
 
@@ -74,10 +74,11 @@ def _preset_row(family_name: str, preset: str) -> tuple[str, ...]:
 
 
 def memory_text(model: ModelSpec) -> str:
-    """Memory per device at `MEMORY_AT`: "28.5 GiB; fsdp 2/4/8: 17.5/11.7/8.8 GiB"; the state
+    """Memory per device at the MEMORY_ settings above: "28.5 GiB; fsdp 2/4/8: 17.5/11.7/8.8 GiB"; the state
     alone, replicated, for a family whose activations are not modelled (and which the fsdp
     programs do not build)."""
-    table = per_device_table(model.family, model.shape, model.params, **MEMORY_AT)  # type: ignore[arg-type]
+    table = per_device_table(model.family, model.shape, model.params, MEMORY_PER_DEVICE_BATCH,
+                             MEMORY_SHARDED_OVER, MEMORY_PRECISION)
     first, *sharded = table.values()
     if first.activations is None:
         return f"{_size(first.state)} (state only)"

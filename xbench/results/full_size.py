@@ -31,11 +31,13 @@ from xbench.results.checks import (
     FLOAT64_TOLERANCES,
     N_EQUALS_1,
     TOLERANCES,
+    VERIFY_STEPS,
     Check,
     Key,
     comparisons,
     reduced_dims,
     verification_batch,
+    verification_model,
 )
 from xbench.stats import relative_errors
 from xbench.wire import Reference
@@ -135,8 +137,6 @@ def unreported_shares(runs: Mapping[Key, Reference]) -> set[str]:
 def sizes_checked(model: ModelSpec, devices: Sequence[int], precision: str) -> str:
     """In words, at which size and precision verify checked `model`: what it trained and what it
     probed at full size (`precision`: the family's verification precision)."""
-    from xbench.results.checks import VERIFY_STEPS, verification_model
-
     counts = sorted(set(devices) | {1})
     trained = verification_model(model, counts)
     full = full_size_model(model, counts)
@@ -144,9 +144,10 @@ def sizes_checked(model: ModelSpec, devices: Sequence[int], precision: str) -> s
     if full is None:
         return (f"{model.name}: trajectory {VERIFY_STEPS} steps at full size, batch {trained.batch_sizes[0]}, "
                 f"{referee}")
-    shrunk = ", ".join(f"{key} {value}" for key, value in reduced_dims(model).items() if value != dict(model.dims)[key])
-    full_dims = ", ".join(f"{key} {dict(model.dims)[key]}" for key, value in reduced_dims(model).items()
-                          if value != dict(model.dims)[key])
+    dims = dict(model.dims)
+    changed = {key: value for key, value in reduced_dims(model).items() if value != dims[key]}
+    shrunk = ", ".join(f"{key} {value}" for key, value in changed.items())
+    full_dims = ", ".join(f"{key} {dims[key]}" for key in changed)
     return (f"{model.name}: trajectory {VERIFY_STEPS} steps on a reduced instance ({shrunk}), batch "
             f"{trained.batch_sizes[0]}, {referee}; full size ({full_dims}): initial loss and per-tensor gradient "
             f"summaries, batch {full.batch_sizes[0]}, {precision}")

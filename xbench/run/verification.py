@@ -303,20 +303,21 @@ def _sort_probe(runs: _Runs, trial: Trial, record: Mapping[str, Any], reason: st
     """A full-size probe's result, or why it has none: too large to run here (out of memory,
     which timing would hit too) leaves its program unverifiable; any other failure fails it."""
     key = (trial.implementation, trial.devices, trial.model.name)
-    runs.trial_ids[("full size", *key)] = trial.id
     runs.probe_precisions[key] = trial.precision
     if record["status"] == "ok":
         runs.probes[key] = load_reference(Path(record["arrays"]))
-    elif record["status"] not in ("skipped", "unsupported") and _out_of_memory(reason):
+    elif record["status"] in ("skipped", "unsupported"):
+        return
+    elif _out_of_memory(reason):
         runs.too_large.setdefault(trial.implementation, f"{trial.model.name} is too large to verify on "
                                   f"{trial.devices} device(s) here: {reason}")
-    elif record["status"] not in ("skipped", "unsupported"):
+    else:
         runs.problems[trial.id], runs.owners[trial.id] = f"full-size probe {reason}", trial.implementation
 
 
 def _out_of_memory(reason: str) -> bool:
     text = reason.lower()
-    return any(sign in text for sign in ("out of memory", "resource_exhausted", "resource exhausted", "oom"))
+    return any(sign in text for sign in ("out of memory", "outofmemory", "resource_exhausted", "resource exhausted"))
 
 
 def checks_as_dicts(checks: Sequence[Check]) -> list[dict[str, Any]]:

@@ -35,7 +35,7 @@ def reference_run(backend: Backend, prepared: Any, steps: int, trial: Trial | No
     # A program's own run (replicate 0) and its probe report their devices' shares; its float64
     # referee and the precision references (replicates 1 and up) serve the trajectory checks only.
     proves_shares = trial is not None and (trial.replicate == 0 or steps == 0)
-    shards = shard_losses(backend, prepared, trial, shard_counts) if proves_shares and trial else {}
+    shards = shard_losses(backend, prepared, trial, shard_counts) if trial is not None and proves_shares else {}
     if steps == 0:
         return Reference(float(loss), [], [], [], summaries=summarize(gradients), shard_losses=shards)
     losses = backend.train(prepared, steps)
