@@ -16,6 +16,7 @@ from xbench.results.fitting import (
     FIT_FILE,
     Measured,
     error_summary,
+    extrapolate_devices,
     find_fits,
     fit_from_dict,
     fit_to_dict,
@@ -33,6 +34,7 @@ from xbench.results.step_model import (
     all_reduce_time,
     alpha_beta,
     fit,
+    host_floor,
     predict,
     step_terms,
     unpack,
@@ -46,17 +48,18 @@ SIZES = (1e5, 4e5, 1.6e6, 6.4e6)
 BATCHES = (16, 64, 256, 1024)
 
 
-def synthetic(noise: float = 0.01, replicates: int = 3, seed: int = 1, truth=TRUTH) -> list[Observation]:
-    """Observations of a known machine: every size x batch on 1 and 2 devices, twins on 2."""
+def synthetic(noise: float = 0.01, replicates: int = 3, seed: int = 1, truth=TRUTH,
+              devices: tuple[int, ...] = (1, 2)) -> list[Observation]:
+    """Observations of a known machine: every size x batch on each device count, twins on N > 1."""
     rng = np.random.default_rng(seed)
     found = []
     for params in SIZES:
         flops = 6 * params
         for b in BATCHES:
-            for devices, all_reduce in ((1, True), (2, True), (2, False)):
-                step = step_terms(truth, devices, b, flops, params, all_reduce).step
+            for count, all_reduce in ((p, reduce) for p in devices for reduce in (True, False) if p > 1 or reduce):
+                step = step_terms(truth, count, b, flops, params, all_reduce).step
                 steps = tuple(step * np.exp(rng.normal(0, noise, replicates)))
-                found.append(Observation(KEY, f"mlp-{params:g}", int(params), flops, devices, b, all_reduce, steps))
+                found.append(Observation(KEY, f"mlp-{params:g}", int(params), flops, count, b, all_reduce, steps))
     return found
 
 
@@ -155,8 +158,32 @@ def test_alpha_beta_and_ring_extrapolation():
     alpha, beta = alpha_beta(sizes, 2e-5 + sizes * 5e-11)
     assert alpha == pytest.approx(2e-5, rel=1e-6) and beta == pytest.approx(5e-11, rel=1e-6)
     comm = {2: (alpha, beta)}
-    # 4 devices: 3 hops of latency instead of 1, and 2(p-1)/p = 1.5 of the bytes instead of 1
-    assert all_reduce_time(comm, 4, 1e6) == pytest.approx(3 * 2e-5 + 1.5 * 1e6 * 5e-11)
+    # 4 devices: the step's latency as on 2 (a framework's per-step cost, not hops), and
+    # 2(p-1)/p = 1.5 of the bytes per link instead of 1
+    assert all_reduce_time(comm, 4, 1e6) == pytest.approx(2e-5 + 1.5 * 1e6 * 5e-11)
+
+
+def test_the_host_floor_grows_per_doubling_as_measured():
+    floors = {1: 1e-3, 2: 1.5e-3}
+    assert host_floor(floors, 2) == 1.5e-3
+    assert host_floor(floors, 4) == pytest.approx(2.25e-3)  # x1.5 per doubling, as from 1 to 2
+    assert host_floor(floors, 8) == pytest.approx(3.375e-3)
+    assert host_floor({1: 1e-3}, 4) == 1e-3  # one count measured: no trend to follow
+
+
+def test_four_devices_predicted_from_one_and_two_with_their_intervals():
+    """A machine that behaves as the extrapolation assumes: fits on its 1- and 2-device steps
+    predict its 4-device steps; its 4-device all-reduce benchmark is not looked at."""
+    truth = {**TRUTH, "a": {1: 1e-3, 2: 1.5e-3, 4: 2.25e-3}, "c": {p: 1e-11 for p in (1, 2, 4)},
+             "comm": {2: (5e-5, 1e-10), 4: (5e-5, 1.5e-10)}}
+    obs = synthetic(truth=truth, devices=(1, 2, 4))
+    misleading = {"numpy": {2: (5e-5, 1e-10), 4: (1.0, 1.0)}}  # a 4-device benchmark the fit must not see
+    held, problems = extrapolate_devices(Measured(tuple(obs), misleading, "test machine", ("synthetic",)), 2)
+    assert not problems
+    assert len(held) == len(SIZES) * len(BATCHES) and {h.devices for h in held} == {4}
+    assert error_summary(held)[0] < 0.03
+    # 95 % intervals around the model's step; the measured means carry their own 0.6 % noise
+    assert sum(bool(h.inside) for h in held) >= 0.85 * len(held)
 
 
 def test_extrapolated_device_counts_are_marked():

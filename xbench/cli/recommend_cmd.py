@@ -261,8 +261,9 @@ def _print_extrapolation(chosen, question: Question) -> None:
         asked = device_counts(question.devices or max(fit.layout.devices))
         if any(p not in fit.layout.devices for p in asked):
             status_console().print(f"* device counts not measured (the fit measured {fit.layout.devices}): "
-                                   "extrapolated from the largest, assuming devices as fast as the measured ones and "
-                                   "a ring all-reduce over the same links")
+                                   "extrapolated from the largest, assuming devices as fast as the measured ones, "
+                                   "the host's cost growing with devices as measured, and a ring all-reduce over "
+                                   "the same links")
             return
 
 

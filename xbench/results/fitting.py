@@ -31,6 +31,7 @@ from xbench.results.step_model import (
     alpha_beta,
     fit,
     fit_problem,
+    predict,
     predict_log,
 )
 from xbench.results.summary import rows_from_records
@@ -235,18 +236,24 @@ def read_fits(path: Path) -> StoredFits:
 class HeldOut:
     """One configuration predicted by a fit that never saw it."""
 
-    scheme: str  # "batch": its per-device batch held out; "model size": its model held out
+    scheme: str  # "batch", "model size", "devices": what was held out; "rerun": another run
     key: FitKey
     model: str
     devices: int
     global_batch: int
     predicted: float  # samples/s
     measured: float
+    interval: tuple[float, float] | None = None  # the prediction's 95 %, where it was asked for
 
     @property
     def error(self) -> float:
         """Signed relative error of the predicted throughput."""
         return self.predicted / self.measured - 1
+
+    @property
+    def inside(self) -> bool | None:
+        """Whether the measured throughput lies in the predicted interval (None: no interval)."""
+        return None if self.interval is None else self.interval[0] <= self.measured <= self.interval[1]
 
 
 def validate(measured: Measured) -> tuple[list[HeldOut], list[str]]:
@@ -288,6 +295,31 @@ def predict_rerun(fitted_on: Measured, rerun: Measured) -> list[HeldOut]:
         found.append(HeldOut("rerun", o.key, o.model, o.devices, o.devices * o.local_batch,
                              o.devices * o.local_batch / float(step), o.throughput))
     return found
+
+
+def extrapolate_devices(measured: Measured, fit_devices: int) -> tuple[list[HeldOut], list[str]]:
+    """What `xbench recommend` does for a machine larger than the sweep's, checked: fits on the
+    device counts up to `fit_devices` (steps and the all-reduce benchmark alike) predict every
+    full step measured on more devices, each with its 95 % interval. Returns the predictions and
+    the keys that could not be fitted, with why."""
+    targets = [o for o in measured.observations if o.devices > fit_devices and o.all_reduce]
+    fits, problems = fit_all(fit_on_devices(measured, fit_devices))
+    by_key = {f.key: f for f in fits}
+    found = []
+    for o in targets:
+        if o.key in by_key:
+            p = predict(by_key[o.key], o.params, o.flops, o.devices * o.local_batch, o.devices)
+            found.append(HeldOut("devices", o.key, o.model, o.devices, p.global_batch, p.throughput, o.throughput,
+                                 (p.throughput_low, p.throughput_high)))
+    return found, problems
+
+
+def fit_on_devices(measured: Measured, fit_devices: int) -> Measured:
+    """The same runs with only the configurations and all-reduce benchmarks of up to `fit_devices`
+    devices: what a sweep on the smaller machine would have measured."""
+    comm = {b: {p: ab for p, ab in fits.items() if p <= fit_devices} for b, fits in measured.comm.items()}
+    return Measured(tuple(o for o in measured.observations if o.devices <= fit_devices), comm,
+                    measured.machine, measured.sources)
 
 
 def _by_key(observations: Iterable[Observation]) -> list[tuple[FitKey, list[Observation]]]:

@@ -29,9 +29,13 @@ the model refitted), widened by the fit's residual scatter, the model's own erro
 resampling of the data shows.
 
 Assumptions, stated where predictions rest on them: devices of a machine are alike; a device
-count not measured uses the largest measured one's compute terms and a ring all-reduce over the
-same links (latency x (p-1), bytes x 2(p-1)/p); F and P between measured models follow a
-power law fitted through the family's measured models.
+count not measured takes the largest measured one's per-FLOP cost, its host floor grown as it
+grew between the two largest measured counts (per doubling; one process dispatching to more
+devices pays more), and its all-reduce over the same links: the fitted latency as it is (in a
+step it is mostly the framework's own per-step cost, not hops: fitted at 0.6-2 ms on 2 GPUs
+against NCCL's 0.05-0.1 ms, and flat from 2 to 4 GPUs), the bytes x 2(p-1)/p as a ring carries
+them (checked against 4 x H200 from fits on 1 and 2: results/2026-11-28-h200x4-four-gpus/);
+F and P between measured models follow a power law fitted through the family's measured models.
 
 Pure functions over plain data; no framework is imported.
 """
@@ -170,10 +174,10 @@ def unpack(theta: Sequence[float] | np.ndarray, layout: Layout) -> dict[str, Any
 def step_terms(terms: Mapping[str, Any], devices: int, local_batch: float, flops: float, params: float,
                all_reduce: bool = True) -> Terms:
     """The predicted step on `devices` devices; a device count without terms of its own takes
-    the largest measured one's compute and a ring all-reduce scaled from it."""
-    measured = sorted(terms["a"])
-    base = devices if devices in terms["a"] else max(measured)
-    host = terms["a"][base]
+    the largest measured one's per-FLOP cost, a host floor extrapolated from the measured ones
+    and a ring all-reduce scaled from it."""
+    base = devices if devices in terms["a"] else max(terms["a"])
+    host = host_floor(terms["a"], devices)
     ref = terms.get("flops_ref", 1.0)
     per_sample = ref * (flops / ref) ** terms.get("k", 1.0)
     arithmetic = terms["c"][base] * per_sample * local_batch + terms["d"] * params
@@ -186,9 +190,23 @@ def step_terms(terms: Mapping[str, Any], devices: int, local_batch: float, flops
     return Terms(step, host, arithmetic, comm, step - compute)
 
 
+def host_floor(floors: Mapping[int, float], devices: int) -> float:
+    """The host's floor per step on `devices` devices: measured, or the largest measured count's
+    grown (or shrunk) per doubling of devices as it did between the two largest counts."""
+    if devices in floors:
+        return floors[devices]
+    counts = sorted(floors)
+    ref = counts[-1]
+    if len(counts) < 2:
+        return floors[ref]
+    prev = counts[-2]
+    return floors[ref] * (floors[ref] / floors[prev]) ** (math.log(devices / ref) / math.log(ref / prev))
+
+
 def all_reduce_time(comm: Mapping[int, tuple[float, float]], devices: int, nbytes: float) -> float:
-    """alpha + beta * bytes at a measured device count; elsewhere the ring's scaling from the
-    largest measured one: latency grows with p - 1 hops, bytes per link with 2(p-1)/p."""
+    """alpha + beta * bytes at a measured device count; elsewhere from the largest measured one:
+    its latency as it is (per step, mostly the framework's own cost, not hops), the bytes per link
+    as a ring carries them, 2(p-1)/p."""
     if devices in comm:
         alpha, beta = comm[devices]
         return alpha + beta * nbytes
@@ -196,7 +214,7 @@ def all_reduce_time(comm: Mapping[int, tuple[float, float]], devices: int, nbyte
         raise FitError(f"no all-reduce measured on more than one device; sweep on {devices} devices")
     ref = max(comm)
     alpha, beta = comm[ref]
-    return alpha * (devices - 1) / (ref - 1) + beta * nbytes * _ring(devices) / _ring(ref)
+    return alpha + beta * nbytes * _ring(devices) / _ring(ref)
 
 
 def _ring(p: int) -> float:
@@ -447,8 +465,8 @@ def extrapolation(fit: Fit, devices: int) -> str | None:
     if devices in fit.layout.devices:
         return None
     largest = max(fit.layout.devices)
-    return (f"{devices} devices not measured (largest: {largest}); assumes devices as fast as the measured ones "
-            f"and a ring all-reduce over the same links")
+    return (f"{devices} devices not measured (largest: {largest}); assumes devices as fast as the measured ones, "
+            f"the host's cost growing with devices as measured, and a ring all-reduce over the same links")
 
 
 def bottleneck(terms: Terms) -> str:
