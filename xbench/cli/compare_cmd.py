@@ -101,7 +101,8 @@ def compare(
     time_budget: Annotated[Optional[float], typer.Option(
         metavar="SECONDS", help="Seconds of timing after which no further round of replicates starts (default: "
                                 "120 on CPUs, 150 on GPUs, or $XBENCH_TIME_BUDGET_S; the planned replicates "
-                                "always run).")] = None,
+                                "always run; with the platform's default, the rounds get at least as long as "
+                                "the planned replicates took, so a slower machine still gets them).")] = None,
     max_replicates: Annotated[Optional[int], typer.Option(
         metavar="INT", help=f"Replicates per configuration at most, adaptive ones included (default "
                             f"{PROTOCOL.max_replicates}).")] = None,

@@ -29,7 +29,12 @@ class TimingProtocol:
     DEFAULT_INTERVAL_TARGET) gets one more replicate
     per round, in interleaved rounds, until every interval is narrow enough, a configuration has
     `max_replicates`, or the next round would end past `time_budget_s` seconds of timing (None
-    until resolved: DEFAULT_TIME_BUDGET_S). `run_variation`: the relative standard deviation of
+    until resolved: DEFAULT_TIME_BUDGET_S). `adaptive_floor`: the rounds may run at least this
+    multiple of the planned replicates' own seconds, whatever the budget left (None until
+    resolved: DEFAULT_ADAPTIVE_FLOOR where the budget is the platform's default, so that a
+    slower or busy machine, whose planned replicates use up the default budget, still gets the
+    rounds that make its intervals as narrow; 0 where the spec or the command line set the
+    budget: a budget given is kept). `run_variation`: the relative standard deviation of
     a configuration's mean between whole runs on this machine (measure it with
     benchmarks/repeatability.py; None until resolved: DEFAULT_RUN_VARIATION); the intervals of
     host-bound rows, and of every row on simulated CPU devices, include it, since the
@@ -51,6 +56,7 @@ class TimingProtocol:
     interval_target: float | None = None
     time_budget_s: float | None = None
     max_replicates: int = 12
+    adaptive_floor: float | None = None
     run_variation: float | None = None
     device_run_variation: float | None = None
 
@@ -67,6 +73,11 @@ class TimingProtocol:
 # 3 minutes on a 2-core machine.
 DEFAULT_INTERVAL_TARGET = {"cpu": 0.10, "gpu": 0.05}
 DEFAULT_TIME_BUDGET_S = {"cpu": 120.0, "gpu": 150.0}
+# Where the default budget holds: adaptive rounds get at least as long as the planned replicates
+# took. On the 2-core machine the planned replicates of `make compare` take about half the
+# default budget; on one 1.5x slower they took all of it, leaving no round (8 and 3 of 16 rows
+# within ±10 % instead of 14-16).
+DEFAULT_ADAPTIVE_FLOOR = 1.0
 # Run-to-run variation (relative sd of a configuration's mean between whole runs, beyond what
 # its replicates show) where nothing better is known: measured on this project's machines with
 # benchmarks/repeatability.py. A 2-core CPU (7 runs of the quick spec): median 3 % over

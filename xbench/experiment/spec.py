@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from xbench.contract.timing import (
+    DEFAULT_ADAPTIVE_FLOOR,
     DEFAULT_DEVICE_RUN_VARIATION,
     DEFAULT_INTERVAL_TARGET,
     DEFAULT_RUN_VARIATION,
@@ -401,6 +402,9 @@ def resolve_protocol(protocol: TimingProtocol, gpu: bool, order_seed: int) -> Ti
                          else DEFAULT_INTERVAL_TARGET["gpu" if gpu else "cpu"]),
         time_budget_s=(protocol.time_budget_s if protocol.time_budget_s is not None
                        else default_time_budget_s(gpu)),
+        adaptive_floor=(protocol.adaptive_floor if protocol.adaptive_floor is not None
+                        else 0.0 if protocol.time_budget_s is not None or TIME_BUDGET_VARIABLE in os.environ
+                        else DEFAULT_ADAPTIVE_FLOOR),
         run_variation=(protocol.run_variation if protocol.run_variation is not None
                        else DEFAULT_RUN_VARIATION["gpu" if gpu else "cpu"]),
         device_run_variation=(protocol.device_run_variation if protocol.device_run_variation is not None

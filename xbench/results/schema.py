@@ -74,6 +74,7 @@ class StoredProtocol(_StoredProtocolBase, total=False):
     interval_target: float | None  # adaptive replicates (absent before them; None: verify's trials)
     time_budget_s: float | None
     max_replicates: int
+    adaptive_floor: float | None  # absent before it
     run_variation: float | None
     device_run_variation: float | None
 

@@ -86,6 +86,11 @@ class Budget:
             return self.spent < self.seconds
         return self.spent + trials * self.spent / self.trials <= self.seconds
 
+    def at_least(self, share: float) -> None:
+        """Once the planned replicates are charged: the rounds may run `share` times their
+        seconds, even where that passes the budget (`TimingProtocol.adaptive_floor`)."""
+        self.seconds = max(self.seconds, self.spent * (1 + share))
+
     @property
     def left(self) -> float:
         return max(0.0, self.seconds - self.spent)

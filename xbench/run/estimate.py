@@ -136,11 +136,14 @@ def estimate(spec: Spec, backends: Sequence[str], lineups: Mapping[str, Lineup],
     checks = verification_trials(spec, backends, spec.devices, launchers, lineups) if verify else []
     protocol = spec.protocol
     budget = (protocol.time_budget_s or 0.0) if adaptive(protocol) else 0.0
+    # the rounds' ceiling: the budget, or as long again as the planned replicates (adaptive_floor)
+    ceiling = max(budget, timing * (1 + (protocol.adaptive_floor or 0.0))) if budget else 0.0
     configurations = len({t.config_id for t in trials if t.all_reduce})
     per_configuration = timing / configurations if configurations else 0.0
     return Estimate(configurations=configurations, trials=len(trials), processes=processes,
                     verify_runs=len(checks), fixed_s=costs.fixed_s if trials or checks else 0.0,
-                    verify_s=verify_seconds(checks, costs), timing_s=timing, timing_max_s=max(timing, budget),
+                    verify_s=verify_seconds(checks, costs), timing_s=timing,
+                    timing_max_s=max(timing, ceiling),
                     per_configuration_s=per_configuration, time_budget_s=budget)
 
 
@@ -160,7 +163,10 @@ def plan_lines(found: Estimate, replicates: int) -> list[str]:
     verify = (f"verification ~{duration(found.verify_s)} ({found.verify_runs} run(s))" if found.verify_runs
               else "no verification")
     timing = f"timing ~{duration(found.timing_s)} ({found.trials} replicate(s) in {found.processes} worker process(es))"
-    if found.timing_max_s > found.timing_s:
+    if found.timing_max_s > max(found.timing_s, found.time_budget_s):
+        timing += (f", then adaptive rounds for up to as long again (~{duration(found.timing_max_s - found.timing_s)}: "
+                   f"the planned replicates take most of the {found.time_budget_s:g} s time budget)")
+    elif found.timing_max_s > found.timing_s:
         timing += f", then adaptive rounds up to the {found.time_budget_s:g} s time budget"
     head = (f"plan: {found.configurations} configuration(s) x {replicates} replicate(s); estimated {total}: "
             f"{verify}, {timing}")

@@ -90,6 +90,7 @@ def _execute(comparison: Comparison, ctx: launcher.Context, writer: RecordWriter
     records += launcher.run_groups(group_trials(runnable, targets, positions), ctx)
     budget = _spent(comparison, done)  # a resumed run: what it timed before counts too
     budget.charge(time.monotonic() - started, len(runnable))
+    budget.at_least(comparison.spec.protocol.adaptive_floor or 0.0)
     timed = [t for t in everything if verification[t.implementation]["status"] != "failed"]
     return records + _extra_rounds(comparison, ctx, timed, budget, listener)
 
@@ -135,7 +136,9 @@ def round_due(comparison: Comparison, done: set[str]) -> bool:
     if not adaptive(protocol) or comparison.launch.multi_node:
         return False
     found = next_round(planned_trials(comparison), read_records(comparison.run_dir), protocol, 1)
-    return bool(found.trials) and _spent(comparison, done).affords(len(found.trials))
+    budget = _spent(comparison, done)
+    budget.at_least(protocol.adaptive_floor or 0.0)
+    return bool(found.trials) and budget.affords(len(found.trials))
 
 
 def _spent(comparison: Comparison, done: set[str] | frozenset[str]) -> Budget:
