@@ -10,12 +10,14 @@
 #   part b: scaling-wide's 50 M MLP at global batch 32,768, jax, jax-shardmap and torch on
 #           1, 2 and 4 GPUs, verification on, compute-only twins (--breakdown).
 #   part c: the families' GPT-2 small in bf16 on 1, 2 and 4 GPUs, jax and torch, with MFU.
+#   part d: the seed study on 1, 2 and 4 GPUs, jax and torch (the planned replicates only;
+#           its 1-GPU half alone took 200-300 s on one H100).
 #
 # Each step runs under its own timeout with SIGINT: an interrupted run keeps its records and
 # `--resume DIR` finishes it. Everything is packed into $OUT/results.tgz.
-#   bash benchmarks/gpu_four_curve.sh a|b|c
+#   bash benchmarks/gpu_four_curve.sh a|b|c|d
 set -uo pipefail
-part=${1:?part a, b or c}
+part=${1:?part a, b, c or d}
 source "$(dirname "$0")/_gpu_setup.sh"
 keep=/tmp/xbench-keep
 export NCCL_NVLS_ENABLE=0 COLUMNS=120  # NVLink multicast off (the device notes); a 120-column terminal
@@ -58,6 +60,10 @@ b)
 c)
   step gpt2-small 540 xbench compare --config configs/families.toml --backends jax torch --model gpt2-small \
     --precision bf16 --devices 1 2 4 --replicates 2 --time-budget 0 --wide --out "$out/run/gpt2-small"
+  ;;
+d)
+  step seed-study 540 xbench compare --config configs/seed-study.toml --backends jax torch --devices 1 2 4 \
+    --time-budget 0 --out "$out/run/seed-study"
   ;;
 esac
 for f in "$out/run"/*.err; do echo "== $f"; grep -v "^\[" "$f" | tail -4; done
