@@ -3,6 +3,7 @@ models, a verdict with its interval, and held-out validation of the fits (--vali
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,10 +11,13 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from xbench import stats
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Precision, names, value
 from xbench.errors import XbenchError
 from xbench.models.model_spec import preset_model
+from xbench.report.terminal import bound_text
+from xbench.report.words import USABLE_SPAN, interval_text, rate_text, ratio_text, too_uncertain
 from xbench.results.fitting import StoredFits, error_summary, find_fits, fit_all, load_runs, validate
 from xbench.results.recommend import (
     MEASURE,
@@ -196,9 +200,9 @@ def _answer(chosen, question: Question) -> tuple[int, list[str]]:
     answered, problems = 0, []
     for batch in question.batches:
         table = Table(title=f"global batch {batch}", title_justify="left")
-        for header in ("backend", "precision", "devices", "per device", f"{question.unit}/s [95 %]",
-                       "speedup [95 %]", "bound by"):
-            table.add_column(header, justify="right" if header not in ("backend", "bound by") else "left")
+        for header in ("program", "precision", "dev", "per device", f"{question.unit}/s", "speedup (95%)",
+                       "bound by"):  # as `xbench compare` names its columns
+            table.add_column(header, justify="right" if header not in ("program", "bound by") else "left")
         verdicts = []
         for fit in chosen:
             q = question if question.devices else _with_devices(question, max(fit.layout.devices))
@@ -209,7 +213,7 @@ def _answer(chosen, question: Question) -> tuple[int, list[str]]:
                 problems.append(str(problem))
                 continue
             for p in rows:
-                speed = "" if p.speedup is None else f"{p.speedup[0]:.2f}x [{p.speedup[1]:.2f}, {p.speedup[2]:.2f}]"
+                speed = "" if p.speedup is None else speedup_text(p.speedup)
                 mark = " *" if p.extrapolated else ""
                 table.add_row(fit.key.label, fit.key.precision, f"{p.devices}{mark}", f"{batch // p.devices:,}",
                               _rate(p, question), speed, bottleneck(p.terms))
@@ -226,9 +230,26 @@ def _answer(chosen, question: Question) -> tuple[int, list[str]]:
 
 
 def _rate(p, question: Question) -> str:
-    """Throughput and its interval in the model's unit (tokens/s for a transformer preset)."""
+    """Throughput and its 95 % interval in the model's unit (tokens/s for a transformer preset), as
+    `xbench compare` writes them: "3.567M ±0.4%" where the interval is nearly symmetric, else its
+    bounds "767,391 (663k–1.08M)" (kept where compare would say "too few reps": a prediction's
+    interval is the fit's, and the verdicts rest on it)."""
     n = question.units_per_sample
-    return f"{n * p.throughput:,.0f} [{n * p.throughput_low:,.0f}, {n * p.throughput_high:,.0f}]"
+    value, low, high = n * p.throughput, n * p.throughput_low, n * p.throughput_high
+    if high > USABLE_SPAN * low:
+        return f"{rate_text(value)} ({bound_text(low)}–{bound_text(high)})"
+    return f"{rate_text(value)} {interval_text(value, low, high, 1.0, bound_text)}".rstrip()
+
+
+def speedup_text(speedup: tuple[float, float, float]) -> str:
+    """e.g. "1.84× (1.27–2.68)": a predicted speedup (central, low, high) as `xbench compare`
+    writes one (`ratio_text`), except that its bounds stay where they lie more than USABLE_SPAN
+    apart (compare says "too uncertain" there): a verdict here rests on where they lie against 1."""
+    central, low, high = speedup
+    s = stats.Scaling(0, central, math.nan, math.nan, low > 1, low, high)
+    if not too_uncertain(s):
+        return ratio_text(s)
+    return f"{ratio_text(stats.Scaling(0, central, math.nan, math.nan, False))} ({low:.2f}–{high:.2f})"
 
 
 def _with_devices(question: Question, devices: int) -> Question:
@@ -238,13 +259,13 @@ def _with_devices(question: Question, devices: int) -> Question:
 def _print_verdicts(verdicts, question: Question) -> None:
     console = data_console()
     for v in verdicts:
-        label = f"{v.fit.key.label} ({v.fit.key.precision})"
+        label, why = f"{v.fit.key.label} ({v.fit.key.precision})", v.reason(speedup_text)
         if v.choice == MULTI:
-            console.print(f"{label}: use {v.best.devices} devices — {v.why}; {bottleneck(v.best.terms)}")
+            console.print(f"{label}: use {v.best.devices} devices — {why}; {bottleneck(v.best.terms)}")
         elif v.choice == MEASURE:
-            console.print(f"{label}: measure — {v.why}")
+            console.print(f"{label}: measure — {why}")
         else:
-            console.print(f"{label}: use one device — {v.why}; {bottleneck(v.best.terms)}")
+            console.print(f"{label}: use one device — {why}; {bottleneck(v.best.terms)}")
     if len(verdicts) > 1:
         top = max(verdicts, key=lambda v: v.chosen.throughput)
         best = top.chosen
@@ -252,7 +273,7 @@ def _print_verdicts(verdicts, question: Question) -> None:
                        if v is not top and v.chosen.throughput_high >= best.throughput_low]
         tie = f"; intervals overlap with {', '.join(overlapping)}" if overlapping else ""
         console.print(f"fastest as recommended: {top.fit.key.label} on {best.devices} device(s), "
-                      f"{question.units_per_sample * best.throughput:,.0f} {question.unit}/s{tie}")
+                      f"{rate_text(question.units_per_sample * best.throughput)} {question.unit}/s{tie}")
 
 
 def _print_extrapolation(chosen, question: Question) -> None:
@@ -292,7 +313,7 @@ def _print_break_even(chosen) -> None:
                 found.append(f"batch {batch}: already at the smallest fitted size ({b.params:,.3g} params)")
             else:
                 high = f"{b.surely:,.3g}" if b.surely else f"beyond the fitted {fit.params_range[1]:,.3g}"
-                found.append(f"batch {batch}: from {b.params:,.3g} params [{b.earliest:,.3g}, {high}]")
+                found.append(f"batch {batch}: from {b.params:,.3g} params ({b.earliest:,.3g}–{high})")
         if never:
             found.append(f"batch {'/'.join(map(str, never))}: not within the fitted sizes "
                          f"(up to {fit.params_range[1]:,.3g} params)")

@@ -5,7 +5,7 @@ per backend and device count, a verdict per backend, and where more devices star
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +14,9 @@ from xbench.results.fitting import StoredFits, same_kind
 from xbench.results.step_model import Fit, FitError, Prediction, flops_for, predict
 
 MULTI, SINGLE, MEASURE = "more devices", "one device", "measure"
+# Where a verdict's reason quotes a speedup: the words are decided here, the number is written
+# as `xbench compare` writes one, by the command (`Verdict.reason`).
+SPEEDUP = "{speedup}"
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,13 @@ class Verdict:
     global_batch: int
     choice: str  # MULTI, SINGLE or MEASURE
     best: Prediction  # the prediction behind the choice
-    why: str
+    why: str  # a speedup it quotes stands at SPEEDUP: `reason` writes it
     fastest: Prediction  # the highest predicted throughput over the device counts
+    quoted: Prediction | None = None  # the prediction whose speedup `why` quotes (at SPEEDUP)
+
+    def reason(self, speedup: Callable[[tuple[float, float, float]], str]) -> str:
+        """`why`, its quoted speedup (central, low, high) written by `speedup`."""
+        return self.why if self.quoted is None else self.why.replace(SPEEDUP, speedup(_interval(self.quoted)))
 
     @property
     def chosen(self) -> Prediction:
@@ -139,16 +147,16 @@ def verdict(fit: Fit, question: Question, batch: int, found: Sequence[Prediction
     better = [p for p in multi if _interval(p)[1] > 1]
     if better:
         best = max(better, key=lambda p: p.throughput)
-        return Verdict(fit, batch, MULTI, best, f"{best.devices} devices: {_speedup(best)}", fastest)
+        return Verdict(fit, batch, MULTI, best, f"{best.devices} devices: {SPEEDUP}", fastest, best)
     if multi and all(_interval(p)[2] < 1 for p in multi):
         best = max(multi, key=lambda p: _interval(p)[0])
-        return Verdict(fit, batch, SINGLE, single, f"{best.devices} devices would run at {_speedup(best)}", fastest)
+        return Verdict(fit, batch, SINGLE, single, f"{best.devices} devices would run at {SPEEDUP}", fastest, best)
     if not multi:
         return Verdict(fit, batch, SINGLE, single, f"no device count up to {question.devices} splits batch {batch} "
                        "into per-device batches the fit covers", fastest)
     best = max(multi, key=lambda p: _interval(p)[0])
-    return Verdict(fit, batch, MEASURE, best, f"{best.devices} devices: {_speedup(best)}, the interval straddles 1x",
-                   fastest)
+    return Verdict(fit, batch, MEASURE, best, f"{best.devices} devices: {SPEEDUP}, the interval straddles 1×",
+                   fastest, best)
 
 
 def _interval(p: Prediction) -> tuple[float, float, float]:
@@ -157,11 +165,6 @@ def _interval(p: Prediction) -> tuple[float, float, float]:
     if p.speedup is None:
         raise ValueError(f"no speedup predicted on {p.devices} device(s) at batch {p.global_batch}")
     return p.speedup
-
-
-def _speedup(p: Prediction) -> str:
-    central, low, high = _interval(p)
-    return f"{central:.2f}x [{low:.2f}, {high:.2f}]"
 
 
 def break_even(fit: Fit, global_batch: int, devices: int = 2, points: int = 120) -> BreakEven:
