@@ -30,7 +30,7 @@ FSDP_FAMILIES = ("mlp", "transformer")
 def variant(how: str) -> Variant:
     """The `fsdp` Variant as a backend declares it, `how` saying with what."""
     return Variant(FSDP, f"sharded data parallelism: parameters, gradients and Adam state split over the devices "
-                         f"({how})", families=FSDP_FAMILIES)
+                         f"({how})", families=FSDP_FAMILIES, sharded=True)
 
 
 NO_TWIN = ("fsdp has no compute-only twin: its parameters are gathered and its gradients reduce-scattered by the "

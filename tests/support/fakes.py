@@ -1,6 +1,6 @@
 """Backends for tests: a numpy one that really computes, and plugins that misbehave.
 
-The numpy backend can be told, through its options, to crash, hang or fail on one global
+The numpy backend can be told, through its options, to crash, hang, fail or run out of memory on one global
 batch size, so tests can check that the launcher loses nothing else.
 """
 
@@ -58,8 +58,8 @@ def stop_once(what: str) -> None:
         return
 
 
-ACTIONS = ("crash_batch", "hang_batch", "fail_batch", "work_factor", "rank", "fail_if_env", "delay_rank",
-           "fail_allreduce_bytes")
+ACTIONS = ("crash_batch", "hang_batch", "fail_batch", "oom_batch", "work_factor", "rank", "fail_if_env",
+           "delay_rank", "fail_allreduce_bytes")
 
 
 @dataclass
@@ -111,6 +111,8 @@ class NumpyBackend:
             time.sleep(3600)
         if options.get("fail_batch") == batch:
             raise RuntimeError("planned failure")
+        if options.get("oom_batch") == batch:  # torch's words for it
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (planned)")
         for _ in range(steps * options.get("work_factor", 1)):  # work_factor: a planned slowdown
             np.maximum(prepared.x @ prepared.kernel, 0)
 

@@ -40,6 +40,7 @@ class Variant:
     warmup_steps: int | None = None  # at least this many untimed steps first (e.g. CUDA-graph capture)
     precisions: tuple[str, ...] | None = None  # the only precisions it runs in (None: every one)
     families: tuple[str, ...] | None = None  # the only model families it builds (None: the backend's)
+    sharded: bool = False  # parameters, gradients and optimizer state split over the devices (FSDP, ZeRO-3)
 
 
 @dataclass(frozen=True)

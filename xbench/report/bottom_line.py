@@ -16,8 +16,9 @@ from typing import Any
 
 from xbench import stats
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, backend_label, implementation
-from xbench.report.words import USABLE_SPAN, ratio_text, too_uncertain
+from xbench.report.words import USABLE_SPAN, rate_text, ratio_text, too_uncertain
 from xbench.results.control import movements
+from xbench.results.fit import does_not_fit, fit_words
 from xbench.results.links import NO_EFFECT
 from xbench.results.summary import (
     BENEFICIAL_SPEEDUP,
@@ -76,9 +77,31 @@ def bottom_line(rows: Sequence[Row], controls: Sequence[Mapping[str, Any]] = ())
     moved = machine_moved(controls)
     for model in dict.fromkeys(row.model for row in rows):
         measured = [r for r in full_rows(rows) if r.model == model and r.throughput is not None]
-        if measured:
-            found.append(ModelBottomLine(model, tuple(([moved] if moved else []) + _sentences(measured))))
+        fit = fit_sentence([r for r in full_rows(rows) if r.model == model])
+        if measured or fit:
+            said = ([moved] if moved else []) + ([fit] if fit else []) + (_sentences(measured) if measured else [])
+            found.append(ModelBottomLine(model, tuple(said)))
     return found
+
+
+def fit_sentence(rows: Sequence[Row]) -> str:
+    """Where some configurations did not fit in device memory (`xbench.results.fit`): which,
+    which programs fit, and the fastest configuration of those that fit; "" where all fit."""
+    missing = [r for r in rows if does_not_fit(r)]
+    if not missing:
+        return ""
+    said = _listed(f"{r.label} on {_plural(r.devices, 'device')} at {batch_phrase(r)} ({fit_words(r.reason)})"
+                   for r in missing)
+    fit = [r for r in rows if r.throughput is not None]
+    if not fit:
+        return f"Nothing fit in device memory: {said}."
+    best = max(fit, key=geomean_rate)
+    programs = ", ".join(f"{label} ({sum(r.label == label for r in fit)} of "
+                         f"{_plural(sum(r.label == label for r in rows), 'configuration')})"
+                         for label in dict.fromkeys(r.label for r in fit))
+    return (f"Did not fit in device memory: {said}. Fit: {programs}; the fastest of them is "
+            f"{best.label} on {_plural(best.devices, 'device')} at {batch_phrase(best)} "
+            f"({rate_text(geomean_rate(best) * best.units_per_sample)} {best.unit}/s).")
 
 
 def _sentences(rows: list[Row]) -> list[str]:

@@ -32,6 +32,7 @@ from xbench.report.words import (
 from xbench.results.allreduce import ok_results
 from xbench.results.conditions import busy_host
 from xbench.results.control import read_controls
+from xbench.results.fit import DOES_NOT_FIT, does_not_fit
 from xbench.results.links import notes
 from xbench.results.records import (
     ALLREDUCE_FILE,
@@ -266,7 +267,7 @@ def allreduce_section(records: Sequence[AllReduceRecord], images: Sequence[Image
 
 
 def problems_section(rows: Sequence[Row]) -> list[Block]:
-    problems = tuple((r.trial_id, r.status, r.reason or "")
+    problems = tuple((r.trial_id, DOES_NOT_FIT if does_not_fit(r) else r.status, r.reason or "")
                      for r in rows if r.throughput is None)
     if not problems:
         return []

@@ -37,6 +37,7 @@ from xbench.report.words import (
 )
 from xbench.results.allreduce import format_size, ok_results, result_from_record
 from xbench.results.conditions import energy_mj_per_sample, gpu_util_pct, memory_gib
+from xbench.results.fit import DOES_NOT_FIT, does_not_fit
 from xbench.results.records import AllReduceRecord
 from xbench.results.summary import (
     BENEFICIAL_SPEEDUP,
@@ -200,7 +201,7 @@ def _compact_cells(row: Row) -> dict[str, str]:
     cells = dict.fromkeys(COMPACT_HEADERS, "")
     cells.update({"program": escape(row.label), "dev": str(row.devices), "batch": f"{row.global_batch:,}"})
     if row.throughput is None:
-        cells["samples/s"] = f"[red]{row.status}[/]"
+        cells["samples/s"] = status_cell(row)
         return cells
     said = verdict(row)
     shown = COMPACT_VERDICTS.get(said, said)
@@ -250,7 +251,7 @@ def _compact_caption(rows: list[Row], below: Sequence[str] = ()) -> str:
              for row in full_rows(rows) if row.throughput is not None and (said := _said_below(row, below))]
     lines += [f"links: {said}" for said in sorted({r.links for r in rows if r.links})]
     lines += [COMPACT_NOTE]
-    lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}" for r in rows if r.throughput is None]
+    lines += [unmeasured_line(r) for r in rows if r.throughput is None]
     return "\n".join(lines)
 
 
@@ -312,6 +313,8 @@ BREAKDOWN_NOTE = ("compute ms: the same step without the gradient all-reduce; co
 TELEMETRY_NOTE = ("GPU util %: NVML's own samples of the timed windows, averaged over devices and replicates "
                   "(where it kept none, an untimed second of training after them); mem GiB: the framework's own "
                   "peak counter (its scope, trial or worker process, is in the record), else NVML's peak 'used'; "
+                  "est. GiB: xbench's estimate before launching (parameters, gradients, Adam state, activations at "
+                  "the batch; xbench models), which leaves out the framework's own buffers; "
                   "mJ/sample: NVML energy over the timed windows per sample")
 
 
@@ -332,7 +335,7 @@ def cost_columns(rows: Sequence[Row], busbw: Busbw) -> CostColumns | None:
         return None
     headers = ["backend", "dev", "batch", "step ms"]
     headers += ["compute ms", "comm ms", "comm %", "busbw GB/s"] if breakdown else []
-    headers += ["GPU util %", "mem GiB", "mJ/sample"] if telemetry else []
+    headers += ["GPU util %", "mem GiB", "est. GiB", "mJ/sample"] if telemetry else []
     cells = []
     for row in full_rows(rows):
         if row.throughput is None:
@@ -379,8 +382,9 @@ def _model_table(model: str, rows: list[Row]) -> Table:
 
 def _telemetry_cells(row: Row) -> list[str]:
     util, mem, energy = gpu_util_pct(row), memory_gib(row), energy_mj_per_sample(row)
+    estimated = row.memory_estimate_gib
     return ["" if util is None else f"{util:.0f}", "" if mem is None else f"{mem:.2f}",
-            "" if energy is None else f"{energy:.3g}"]
+            "" if estimated is None else f"{estimated:.2f}", "" if energy is None else f"{energy:.3g}"]
 
 
 def _busbw_cell(row: Row, busbw: Busbw) -> str:
@@ -401,7 +405,7 @@ VERDICT_STYLE = {"multi-device beneficial": "green", "single device preferred": 
 def _cells(row: Row) -> list[str]:
     if row.throughput is None:
         head = [row.label, str(row.devices), str(row.global_batch)]
-        return [*head, f"[red]{row.status}[/]", *[""] * (len(RESULT_HEADERS) - 4)]
+        return [*head, status_cell(row), *[""] * (len(RESULT_HEADERS) - 4)]
     cells = [escape(cell) for cell in result_cells(row, brief=True)]
     verdict_at, notes_at = RESULT_HEADERS.index("verdict"), RESULT_HEADERS.index("notes")
     style = VERDICT_STYLE.get(cells[verdict_at])
@@ -410,6 +414,17 @@ def _cells(row: Row) -> list[str]:
     if row.unstable or row.throttled:
         cells[notes_at] = f"[yellow]{cells[notes_at]}[/]"
     return cells
+
+
+def status_cell(row: Row) -> str:
+    """What an unmeasured row shows in place of its throughput."""
+    return f"[yellow]{DOES_NOT_FIT}[/]" if does_not_fit(row) else f"[red]{row.status}[/]"
+
+
+def unmeasured_line(row: Row) -> str:
+    """An unmeasured row under the table: its id and why (a does-not-fit reason says so itself)."""
+    said = row.reason if does_not_fit(row) else f"{row.status}: {row.reason}"
+    return f"{row.trial_id}: {escape(str(said))}"
 
 
 def format_p(p: float) -> str:
@@ -432,8 +447,7 @@ def _caption(rows: list[Row]) -> str:
         "against the devices' dense peak at this precision (details in the report)",
     ]
     lines += [f"links: {said}" for said in sorted({r.links for r in rows if r.links})]
-    lines += [f"{r.trial_id}: {r.status}: {escape(str(r.reason))}"
-              for r in rows if r.throughput is None]
+    lines += [unmeasured_line(r) for r in rows if r.throughput is None]
     return "\n".join(lines)
 
 

@@ -27,6 +27,7 @@ from xbench.results.schema import ClockRange as ClockRange
 from xbench.results.schema import DeviceTelemetry as DeviceTelemetry
 from xbench.results.schema import FrameworkMemory as FrameworkMemory
 from xbench.results.schema import HostState as HostState
+from xbench.results.schema import MemoryFacts as MemoryFacts
 from xbench.results.schema import ProcessFacts as ProcessFacts
 from xbench.results.schema import RankTiming as RankTiming
 from xbench.results.schema import Record as Record

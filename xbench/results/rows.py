@@ -77,6 +77,7 @@ class Row:
     framework: str = ""  # the framework behind the backend, as its worker named it ("" before it started)
     links: str = ""  # the GPU-to-GPU links where P2P was off (`xbench.results.links.short`); "": the machine's own
     busy: tuple[float, int] | None = None  # the run's host load and cores where other programs competed (`busy_host`)
+    memory_estimate_gib: float | None = None  # per device, estimated before launching (`xbench.results.fit`)
 
     @property
     def trial_id(self) -> str:

@@ -244,6 +244,16 @@ class ProcessFacts(TypedDict):
     forked: bool
 
 
+class MemoryFacts(TypedDict):
+    """The memory a trial needs per device, estimated before it was launched
+    (`xbench.models.memory`), and the device memory it was checked against (None: not checked,
+    e.g. simulated CPU devices without XBENCH_DEVICE_MEMORY_GIB)."""
+
+    estimate_bytes: int
+    capacity_bytes: int | None
+    sharded: bool
+
+
 class _VerificationOutcomeBase(TypedDict):
     status: str  # "passed", "failed", "unverifiable" or "skipped"
 
@@ -282,6 +292,7 @@ class Record(_RecordBase, total=False):
     replicate: ReplicateFacts
     process: ProcessFacts  # timed records since the fork server
     arrays: str  # verification trials: where the reference arrays are
+    memory: MemoryFacts  # timed trials since the check before launching
 
 
 class _AllReduceRecordBase(TypedDict):

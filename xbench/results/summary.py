@@ -24,6 +24,7 @@ from xbench import stats
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, trial_id
 from xbench.models.model_spec import ModelSpec
 from xbench.results.conditions import busy_host, host_bound_reason
+from xbench.results.fit import estimate_gib
 from xbench.results.links import short
 from xbench.results.peaks import Peak, peak_for
 from xbench.results.records import Record, StoredModel
@@ -172,6 +173,7 @@ def _row(records: Sequence[Record]) -> Row:
         interval_target=float(protocol.get("interval_target") or 0.0),
         peak=_device_peak(records, trial["precision"]),
         precision=trial["precision"],
+        memory_estimate_gib=estimate_gib(records),
         **_model_facts(trial["model"]),
     )
     if not measured:

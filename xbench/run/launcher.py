@@ -28,6 +28,7 @@ from typing import Any, Protocol, cast
 
 from xbench.contract import Process, Trial
 from xbench.errors import XbenchError
+from xbench.results.fit import measured_reason, out_of_memory
 from xbench.results.records import ProcessFacts, Record
 from xbench.run.bounds import STARTUP_OPTION, TRIAL_OPTION, Deadline
 from xbench.run.cluster import Launch, job_ports
@@ -238,14 +239,18 @@ class Gang:
         done: list[Record] = []
         for trial in trials:
             record = self._trial_record(trial, ready["device_info"], ctx)
+            # A failed rank may leave the others inside a collective: start afresh, as after
+            # anything that stopped the gang (a timeout, an event it could not read).
+            status = record["status"]
+            ended = status in ("timeout", "crashed") or self.stopped or (self.spmd and status != "ok")
+            if ctx.arrays_dir is None:
+                record = fit_or_not(record)
             if self.process is not None:
                 record["process"] = self.process
             done.append(record)
             ctx.write(record)
             ctx.listener.trial_finished(trial, record)
-            # A failed rank may leave the others inside a collective: start afresh, as after
-            # anything that stopped the gang (a timeout, an event it could not read).
-            if record["status"] in ("timeout", "crashed") or self.stopped or (self.spmd and record["status"] != "ok"):
+            if ended:
                 break
         return done
 
@@ -418,6 +423,17 @@ def _phase(trial: Trial, windows_done: int, ctx: Context) -> str:
 
 def unreadable(err: WireError) -> str:
     return f"worker sent an event xbench cannot read: {err}"
+
+
+def fit_or_not(record: Record) -> Record:
+    """A timed trial that failed because the framework ran out of device memory: its
+    configuration does not fit this device, a skipped row that says so (`xbench.results.fit`),
+    not a failure of the run. Any other record as it is."""
+    if record["status"] not in ("failed", "crashed") or not out_of_memory(record["reason"]):
+        return record
+    trial = record["trial"]
+    return {**record, "status": "skipped",
+            "reason": measured_reason(trial["global_batch"], trial["devices"], str(record["reason"]))}
 
 
 def skipped_record(trial: Trial, ctx: Context, reason: str) -> Record:

@@ -9,24 +9,29 @@ import itertools
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from xbench.contract import COMPILE_CACHE_VARIABLE, Trial
+from xbench.results.fit import MemoryCheck
 from xbench.results.records import RUN_FILE, Record, RecordWriter, read_records, read_run, write_json
 from xbench.run import launcher, zygote
 from xbench.run.adaptive import Budget, adaptive, next_round, seconds_timing
 from xbench.run.comparison import Comparison, Observer, planned_trials
+from xbench.run.memory_check import memory_checks
 from xbench.run.plan import group_trials
 
 
 def execute(comparison: Comparison, environment: dict[str, Any], verification: dict[str, dict[str, Any]],
             listener: Observer | None = None, done: set[str] | frozenset[str] = frozenset()
             ) -> list[Record]:
-    """Time every trial of the backends whose verification did not fail; the others get a
-    skipped record with the reason; trials in `done` (a resumed run's) are left out.
+    """Time every trial of the backends whose verification did not fail and whose estimated
+    memory per device fits the devices (`xbench.run.memory_check`); the others get a skipped
+    record with the reason; trials in `done` (a resumed run's) are left out.
     Returns the new records, each already in records.jsonl."""
     writer = RecordWriter(comparison.run_dir)
+    checks = memory_checks(planned_trials(comparison), comparison.lineups, comparison.devices, environment)
     with (compile_cache(comparison.spec.protocol) as cache_env,
           zygote.fork_servers(comparison.run_dir / launcher.LOG_FILE, comparison.startup_timeout_s,
                               lambda why: _fork_servers_off(comparison.run_dir, listener, why)) as servers):
@@ -35,13 +40,15 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
             run_dir=comparison.run_dir,
             environment=environment,
             write=writer.append,
-            annotate=lambda trial: {"verification": verification[trial.implementation]},
+            annotate=lambda trial: {"verification": verification[trial.implementation],
+                                    **({"memory": checks[trial.config_id].facts()} if trial.config_id in checks
+                                       else {})},
             launch=comparison.launch,
             env=cache_env,
             startup_timeout_s=comparison.startup_timeout_s,
             fork_servers=servers,
         )
-        return _execute(comparison, ctx, writer, verification, listener, done)
+        return _execute(comparison, ctx, writer, verification, listener, done, checks)
 
 
 def _fork_servers_off(run_dir: Path, listener: Observer | None, why: str) -> None:
@@ -70,21 +77,23 @@ def compile_cache(protocol: Any):
 
 def _execute(comparison: Comparison, ctx: launcher.Context, writer: RecordWriter,
              verification: dict[str, dict[str, Any]], listener: Observer | None,
-             done: set[str] | frozenset[str]) -> list[Record]:
+             done: set[str] | frozenset[str], checks: Mapping[str, MemoryCheck]) -> list[Record]:
     if listener is not None:
         ctx.listener = listener
     records: list[Record] = []
     everything = planned_trials(comparison)
     positions = {t.id: i for i, t in enumerate(everything)}
     trials = [t for t in everything if t.id not in done]
+    runnable = []
     for trial in trials:
-        if verification[trial.implementation]["status"] == "failed":
-            record = (launcher.skipped_record(trial, ctx, "verification failed: " + "; ".join(
-                verification[trial.implementation]["failed"])))
-            writer.append(record)
-            ctx.listener.trial_finished(trial, record)
-            records.append(record)
-    runnable = [t for t in trials if verification[t.implementation]["status"] != "failed"]
+        reason = _not_launched(trial, verification, checks)
+        if reason is None:
+            runnable.append(trial)
+            continue
+        record = launcher.skipped_record(trial, ctx, reason)
+        writer.append(record)
+        ctx.listener.trial_finished(trial, record)
+        records.append(record)
     targets = {e.name: e.target for e in comparison.entries}
     started = time.monotonic()
     records += launcher.run_groups(group_trials(runnable, targets, positions), ctx)
@@ -93,6 +102,16 @@ def _execute(comparison: Comparison, ctx: launcher.Context, writer: RecordWriter
     budget.at_least(comparison.spec.protocol.adaptive_floor or 0.0)
     timed = [t for t in everything if verification[t.implementation]["status"] != "failed"]
     return records + _extra_rounds(comparison, ctx, timed, budget, listener)
+
+
+def _not_launched(trial: Trial, verification: dict[str, dict[str, Any]],
+                  checks: Mapping[str, MemoryCheck]) -> str | None:
+    """Why `trial` is skipped without a worker: its program failed verification, or its
+    estimated memory per device passes the device's (`xbench.results.fit`); None: launch it."""
+    if verification[trial.implementation]["status"] == "failed":
+        return "verification failed: " + "; ".join(verification[trial.implementation]["failed"])
+    found = checks.get(trial.config_id)
+    return None if found is None or found.fits else found.reason
 
 
 def _extra_rounds(comparison: Comparison, ctx: launcher.Context, planned: list[Trial], budget: Budget,

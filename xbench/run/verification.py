@@ -25,6 +25,7 @@ from xbench.results.checks import (
     run_checks,
     verification_precision,
 )
+from xbench.results.fit import out_of_memory
 from xbench.results.full_size import full_size_checks, is_full_size, shard_checks, unreported_shares
 from xbench.results.records import Record
 from xbench.run import launcher
@@ -308,16 +309,11 @@ def _sort_probe(runs: _Runs, trial: Trial, record: Mapping[str, Any], reason: st
         runs.probes[key] = load_reference(Path(record["arrays"]))
     elif record["status"] in ("skipped", "unsupported"):
         return
-    elif _out_of_memory(reason):
+    elif out_of_memory(reason):
         runs.too_large.setdefault(trial.implementation, f"{trial.model.name} is too large to verify on "
                                   f"{trial.devices} device(s) here: {reason}")
     else:
         runs.problems[trial.id], runs.owners[trial.id] = f"full-size probe {reason}", trial.implementation
-
-
-def _out_of_memory(reason: str) -> bool:
-    text = reason.lower()
-    return any(sign in text for sign in ("out of memory", "outofmemory", "resource_exhausted", "resource exhausted"))
 
 
 def checks_as_dicts(checks: Sequence[Check]) -> list[dict[str, Any]]:

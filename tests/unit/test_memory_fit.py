@@ -1,0 +1,144 @@
+"""Memory per device as a result: the check before launching (the estimate against the device's
+memory, replicated and sharded), the device memory it is checked against, a framework's
+out-of-memory error turned into the same kind of row, and what tables and the bottom line say
+of the rows that did not fit."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_bottom_line import record
+from xbench.errors import XbenchError
+from xbench.models.memory import GiB
+from xbench.models.model_spec import preset_model
+from xbench.report.bottom_line import bottom_line, fit_sentence
+from xbench.report.terminal import cost_columns, status_cell, unmeasured_line
+from xbench.results.fit import MARGIN, check, does_not_fit, fit_words, measured_reason, out_of_memory
+from xbench.results.summary import rows_from_records
+from xbench.run.launcher import fit_or_not
+from xbench.run.memory_check import MEMORY_VARIABLE, device_memory_bytes
+
+GPT2 = preset_model("gpt2-small")
+
+
+# -- the decision ------------------------------------------------------------------------------
+
+def test_a_configuration_fits_below_the_device_less_the_margin_and_not_above():
+    needed = check(GPT2, 8, 1, "bf16", False, None).estimate.total
+    assert check(GPT2, 8, 1, "bf16", False, None).fits  # no device memory known: never held back
+    assert check(GPT2, 8, 1, "bf16", False, int(needed / (1 - MARGIN)) + 1).fits
+    tight = check(GPT2, 8, 1, "bf16", False, needed)  # fits the device exactly, not its margin
+    assert not tight.fits
+    assert tight.reason.startswith(f"does not fit: needs ~{needed / GiB:.3g} GiB per device, has ")
+    assert "activations" in tight.reason and "5%" in tight.reason
+
+
+def test_sharding_the_state_over_devices_makes_a_large_model_fit_where_replicas_do_not():
+    model, capacity = preset_model("gpt2-xl"), 16 * GiB  # 1.56e9 parameters: 25 GiB of state replicated
+    replicated = check(model, 2, 4, "bf16", False, capacity)
+    sharded = check(model, 2, 4, "bf16", True, capacity)
+    assert not replicated.fits and sharded.fits
+    assert sharded.estimate.sharded and sharded.facts()["sharded"]
+    # On one device a sharded program holds everything: no better than a replica.
+    assert not check(model, 2, 1, "bf16", True, capacity).fits
+
+
+def test_the_per_device_batch_decides_under_strong_scaling():
+    model = preset_model("medium")
+    capacity = int(3e6 / (1 - MARGIN))  # medium at global batch 1024: ~4.8 MB on 1 device, ~2.8 MB on 2
+    assert not check(model, 1024, 1, "fp32", False, capacity).fits
+    assert check(model, 1024, 2, "fp32", False, capacity).fits
+
+
+def test_an_unknown_precision_is_not_checked():
+    assert check(GPT2, 8, 1, "fp8", False, GiB) is None
+
+
+# -- the device memory checked against ---------------------------------------------------------
+
+GPU = {"simulated": False, "platform": "gpu"}
+H100S = {"gpus": [{"memory.total": "81559 MiB"}, {"memory.total": "81559 MiB"}]}
+
+
+def test_device_memory_is_the_smallest_gpu_and_simulated_devices_are_not_checked(monkeypatch):
+    monkeypatch.delenv(MEMORY_VARIABLE, raising=False)
+    assert device_memory_bytes(GPU, H100S) == 81559 * 2**20
+    assert device_memory_bytes(GPU, {"gpus": [{"memory.total": "[N/A]"}]}) is None
+    assert device_memory_bytes({"simulated": True, "platform": "cpu"}, H100S) is None
+    monkeypatch.setenv(MEMORY_VARIABLE, "0.5")
+    assert device_memory_bytes({"simulated": True, "platform": "cpu"}, {}) == GiB // 2
+    assert device_memory_bytes(GPU, H100S) == GiB // 2  # the variable wins: a smaller GPU, pretended
+
+
+@pytest.mark.parametrize("value", ["lots", "0", "-2"])
+def test_a_malformed_limit_is_one_line_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv(MEMORY_VARIABLE, value)
+    with pytest.raises(XbenchError, match=MEMORY_VARIABLE):
+        device_memory_bytes(GPU, H100S)
+
+
+# -- a framework's out-of-memory error ---------------------------------------------------------
+
+@pytest.mark.parametrize("text, oom", [
+    ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", True),
+    ("XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8589934592 bytes.", True),
+    ("ResourceExhaustedError: OOM when allocating tensor with shape[64,1024] (resource exhausted)", True),
+    ("worker exit code 1; last output: torch.OutOfMemoryError: CUDA out of memory", True),
+    ("RuntimeError: planned failure", False), ("room for zoom", False), (None, False)])
+def test_out_of_memory_is_matched_by_its_words(text, oom):
+    assert out_of_memory(text) is oom
+
+
+def failed(status, reason, devices=2, batch=128):
+    return {**record("torch", devices, batch, 0, 0.01), "status": status, "reason": reason}
+
+
+def test_an_out_of_memory_failure_becomes_a_does_not_fit_row_and_others_stay_failures():
+    error = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    became = fit_or_not(failed("failed", error))
+    assert became["status"] == "skipped"
+    assert became["reason"] == f"does not fit: out of memory at batch 64 per device on 2 device(s) (measured): {error}"
+    crashed = fit_or_not(failed("crashed", "worker exit code 1; last output: RESOURCE_EXHAUSTED: Out of memory"))
+    assert crashed["status"] == "skipped" and crashed["reason"].startswith("does not fit: out of memory at batch 64")
+    assert fit_or_not(failed("failed", "RuntimeError: planned failure"))["status"] == "failed"
+    assert len(measured_reason(128, 2, "x" * 5000)) < 400  # a long error is clipped
+
+
+# -- rows, tables and the bottom line ----------------------------------------------------------
+
+def not_fitting(devices, batch, reason):
+    return {**record("slow", devices, batch, 0, 0.01), "status": "skipped", "reason": reason}
+
+
+def test_a_row_that_did_not_fit_says_so_and_the_bottom_line_names_the_fastest_that_fit():
+    estimated = check(preset_model("medium"), 1024, 1, "fp32", False, 2 * 10**6)
+    assert estimated is not None and not estimated.fits
+    measured = measured_reason(1024, 2, "CUDA out of memory")
+    records = ([record(b, d, 64, r, {"fast": 0.01, "slow": 0.02}[b] / d) for b in ("fast", "slow")
+                for d in (1, 2) for r in range(3)]
+               + [not_fitting(1, 1024, estimated.reason), not_fitting(2, 1024, measured)])
+    rows = rows_from_records(records)
+    missing = [r for r in rows if does_not_fit(r)]
+    assert [(r.devices, r.global_batch) for r in missing] == [(1, 1024), (2, 1024)]
+    assert status_cell(missing[0]) == "[yellow]does not fit[/]"
+    assert unmeasured_line(missing[0]).startswith("slow/m/d1/b1024: does not fit: needs ~")
+    assert fit_words(missing[1].reason) == "out of memory at batch 512 per device on 2 device(s)"
+    sentence = fit_sentence(rows)
+    assert sentence.startswith("Did not fit in device memory: slow on 1 device at batch 1,024 (needs ~")
+    assert "slow on 2 devices at batch 1,024 (out of memory at batch 512 per device on 2 device(s))" in sentence
+    assert ("Fit: fast (2 of 2 configurations), slow (2 of 4 configurations); the fastest of them is fast on 2 "
+            "devices at batch 64 (") in sentence
+    assert sentence in bottom_line(rows)[0].sentences
+    assert fit_sentence([r for r in rows if not does_not_fit(r)]) == ""
+    assert fit_sentence(missing).startswith("Nothing fit in device memory: ")
+
+
+def test_the_cost_table_shows_the_estimate_beside_the_measured_peak():
+    telemetry = {"framework_memory": {"peak_bytes": [3 * GiB, 5 * GiB]}, "devices": []}
+    records = [{**record("fast", 1, 64, r, 0.01), "telemetry": telemetry,
+                "memory": {"estimate_bytes": 4 * GiB, "capacity_bytes": 80 * GiB, "sharded": False}} for r in range(2)]
+    columns = cost_columns(rows_from_records(records), {})
+    assert columns is not None
+    line = dict(zip(columns.headers, columns.rows[0]))
+    assert (line["mem GiB"], line["est. GiB"]) == ("5.00", "4.00")
+    assert any("est. GiB: xbench's estimate before launching" in note for note in columns.notes)

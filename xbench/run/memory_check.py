@@ -1,0 +1,66 @@
+"""Before trials launch: each one's estimated memory per device against the memory of the
+devices the run found (`xbench.results.fit`), so that a configuration that cannot fit is a
+skipped row that says so, not a worker that dies of it.
+
+The device memory is the smallest GPU's total as nvidia-smi reports it (the host environment of
+every record), or `MEMORY_VARIABLE` in GiB where it is set, which also checks simulated CPU
+devices (otherwise never checked: their memory is the host's, shared by all of them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from xbench.contract import Trial
+from xbench.errors import XbenchError
+from xbench.models.memory import GiB
+from xbench.results.fit import MemoryCheck, check
+from xbench.run.plan import Lineup
+
+MEMORY_VARIABLE = "XBENCH_DEVICE_MEMORY_GIB"
+
+
+def device_memory_bytes(device_info: Mapping[str, Any] | None, environment: Mapping[str, Any]) -> int | None:
+    """One device's memory for the check: `MEMORY_VARIABLE` where set, else the smallest GPU's
+    total for a backend on real GPUs, else None (not checked)."""
+    given = os.environ.get(MEMORY_VARIABLE, "").strip()
+    if given:
+        try:
+            gib = float(given)
+        except ValueError:
+            gib = -1.0
+        if not gib > 0:
+            raise XbenchError(f"{MEMORY_VARIABLE}={given!r} is not a positive number of GiB; set it to e.g. 16, "
+                              "or unset it to check against the GPUs' own memory")
+        return int(gib * GiB)
+    if device_info is None or device_info.get("simulated", True) or device_info.get("platform") != "gpu":
+        return None
+    totals = [_mib(gpu.get("memory.total")) for gpu in environment.get("gpus") or []]
+    known = [mib for mib in totals if mib]
+    return min(known) * 2**20 if known else None
+
+
+def _mib(text: Any) -> int | None:
+    """nvidia-smi's "81559 MiB" as 81559; None where it says something else ("[N/A]")."""
+    try:
+        return int(str(text).split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def memory_checks(trials: Sequence[Trial], lineups: Mapping[str, Lineup],
+                  devices: Mapping[str, Mapping[str, Any]], environment: Mapping[str, Any]
+                  ) -> dict[str, MemoryCheck]:
+    """Each trial's check by its configuration's id (`Trial.config_id`: every replicate's); a
+    trial whose memory cannot be estimated has none."""
+    capacity = {name: device_memory_bytes(info, environment) for name, info in devices.items()}
+    sharded = {(name, v.name): v.sharded for name, lineup in lineups.items() for v in lineup.variants}
+    found = {}
+    for trial in trials:
+        result = check(trial.model, trial.global_batch, trial.devices, trial.precision,
+                       sharded.get((trial.backend, trial.variant), False), capacity.get(trial.backend))
+        if result is not None:
+            found[trial.config_id] = result
+    return found
