@@ -731,3 +731,22 @@ def test_a_bf16_variant_is_not_passed_against_a_backend_whose_own_program_failed
     result = verdict(spec, ["b", "a"], trials, saved_records(tmp_path, trials, runs))
     assert "a" in result.failed and "a+cudnn" in result.failed
     assert any("failed its own checks" in line for line in result.outcome("a+cudnn")["failed"])
+
+
+def test_verify_runs_its_workers_side_by_side_as_compare_does(fake_backends, run_cli, monkeypatch):
+    """`xbench verify` used to run its reference runs one at a time (16 GPT-2 small runs on
+    4 x H200: 6 done in 190 s); it now runs as many at once as compare's verification."""
+    from xbench.cli import verify_cmd
+    from xbench.errors import XbenchError
+    from xbench.run.verify_phase import parallel_verification
+
+    asked = {}
+
+    def stop(*args, **kwargs):
+        asked.update(kwargs)
+        raise XbenchError("stopped before any worker started")
+
+    monkeypatch.setattr(verify_cmd, "run_verification", stop)
+    code, _, err = run_cli("verify", "--backends", "numpy", "--model", "medium", "--devices", "1")
+    assert code == 2 and "stopped before any worker started" in err
+    assert asked["parallel"] == parallel_verification({"numpy": {"simulated": True}}) >= 1
