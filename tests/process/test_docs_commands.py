@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.process.test_readme_commands import Command, parse, stage_fresh_clone, tail
+from tests.process.test_readme_commands import Command, numbered_fenced_blocks, parse, stage_fresh_clone, tail
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
@@ -83,23 +83,8 @@ class DocCommand:
 
 
 def numbered_blocks(path: Path) -> list[tuple[str, list[tuple[int, str]]]]:
-    """(info string, [(line number, line)]) of every fenced code block, as fenced_blocks reads them."""
-    blocks: list[tuple[str, list[tuple[int, str]]]] = []
-    fence: str | None = None
-    info, lines = "", []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        stripped = line.strip()
-        if fence is None:
-            opened = re.match(r"(`{3,}|~{3,})\s*([^`\s]*)", stripped)
-            if opened:
-                fence, info, lines = opened.group(1), opened.group(2), []
-        elif stripped.startswith(fence) and not stripped.strip(fence[0]):
-            blocks.append((info, lines))
-            fence = None
-        else:
-            lines.append((number, line))
-    assert fence is None, f"an unclosed code fence in {path.name}"
-    return blocks
+    """(info string, [(line number, line)]) of every fenced code block of a page."""
+    return numbered_fenced_blocks(path.read_text(encoding="utf-8"), path.name)
 
 
 def shell_lines(path: Path) -> list[tuple[int, str]]:

@@ -46,12 +46,12 @@ class Command:
     allowed: frozenset[int]  # exit statuses: 0 and any the comment documents
 
 
-def fenced_blocks(text: str) -> list[tuple[str, list[str]]]:
-    """(info string, lines) of every fenced code block."""
-    blocks: list[tuple[str, list[str]]] = []
+def numbered_fenced_blocks(text: str, where: str = "") -> list[tuple[str, list[tuple[int, str]]]]:
+    """(info string, [(line number, line)]) of every fenced code block."""
+    blocks: list[tuple[str, list[tuple[int, str]]]] = []
     fence: str | None = None
     info, lines = "", []
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if fence is None:
             opened = re.match(r"(`{3,}|~{3,})\s*([^`\s]*)", stripped)
@@ -61,9 +61,14 @@ def fenced_blocks(text: str) -> list[tuple[str, list[str]]]:
             blocks.append((info, lines))
             fence = None
         else:
-            lines.append(line)
-    assert fence is None, "an unclosed code fence"
+            lines.append((number, line))
+    assert fence is None, f"an unclosed code fence{' in ' + where if where else ''}"
     return blocks
+
+
+def fenced_blocks(text: str) -> list[tuple[str, list[str]]]:
+    """(info string, lines) of every fenced code block."""
+    return [(info, [line for _, line in lines]) for info, lines in numbered_fenced_blocks(text)]
 
 
 def sh_lines(text: str) -> list[str]:
