@@ -14,7 +14,8 @@ program unless said): `jnp`, the earlier plain jax.numpy models; `functional` (p
 only), the functional pattern under `jax.jit`, as Flax's performance guide advises;
 `cudnn`, the functional program with cuDNN's fused attention (transformer, bf16, NVIDIA
 GPUs); `fused`, `FUSED_STEPS` functional steps per compiled call (lax.scan); `fsdp`
-(data-parallel program only), parameters and Adam state sharded over the devices (`sharded`).
+(data-parallel program only), parameters and Adam state sharded over the devices (`sharded`);
+`remat` (transformer), each block under nnx.remat (`nnx_transformer`).
 
 Two ways to start it: one process driving every device (`setup`), or one process per device
 (`setup_process`, the spmd launcher) joined by `jax.distributed.initialize`; the pmapped
@@ -54,7 +55,7 @@ from xbench.contract import (
     hash_weights,
     probe_distributions,
 )
-from xbench_backends import extra_work, sharding
+from xbench_backends import extra_work, recompute, sharding
 from xbench_backends.extra_work import ExtraWork
 from xbench_backends.jax import nnx_program, sharded
 from xbench_backends.jax.families import FAMILIES, JNP, JaxModel, build, canonical_arrays, refusal
@@ -90,6 +91,7 @@ VARIANTS = (
     Variant("fused", f"{FUSED_STEPS} functional steps fused into one compiled call (lax.scan)",
             steps_per_call=FUSED_STEPS),
     sharding.variant("jax.jit with NamedSharding over the data axis; XLA all-gathers and reduce-scatters"),
+    recompute.variant("nnx.remat"),
 )
 
 

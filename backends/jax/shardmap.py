@@ -39,6 +39,7 @@ from xbench_backends.jax.steps import (
     step_losses,
     train_steps,
 )
+from xbench_backends.recompute import REMAT
 from xbench_backends.sharding import FSDP
 
 
@@ -69,7 +70,8 @@ class _MeshBackend(JaxPmapBackend):
     programs: ClassVar[tuple[str, ...]] = (DATA_PARALLEL,)
     # `functional` is a variant of the plain program; these programs are functional as written.
     # `fsdp` is `jax`'s sharded program (jit with NamedShardings already): not a variant of these.
-    variants: ClassVar[tuple] = tuple(v for v in VARIANTS if v.name not in (FUNCTIONAL, FSDP))
+    # `remat` changes how a block is differentiated, not how the step is distributed: `jax`'s to time.
+    variants: ClassVar[tuple] = tuple(v for v in VARIANTS if v.name not in (FUNCTIONAL, FSDP, REMAT))
     runner: ClassVar[str] = ""  # how the step runs, for the notes
 
     def prepare(self, trial: Trial, work: Work) -> MeshPrepared:

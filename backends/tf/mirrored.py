@@ -13,7 +13,9 @@ The plain program (`trial.program == "plain"`) is what a user writes for one dev
 strategy: the same model, Adam and step, called directly. The `xla` variant compiles each
 replica's forward and backward with `tf.function(jit_compile=True)`, in either program. The
 `fsdp` variant (sharded data parallelism, as `jax` and `torch` have it) is declared so that it
-is asked of TensorFlow too, and refused with the reason (`FSDP_REASON`).
+is asked of TensorFlow too, and refused with the reason (`FSDP_REASON`). The `remat` variant
+(transformer) recomputes each block in the backward pass through `keras.remat`, in either
+program.
 
 The models (`mlp`, `transformer`, `cnn`, `lstm`), their per-example losses and the mapping of
 their variables to the core's canonical parameters are in `models`; the step programs here
@@ -47,6 +49,7 @@ from xbench.contract import (
     hash_weights,
     probe_distributions,
 )
+from xbench_backends import recompute
 from xbench_backends.sharding import FSDP, FSDP_FAMILIES
 from xbench_backends.tf.models import FAMILIES, Built, build
 
@@ -58,7 +61,8 @@ OPTIONS = {"cross_device_ops": CROSS_DEVICE_OPS}
 KERAS_POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp64": "float64"}
 VARIANTS = (Variant("xla", "XLA: jit_compile=True on the per-replica forward and backward"),
             Variant(FSDP, "sharded data parallelism: unsupported, TensorFlow has no sharded data-parallel strategy",
-                    families=FSDP_FAMILIES))
+                    families=FSDP_FAMILIES),
+            recompute.variant("keras.remat around each block: tf.recompute_grad"))
 # Checked in TensorFlow 2.21 and Keras 3.15: nothing in tf.distribute shards a data-parallel
 # program's variables over its own replicas (ZeRO/FSDP); what comes closest is not one.
 FSDP_REASON = ("TensorFlow has no sharded data-parallel strategy: MirroredStrategy and MultiWorkerMirroredStrategy "
@@ -214,6 +218,9 @@ class TfMirroredBackend:
         if trial.variant == FSDP:
             raise Unsupported(FSDP_REASON)  # before TensorFlow is even imported
         jit_compile = _jit_compile(trial.variant)  # refuses an unknown one before touching TensorFlow
+        remat = trial.variant == recompute.REMAT
+        if remat and (why := recompute.refusal(trial.model.family)):
+            raise Unsupported(why)
         import tensorflow as tf
 
         # Explicit, never the default: TF allows TF32 on GPUs unless told otherwise.
@@ -238,7 +245,7 @@ class TfMirroredBackend:
                 f"{'MirroredStrategy' if self.multi_worker is None else 'MultiWorkerMirroredStrategy'}",
                 f"cross_device_ops={type(strategy.extended._cross_device_ops).__name__}")
         with scope:
-            built = build(work, jit_compile)
+            built = build(work, jit_compile, remat=remat)
             optimizer = _optimizer(trial.learning_rate, all_reduce=trial.all_reduce)
             optimizer.build(built.variables)  # before the loop: slots built lazily in a tf.function fail
             x_all, y_all = _data(strategy, work, trial.global_batch, float64=trial.precision == "fp64")

@@ -39,10 +39,13 @@ class Built:
     notes: tuple[str, ...]
 
 
-def build(work: Work, jit_compile: bool) -> Built:
+def build(work: Work, jit_compile: bool, remat: bool = False) -> Built:
     """The model of `work`'s family holding the work's initial weights; call it inside the
-    scope (strategy or device) its variables belong to."""
+    scope (strategy or device) its variables belong to. `remat` (the transformer only): each
+    block recomputed in the backward pass."""
     family = work.model.family
+    if remat and family != "transformer":
+        raise ValueError(f"remat checkpoints transformer blocks; the {family} family has none")
     if family not in FAMILIES:
         raise ValueError(f"the tf backend builds the families {', '.join(FAMILIES)}, not {family!r}")
     if family == "mlp":
@@ -51,7 +54,7 @@ def build(work: Work, jit_compile: bool) -> Built:
         model = mlp.build_model(work)
         return Built(model, model.trainable_variables, mlp.per_example_loss, list, ())
     module = importlib.import_module(f"xbench_backends.tf.{family}")
-    model, named = module.build_model(work, jit_compile)
+    model, named = module.build_model(work, jit_compile, remat=True) if remat else module.build_model(work, jit_compile)
     names = [param.name for param in work.parameters]
     _check_variables(model, named, names)
     variables = [named[name] for name in names]
@@ -59,7 +62,8 @@ def build(work: Work, jit_compile: bool) -> Built:
         variable.assign(np.asarray(module.to_framework(name, array), dtype=variable.dtype))
     return Built(model, variables, module.per_example_loss,
                  lambda arrays: [module.to_canonical(name, a) for name, a in zip(names, arrays)],
-                 module.notes(model, jit_compile))
+                 (*module.notes(model, jit_compile),
+                  *((module.REMAT_NOTE.format(layers=work.model.shape["layers"]),) if remat else ())))
 
 
 def input_dtype() -> str:

@@ -9,6 +9,12 @@ What Keras would do differently by default, set here on purpose: LayerNormalizat
 `keras.layers.MultiHeadAttention` (separate q, k, v kernels of another layout). The LM head
 is tied: one layer holds `wte` and serves both the embedding lookup and the logits, so Keras
 counts it once.
+
+The `remat` variant (`build_model(..., remat=True)`) makes each block one Keras layer
+(`_remat_block_class`) whose computation runs through `keras.remat` (TensorFlow's
+`tf.recompute_grad`): the backward pass recomputes the block from its input. The block's
+layers and operations are the as-written ones (its residual sums a plain add instead of an
+`Add` layer: the same addition), so the arithmetic is the same.
 """
 
 from __future__ import annotations
@@ -25,9 +31,14 @@ ATTENTION_NOTE = ("attention: plain ops (einsum scores scaled by 1/sqrt(head wid
                   "float32); no fused kernel")
 
 
-def build_model(work: Work, jit_compile: bool = False) -> tuple[Any, dict[str, Any]]:
+REMAT_NOTE = ("remat: each of the {layers} blocks one Keras layer whose computation runs through keras.remat "
+              "(tf.recompute_grad): its activations recomputed from its input in the backward pass")
+
+
+def build_model(work: Work, jit_compile: bool = False, remat: bool = False) -> tuple[Any, dict[str, Any]]:
     """The Keras model (tokens [batch, context] int32 -> logits [batch, context, vocab]) and
-    its trainable variables by canonical name; weights are loaded by the caller."""
+    its trainable variables by canonical name; weights are loaded by the caller. `remat`:
+    each block recomputed in the backward pass."""
     import keras
 
     dims = work.model.shape
@@ -38,7 +49,7 @@ def build_model(work: Work, jit_compile: bool = False) -> tuple[Any, dict[str, A
     named = {}
     for b in range(layers):
         block = _Block(b, d, dims["heads"])
-        h = block(h)
+        h = _remat_block_class()(block, name=f"h{b}.remat")(h) if remat else block(h)
         named.update(block.named())
     lnf = _layer_norm("lnf")
     logits = embedding(lnf(h), as_logits=True)
@@ -100,6 +111,14 @@ class _Block:
         mlp = self.mlp_proj(self.gelu(self.fc(self.ln2(h))))
         return keras.layers.Add(name=f"{self.tag}.mlp.residual")([h, mlp])
 
+    def layers(self) -> list[Any]:
+        return [self.ln1, self.qkv, self.attention, self.attn_proj, self.ln2, self.fc, self.gelu, self.mlp_proj]
+
+    def recomputable(self, h):
+        """The block on a tensor, its residual sums as plain adds: what `keras.remat` wraps."""
+        h = h + self.attn_proj(self.attention(self.qkv(self.ln1(h))))
+        return h + self.mlp_proj(self.gelu(self.fc(self.ln2(h))))
+
     def named(self) -> dict[str, Any]:
         t = self.tag
         return {
@@ -128,6 +147,25 @@ def _layer_norm(name: str):
     import keras
 
     return keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name)
+
+
+@functools.lru_cache(maxsize=None)
+def _remat_block_class():
+    import keras
+
+    class RematBlock(keras.layers.Layer):
+        """One `_Block` as a layer (which tracks the block's layers and their variables), its
+        computation through `keras.remat`."""
+
+        def __init__(self, block: _Block, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.block_layers = block.layers()
+            self.recompute = keras.remat(block.recomputable)
+
+        def call(self, h):
+            return self.recompute(h)
+
+    return RematBlock
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,8 +12,9 @@ data-parallel program), in inductor's default mode or in "reduce-overhead" mode 
 the region's backward, compiled with it, is run by an eager `loss.backward()`, and the fused
 Adam step stays eager. `channels-last` stays eager. `fsdp` (data-parallel program only) runs
 the eager step under FSDP2 instead of DDP: parameters, gradients and Adam state sharded over
-the ranks (`fsdp`). Every variant turns on cuDNN's benchmark
-mode and lays out the cnn family (its weights, activations and images) channels-last; as
+the ranks (`fsdp`). `remat` (transformer) runs the eager step with each block under
+`torch.utils.checkpoint` (`transformer`). `compile`, `cuda-graphs` and `channels-last` turn on
+cuDNN's benchmark mode and lay out the cnn family (its weights, activations and images) channels-last; as
 written, neither. `channels-last` alone is refused for families without convolutions.
 
 Eager PyTorch has no fused multi-step call: `steps_per_call` steps run as a Python loop.
@@ -61,7 +62,7 @@ from xbench.contract import (
     hash_weights,
     probe_distributions,
 )
-from xbench_backends import extra_work, sharding
+from xbench_backends import extra_work, recompute, sharding
 from xbench_backends.extra_work import ExtraWork
 from xbench_backends.torch import families as model_families
 
@@ -95,6 +96,7 @@ VARIANTS = (
     Variant("channels-last", "eager, channels-last memory format and cudnn.benchmark (cnn only)",
             families=("cnn",)),
     sharding.variant("FSDP2 fully_shard per block and at the root, bf16 through its MixedPrecisionPolicy"),
+    recompute.variant("torch.utils.checkpoint, use_reentrant=False"),
 )
 
 
@@ -106,6 +108,7 @@ class Tuning:
     cudnn_benchmark: bool = False  # cuDNN picks each convolution's algorithm by timing the candidates
     channels_last: bool = False  # convolutional families in the channels-last memory format
     only_channels_last: bool = False  # nothing else: Unsupported for a family without convolutions
+    checkpoint_blocks: bool = False  # each transformer block under torch.utils.checkpoint (remat)
 
 
 TUNINGS = {
@@ -114,6 +117,7 @@ TUNINGS = {
     "cuda-graphs": Tuning("reduce-overhead", cudnn_benchmark=True, channels_last=True),
     "channels-last": Tuning(cudnn_benchmark=True, channels_last=True, only_channels_last=True),
     sharding.FSDP: Tuning(),  # eager, as written; the program differs (`fsdp`), not the tuning
+    recompute.REMAT: Tuning(checkpoint_blocks=True),  # eager, as written, but for how blocks are differentiated
 }
 # What the compiled variants compile (settings["compiled_region"]): the TrainingLoss module.
 COMPILED_REGION = "forward and loss"
@@ -246,6 +250,8 @@ class TorchDdpBackend:
             reason = model_families.channels_last_unsupported(trial.model.family)
             if reason:
                 raise Unsupported(reason)  # before torch is even imported
+        if tuning.checkpoint_blocks and (reason := recompute.refusal(trial.model.family)):
+            raise Unsupported(reason)
         fsdp = trial.variant == sharding.FSDP
         reason = fsdp_module().refusal(trial, work, self._process().world_size) if fsdp else None
         if reason:
@@ -287,6 +293,7 @@ class TorchDdpBackend:
         built = model_families.build(work, device, compute_dtype, param_dtype, channels_last=channels_last)
         model = built.model
         canonical = built.canonical
+        remat_notes = (model_families.checkpoint_blocks(model),) if tuning.checkpoint_blocks else ()
         if fsdp:  # sharded before the optimizer is built, so that Adam holds the shards
             canonical = fsdp_module().shard(model, built.canonical, device, process.world_size, compute_dtype)
         # FSDP2's mixed-precision policy casts the parameters itself: no autocast under it.
@@ -352,7 +359,7 @@ class TorchDdpBackend:
                 (fsdp_module().note(model, process.world_size, compute_dtype,
                                     [tuple(p.shape) for p in work.parameters]) if fsdp else _program_note(ddp)),
                 *(() if mode is None else (_compile_note(mode, ddp, model, compute_dtype),)),
-                *built.notes,
+                *built.notes, *remat_notes,
                 "Adam: torch.optim.Adam(fused=True), eps after the bias correction (paper/optax form)",
                 "no fused multi-step call: steps_per_call steps run as a Python loop",
                 *(() if trial.all_reduce else (_compute_only_note(ddp),)),

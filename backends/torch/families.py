@@ -79,6 +79,14 @@ def build(work, device, compute_dtype=None, param_dtype=None, channels_last: boo
     return module.build(work, device, compute_dtype, param_dtype, channels_last=True)
 
 
+def checkpoint_blocks(model) -> str:
+    """The remat variant: each block of a built transformer under torch.utils.checkpoint;
+    what it did, for the notes."""
+    from xbench_backends.torch import transformer
+
+    return transformer.checkpoint_blocks(model)
+
+
 def channels_last_unsupported(family: str) -> str | None:
     """Why the channels-last memory format does nothing for `family`, or None where it applies."""
     if family in CONVOLUTIONAL:

@@ -8,6 +8,12 @@ weight, so that the parameter is counted, updated and read back once, and its gr
 both uses. Tokens (int32 in the core) are made int64 when placed on the device, outside the
 timed step.
 
+The `remat` variant sets `Decoder.checkpoint_blocks`: each block then runs under
+`torch.utils.checkpoint.checkpoint(use_reentrant=False)`, its activations recomputed from its
+input in the backward pass, with `preserve_rng_state=True` (the default) so that a block
+drawing random numbers would draw the same ones again (this decoder has no dropout), and the
+forward's autocast state restored for the recomputation.
+
 Imported by `families.build` only (inside `prepare`), so torch is imported at the top.
 """
 
@@ -16,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from xbench.contract import Work
 from xbench.contract import transformer as core_transformer
@@ -97,12 +104,14 @@ class Decoder(nn.Module):
         self.wpe = nn.Embedding(context, width)
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
         self.lnf = nn.LayerNorm(width, eps=LAYER_NORM_EPSILON)
+        self.checkpoint_blocks = False  # the remat variant: each block's activations recomputed in backward
 
     def forward(self, tokens):
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         h = self.wte(tokens) + self.wpe(positions)
         for block in self.blocks:
-            h = block(h)
+            h = checkpoint(block, h, use_reentrant=False, preserve_rng_state=True) if self.checkpoint_blocks \
+                else block(h)
         return F.linear(self.lnf(h), self.wte.weight)  # the tied head: h @ wte.T
 
 
@@ -129,3 +138,11 @@ def _attention_note(dims, device, compute_dtype) -> str:
     dtype_name = str(dtype).removeprefix("torch.")
     return (f"attention: F.scaled_dot_product_attention(is_causal=True), {choice} for "
             f"[batch, {dims['heads']}, {dims['context']}, {head_width}] {dtype_name} on {device.type}{enabled}")
+
+
+def checkpoint_blocks(model) -> str:
+    """Turn on the remat variant in a built Decoder; what it did, for the notes."""
+    model.checkpoint_blocks = True
+    return (f"remat: each of the {len(model.blocks)} blocks under torch.utils.checkpoint.checkpoint("
+            "use_reentrant=False, preserve_rng_state=True): its activations recomputed from its input in the "
+            "backward pass")

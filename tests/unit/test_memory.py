@@ -64,6 +64,24 @@ def test_activations_grow_with_the_batch_and_shrink_with_bf16_and_fused_attentio
     assert estimate(*args, 1, fused_attention=True).activations < one.activations
 
 
+def test_recomputed_blocks_keep_each_blocks_input_and_one_blocks_activations():
+    model = _model("gpt2-small")
+    args = (model.family, model.shape, model.params, 2)
+    kept, recomputed = estimate(*args), estimate(*args, recompute=True)
+    d, t, layers, heads = (model.shape[k] for k in ("width", "context", "layers", "heads"))
+    per_block = t * (17 * d + heads * t) * 4  # fp32, per sample
+    # (layers - 1) blocks' activations no longer kept, each block's input (width per token) kept instead
+    assert kept.activations - recomputed.activations == 2 * ((layers - 1) * per_block - layers * t * d * 4)
+    # the logits (50,257 per token, with their float32 copy and gradient) are kept either way
+    assert recomputed.activations < kept.activations / 2 and recomputed.recompute and not kept.recompute
+    assert recomputed.state == kept.state  # parameters, gradients and Adam are untouched
+    fused = estimate(*args, fused_attention=True, recompute=True)
+    assert fused.activations < recomputed.activations
+    mlp = _model("medium")  # no blocks: nothing recomputed
+    assert estimate(mlp.family, mlp.shape, mlp.params, 2, recompute=True).activations == \
+        estimate(mlp.family, mlp.shape, mlp.params, 2).activations
+
+
 def test_mlp_activations_and_families_without_a_model_of_them():
     mlp = _model("medium")
     sizes = (50, 256, 128, 64, 3)

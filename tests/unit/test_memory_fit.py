@@ -43,6 +43,34 @@ def test_sharding_the_state_over_devices_makes_a_large_model_fit_where_replicas_
     assert not check(model, 2, 1, "bf16", True, capacity).fits
 
 
+def test_a_variant_that_recomputes_its_blocks_is_checked_with_fewer_activations():
+    from xbench.contract import Variant
+    from xbench.run.memory_check import memory_checks
+    from xbench.run.plan import AS_WRITTEN_VARIANT, Lineup
+
+    capacity = 8 * GiB  # GPT-2 small at 8 sequences of 1,024 tokens: ~20 GiB kept, ~6 GiB recomputed
+    assert not check(GPT2, 8, 1, "fp32", False, capacity).fits
+    assert check(GPT2, 8, 1, "fp32", False, capacity, recompute=True).fits
+    remat = Variant("remat", "blocks recomputed", recompute=True)
+    trials = [_trial(GPT2, 8, variant) for variant in ("as-written", "remat")]
+    lineup = Lineup(variants=(AS_WRITTEN_VARIANT, remat))
+    found = memory_checks(trials, {"jax": lineup}, {"jax": {}}, {})
+    kept, recomputed = (found[t.config_id].estimate for t in trials)
+    assert recomputed.recompute and not kept.recompute and recomputed.total < kept.total
+
+
+def _trial(model, global_batch: int, variant: str):
+    from dataclasses import replace
+
+    from xbench.contract import Trial
+    from xbench.contract.timing import TimingProtocol
+
+    return Trial(backend="jax", model=replace(model, batch_sizes=(global_batch,)), devices=1,
+                 global_batch=global_batch, scaling="strong", precision="fp32", platform="gpu", learning_rate=1e-3,
+                 seed=0, samples=global_batch * 10, protocol=TimingProtocol(warmup_steps=0, steps=10, repeats=1),
+                 variant=variant)
+
+
 def test_the_per_device_batch_decides_under_strong_scaling():
     model = preset_model("medium")
     capacity = int(3e6 / (1 - MARGIN))  # medium at global batch 1024: ~4.8 MB on 1 device, ~2.8 MB on 2

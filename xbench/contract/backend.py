@@ -41,6 +41,9 @@ class Variant:
     precisions: tuple[str, ...] | None = None  # the only precisions it runs in (None: every one)
     families: tuple[str, ...] | None = None  # the only model families it builds (None: the backend's)
     sharded: bool = False  # parameters, gradients and optimizer state split over the devices (FSDP, ZeRO-3)
+    # each block's activations recomputed in the backward pass (activation checkpointing): the
+    # step keeps only every block's input, and one block's activations at a time
+    recompute: bool = False
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,9 @@ Activations are what the backward pass needs, per sample, in the compute dtype:
   et al., "Reducing Activation Recomputation in Large Transformer Models" (2022), table 2,
   without dropout masks; then the final LayerNorm and the logits, with the float32 copy the
   loss takes and its gradient (the largest single tensor of a GPT-2 step);
+  With each block's activations recomputed in the backward pass (activation checkpointing,
+  `recompute`: `jax:remat`, `torch:remat`), the step keeps only each block's input (width per
+  token) and, while one block is recomputed for its backward pass, that block's activations;
 - MLP: each layer's input and its pre-activation;
 - other families: unknown here (`activations` is None; the state alone is estimated).
 
@@ -51,6 +54,7 @@ class MemoryEstimate:
     optimizer: int
     gathered: int  # sharded programs only: the gathered unit(s) and its unsharded gradient
     activations: int | None
+    recompute: bool = False  # activations recomputed per block in the backward pass
 
     @property
     def state(self) -> int:
@@ -66,10 +70,12 @@ class MemoryEstimate:
 
 
 def estimate(family: str, shape: Mapping[str, Any], params: int, per_device_batch: int, devices: int = 1,
-             sharded: bool = False, precision: str = "fp32", fused_attention: bool = False) -> MemoryEstimate:
+             sharded: bool = False, precision: str = "fp32", fused_attention: bool = False,
+             recompute: bool = False) -> MemoryEstimate:
     """Per device: a model of `family` with `shape` (a ModelSpec's `shape`) and `params`
     parameters, `per_device_batch` samples on each device, its state replicated or `sharded`
-    over `devices`."""
+    over `devices`, its blocks' activations kept or, `recompute`, recomputed in the backward
+    pass."""
     if devices < 1 or per_device_batch < 0:
         raise ValueError(f"devices must be at least 1 and the batch not negative; got {devices}, {per_device_batch}")
     if precision not in COMPUTE_BYTES:
@@ -81,10 +87,11 @@ def estimate(family: str, shape: Mapping[str, Any], params: int, per_device_batc
     if sharded and devices > 1:
         unit = largest_unit(family, shape, params)
         gathered = PREFETCHED_UNITS * unit * compute + unit * state
-    per_sample = activations_per_sample(family, shape, compute, fused_attention)
+    per_sample = activations_per_sample(family, shape, compute, fused_attention, recompute)
     return MemoryEstimate(devices, sharded, parameters=share * state, gradients=share * state,
                           optimizer=2 * share * state, gathered=gathered,
-                          activations=None if per_sample is None else per_sample * per_device_batch)
+                          activations=None if per_sample is None else per_sample * per_device_batch,
+                          recompute=recompute)
 
 
 def shard_of(count: int, devices: int) -> int:
@@ -103,13 +110,16 @@ def largest_unit(family: str, shape: Mapping[str, Any], params: int) -> int:
 
 
 def activations_per_sample(family: str, shape: Mapping[str, Any], compute_bytes: int,
-                           fused_attention: bool = False) -> int | None:
-    """Bytes the backward pass keeps per sample (see the module's docstring), or None."""
+                           fused_attention: bool = False, recompute: bool = False) -> int | None:
+    """Bytes the backward pass keeps per sample (see the module's docstring), or None.
+    `recompute` changes the transformer's blocks only (the other families have none)."""
     if family == "transformer":
         d, t, layers = shape["width"], shape["context"], shape["layers"]
         scores = 0 if fused_attention else shape["heads"] * t
         per_block = t * (17 * d + scores) * compute_bytes
         head = t * (2 * d) * compute_bytes + t * shape["vocab"] * (compute_bytes + 2 * 4)  # logits, f32 copy, grad
+        if recompute:  # every block's input kept, one block's activations rebuilt at a time
+            return layers * t * d * compute_bytes + per_block + head
         return layers * per_block + head
     if family == "mlp":
         sizes: Sequence[int] = (shape["inputs"], *shape["widths"], shape["outputs"])

@@ -61,11 +61,12 @@ class MemoryCheck:
 
 
 def check(model: ModelSpec, global_batch: int, devices: int, precision: str, sharded: bool,
-          capacity_bytes: int | None) -> MemoryCheck | None:
+          capacity_bytes: int | None, recompute: bool = False) -> MemoryCheck | None:
     """The check of one trial, or None where its memory cannot be estimated (a precision the
-    estimate does not know)."""
+    estimate does not know). `sharded`, `recompute`: the trial's variant's flags."""
     try:
-        found = estimate(model.family, model.shape, model.params, global_batch // devices, devices, sharded, precision)
+        found = estimate(model.family, model.shape, model.params, global_batch // devices, devices, sharded, precision,
+                         recompute=recompute)
     except (ValueError, KeyError, TypeError):
         return None
     return MemoryCheck(found, capacity_bytes)

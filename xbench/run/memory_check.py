@@ -56,11 +56,13 @@ def memory_checks(trials: Sequence[Trial], lineups: Mapping[str, Lineup],
     """Each trial's check by its configuration's id (`Trial.config_id`: every replicate's); a
     trial whose memory cannot be estimated has none."""
     capacity = {name: device_memory_bytes(info, environment) for name, info in devices.items()}
-    sharded = {(name, v.name): v.sharded for name, lineup in lineups.items() for v in lineup.variants}
+    variants = {(name, v.name): v for name, lineup in lineups.items() for v in lineup.variants}
     found = {}
     for trial in trials:
+        variant = variants.get((trial.backend, trial.variant))
         result = check(trial.model, trial.global_batch, trial.devices, trial.precision,
-                       sharded.get((trial.backend, trial.variant), False), capacity.get(trial.backend))
+                       variant is not None and variant.sharded, capacity.get(trial.backend),
+                       recompute=variant is not None and variant.recompute)
         if result is not None:
             found[trial.config_id] = result
     return found

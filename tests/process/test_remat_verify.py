@@ -1,0 +1,27 @@
+"""`xbench verify` of the activation-checkpointing variants (`jax:remat`, `torch:remat`) against
+the programs without them, through the CLI, its workers (torch over gloo, one process per rank)
+and the real checks: transformer-tiny on 1 and 2 devices. (The plain program, tf:remat and the
+refusals: tests/backends/*/test_remat_*.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("jax")
+pytest.importorskip("torch")
+
+
+@pytest.mark.slow
+def test_the_remat_variants_verify_against_the_programs_without_them(run_cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "240")  # one line per check: no subject wrapped inside its cell
+    code, out, err = run_cli("verify", "--backends", "jax", "torch", "--variants", "jax:remat", "torch:remat",
+                             "--single-device", "data-parallel", "--model", "transformer-tiny", "--devices", "2")
+    flat = " ".join(out.split())
+    assert code == 0, out + err
+    for subject in ("transformer-tiny: jax+remat d1 vs jax d1", "transformer-tiny: torch+remat d1 vs jax d1",
+                    "transformer-tiny: jax+remat d2 vs jax+remat d1",
+                    "transformer-tiny: torch+remat d2 vs torch+remat d1",
+                    "transformer-tiny: torch+remat d2 vs jax d1", "transformer-tiny: jax+remat d2: replicas 1.. vs 0",
+                    "transformer-tiny: torch+remat d1 vs torch d1, float64"):
+        assert subject in flat, subject
+    assert "FAIL" not in out and "checks passed" in err
