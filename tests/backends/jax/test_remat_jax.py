@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, Trial, Unsupported
 from xbench.contract.timing import TimingProtocol
 from xbench.contract.work import build_work
 from xbench.models.model_spec import ModelSpec, preset_model
-from xbench.results.checks import VERIFY_STEPS, run_checks, verification_batch, verification_model
+from xbench.results.checks import VERIFY_STEPS, verification_batch, verification_model
 from xbench.worker.capture import reference_run
 
 pytest.importorskip("jax")
@@ -22,13 +21,12 @@ pytest.importorskip("flax")
 pytest.importorskip("optax")
 
 from tests.backends.jax.cpu_devices import DEVICES, simulated_devices  # noqa: E402
+from tests.support.remat_checks import assert_remat_verifies, assert_same_loss_and_gradients  # noqa: E402
 from xbench_backends.jax.pmap import JaxPmapBackend  # noqa: E402
 from xbench_backends.recompute import REMAT  # noqa: E402
 
 BATCH = verification_batch([1, DEVICES])
 MODEL = verification_model(preset_model("transformer-tiny"), [1, DEVICES])
-CHECKS = {"gradients: N devices = 1 device", "initial loss and gradients across backends",
-          "10 steps: losses and final weights", "replicas hold the same weights"}
 
 
 @pytest.fixture(scope="module")
@@ -69,21 +67,13 @@ def references(devices):
 
 
 def test_remat_computes_the_loss_and_gradients_of_the_program_without_it(references):
-    plain, remat = references[1, AS_WRITTEN, DATA_PARALLEL], references[1, REMAT, DATA_PARALLEL]
-    assert remat.loss == pytest.approx(plain.loss, rel=1e-6)
-    for a, b in zip(remat.gradients, plain.gradients):
-        assert np.allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert_same_loss_and_gradients(references[1, AS_WRITTEN, DATA_PARALLEL], references[1, REMAT, DATA_PARALLEL])
 
 
 def test_remat_verifies_against_the_program_without_it(references):
-    name = MODEL.name
-    refs = {("jax", 1, name): references[1, AS_WRITTEN, DATA_PARALLEL],
-            ("jax+remat", 1, name): references[1, REMAT, DATA_PARALLEL],
-            ("jax+remat", DEVICES, name): references[DEVICES, REMAT, DATA_PARALLEL],
-            ("jax plain+remat", 1, name): references[1, REMAT, PLAIN]}
-    checks = run_checks(refs, "jax")
-    assert {c.check for c in checks} >= CHECKS
-    assert all(c.passed for c in checks), [c for c in checks if not c.passed]
+    assert_remat_verifies("jax", MODEL.name, DEVICES, {
+        "as written": references[1, AS_WRITTEN, DATA_PARALLEL], "remat": references[1, REMAT, DATA_PARALLEL],
+        "remat on N": references[DEVICES, REMAT, DATA_PARALLEL], "plain remat": references[1, REMAT, PLAIN]})
 
 
 def test_each_block_is_checkpointed_in_the_differentiated_program(devices):

@@ -12,18 +12,16 @@ from __future__ import annotations
 import os
 import socket
 
-import numpy as np
 import pytest
 
 from tests.conftest import ROOT
 from tests.support.children import child_log, child_main, run_children
+from tests.support.remat_checks import assert_remat_verifies, assert_same_loss_and_gradients
 from xbench.results.checks import VERIFY_STEPS
 
 CHILD_TIMEOUT_S = 400  # a loaded 2-core machine; a hang fails the test instead of blocking CI
 WARNINGS = ("-W", "error", "-W", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 REMAT = "remat"
-CHECKS = {"gradients: N devices = 1 device", "initial loss and gradients across backends",
-          "10 steps: losses and final weights", "replicas hold the same weights"}
 
 
 def _trial(name: str, devices: int, variant: str, program: str = "data-parallel"):
@@ -100,24 +98,18 @@ def results(tmp_path_factory):
 
 
 def test_remat_computes_the_loss_and_gradients_of_the_program_without_it(results):
-    plain = results["one"]["as-written", "data-parallel"]["reference"]
-    remat = results["one"][REMAT, "data-parallel"]["reference"]
-    assert remat.loss == pytest.approx(plain.loss, rel=1e-6)
-    for a, b in zip(remat.gradients, plain.gradients):
-        assert np.allclose(a, b, rtol=1e-5, atol=1e-7)
+    one = results["one"]
+    assert_same_loss_and_gradients(one["as-written", "data-parallel"]["reference"],
+                                   one[REMAT, "data-parallel"]["reference"])
 
 
 def test_remat_verifies_against_the_program_without_it(results):
-    from xbench.results.checks import run_checks
-
-    one, two, name = results["one"], results["rank0"], "transformer-tiny"
-    refs = {("torch", 1, name): one["as-written", "data-parallel"]["reference"],
-            ("torch+remat", 1, name): one[REMAT, "data-parallel"]["reference"],
-            ("torch+remat", 2, name): two[REMAT, "data-parallel"]["reference"],
-            ("torch plain+remat", 1, name): one[REMAT, "plain"]["reference"]}
-    checks = run_checks(refs, "torch")
-    assert {c.check for c in checks} >= CHECKS
-    assert all(c.passed for c in checks), [c for c in checks if not c.passed]
+    one, two = results["one"], results["rank0"]
+    assert_remat_verifies("torch", "transformer-tiny", 2, {
+        "as written": one["as-written", "data-parallel"]["reference"],
+        "remat": one[REMAT, "data-parallel"]["reference"],
+        "remat on N": two[REMAT, "data-parallel"]["reference"],
+        "plain remat": one[REMAT, "plain"]["reference"]})
 
 
 def test_each_block_runs_again_in_the_backward_pass(results):

@@ -1,0 +1,34 @@
+"""What each framework's remat tests assert alike: recomputing the blocks' activations changes
+no number, and the remat programs pass verification against the program without it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+
+from xbench.results.checks import run_checks
+
+CHECKS = {"gradients: N devices = 1 device", "initial loss and gradients across backends",
+          "10 steps: losses and final weights", "replicas hold the same weights"}
+
+
+def assert_same_loss_and_gradients(plain: Any, remat: Any) -> None:
+    """Two reference runs of one step: remat's loss and gradients are the program's without it."""
+    assert remat.loss == pytest.approx(plain.loss, rel=1e-6)
+    for a, b in zip(remat.gradients, plain.gradients):
+        assert np.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def assert_remat_verifies(backend: str, model: str, devices: int, runs: Mapping[str, Any]) -> None:
+    """`runs`: the reference runs "as written" (1 device), "remat" (1 device), "remat on N"
+    (`devices`) and "plain remat" (1 device); every check of verification passes on them."""
+    refs = {(backend, 1, model): runs["as written"],
+            (f"{backend}+remat", 1, model): runs["remat"],
+            (f"{backend}+remat", devices, model): runs["remat on N"],
+            (f"{backend} plain+remat", 1, model): runs["plain remat"]}
+    checks = run_checks(refs, backend)
+    assert {c.check for c in checks} >= CHECKS
+    assert all(c.passed for c in checks), [c for c in checks if not c.passed]
