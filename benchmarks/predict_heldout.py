@@ -29,6 +29,7 @@ from pathlib import Path
 
 from xbench.results.fitting import (
     HeldOut,
+    Measured,
     error_summary,
     extrapolate_devices,
     fit_all,
@@ -83,7 +84,7 @@ def main() -> int:
     return 1 if missed else 0
 
 
-def extrapolation(measured, fit_devices: int, save_to: Path | None) -> int:
+def extrapolation(measured: Measured, fit_devices: int, save_to: Path | None) -> int:
     held, problems = extrapolate_devices(measured, fit_devices)
     if save_to:
         smaller = fit_on_devices(measured, fit_devices)
@@ -101,7 +102,8 @@ def extrapolation(measured, fit_devices: int, save_to: Path | None) -> int:
     if not held:
         print(f"nothing to predict: no full step measured on more than {fit_devices} devices by a fitted backend")
         return 1
-    return 0 if all([_judge(f"{label}", mine) for label, mine in _groups(held)]) else 1
+    verdicts = [_judge(label, mine) for label, mine in _groups(held)]  # every group printed, then judged
+    return 0 if all(verdicts) else 1
 
 
 def _groups(held: list[HeldOut]) -> list[tuple[str, list[HeldOut]]]:

@@ -32,3 +32,12 @@ def assert_remat_verifies(backend: str, model: str, devices: int, runs: Mapping[
     checks = run_checks(refs, backend)
     assert {c.check for c in checks} >= CHECKS
     assert all(c.passed for c in checks), [c for c in checks if not c.passed]
+
+
+def child_runs(one: Mapping[Any, Any], two: Mapping[Any, Any]) -> dict[str, Any]:
+    """The reference runs `assert_remat_verifies` takes, from the results of test children (a
+    1-device child's and one rank's of 2 devices, each keyed by (variant, program))."""
+    return {"as written": one["as-written", "data-parallel"]["reference"],
+            "remat": one["remat", "data-parallel"]["reference"],
+            "remat on N": two["remat", "data-parallel"]["reference"],
+            "plain remat": one["remat", "plain"]["reference"]}

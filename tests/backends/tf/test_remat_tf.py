@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.children import child_log, child_main, run_children
-from tests.support.remat_checks import assert_remat_verifies, assert_same_loss_and_gradients
+from tests.support.remat_checks import assert_remat_verifies, assert_same_loss_and_gradients, child_runs
 from xbench.results.checks import VERIFY_STEPS
 
 CHILD_TIMEOUT_S = 400  # a loaded 2-core machine; a hang fails the test instead of blocking CI
@@ -87,18 +87,12 @@ def results(tmp_path_factory):
 
 
 def test_remat_computes_the_loss_and_gradients_of_the_program_without_it(results):
-    one = results["d1"]
-    assert_same_loss_and_gradients(one["as-written", "data-parallel"]["reference"],
-                                   one[REMAT, "data-parallel"]["reference"])
+    runs = child_runs(results["d1"], results["d2"])
+    assert_same_loss_and_gradients(runs["as written"], runs["remat"])
 
 
 def test_remat_verifies_against_the_program_without_it(results):
-    one, two = results["d1"], results["d2"]
-    assert_remat_verifies("tf", "transformer-tiny", 2, {
-        "as written": one["as-written", "data-parallel"]["reference"],
-        "remat": one[REMAT, "data-parallel"]["reference"],
-        "remat on N": two[REMAT, "data-parallel"]["reference"],
-        "plain remat": one[REMAT, "plain"]["reference"]})
+    assert_remat_verifies("tf", "transformer-tiny", 2, child_runs(results["d1"], results["d2"]))
 
 
 def test_each_block_is_computed_again_in_the_backward_pass(results):

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.support.children import child_log, child_main, run_children
-from tests.support.remat_checks import assert_remat_verifies, assert_same_loss_and_gradients
+from tests.support.remat_checks import assert_remat_verifies, assert_same_loss_and_gradients, child_runs
 from xbench.results.checks import VERIFY_STEPS
 
 CHILD_TIMEOUT_S = 400  # a loaded 2-core machine; a hang fails the test instead of blocking CI
@@ -98,18 +98,12 @@ def results(tmp_path_factory):
 
 
 def test_remat_computes_the_loss_and_gradients_of_the_program_without_it(results):
-    one = results["one"]
-    assert_same_loss_and_gradients(one["as-written", "data-parallel"]["reference"],
-                                   one[REMAT, "data-parallel"]["reference"])
+    runs = child_runs(results["one"], results["rank0"])
+    assert_same_loss_and_gradients(runs["as written"], runs["remat"])
 
 
 def test_remat_verifies_against_the_program_without_it(results):
-    one, two = results["one"], results["rank0"]
-    assert_remat_verifies("torch", "transformer-tiny", 2, {
-        "as written": one["as-written", "data-parallel"]["reference"],
-        "remat": one[REMAT, "data-parallel"]["reference"],
-        "remat on N": two[REMAT, "data-parallel"]["reference"],
-        "plain remat": one[REMAT, "plain"]["reference"]})
+    assert_remat_verifies("torch", "transformer-tiny", 2, child_runs(results["one"], results["rank0"]))
 
 
 def test_each_block_runs_again_in_the_backward_pass(results):
