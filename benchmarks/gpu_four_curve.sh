@@ -9,9 +9,11 @@
 #           machine (bad input: one line naming the devices found).
 #   part b: scaling-wide's 50 M MLP at global batch 32,768, jax, jax-shardmap and torch on
 #           1, 2 and 4 GPUs, verification on, compute-only twins (--breakdown).
-#   part c: the families' GPT-2 small in bf16 on 1, 2 and 4 GPUs, jax and torch, with MFU.
-#   part d: the seed study on 1, 2 and 4 GPUs, jax and torch (the planned replicates only;
-#           its 1-GPU half alone took 200-300 s on one H100).
+#   part c: the families' GPT-2 small in bf16 on 1, 2 and 4 GPUs, jax and torch, with MFU,
+#           verification on.
+#   part d: what part c left unfinished (`--resume`), then the seed study on 1, 2 and 4 GPUs,
+#           jax and torch, one run per model (the planned replicates only; its 1-GPU half alone
+#           took 200-300 s on one H100); send it again to the same warm machine to finish.
 #
 # Each step runs under its own timeout with SIGINT: an interrupted run keeps its records and
 # `--resume DIR` finishes it. Everything is packed into $OUT/results.tgz.
@@ -26,8 +28,24 @@ step() {  # step NAME TIMEOUT COMMAND...: stdout to NAME.txt, stderr to NAME.err
   local name=$1 limit=$2 start=$SECONDS
   shift 2
   timeout -s INT "$limit" "$@" >"$out/run/$name.txt" 2>"$out/run/$name.err"
-  echo "exit $? wall $((SECONDS - start)) s" >>"$out/run/$name.err"
+  last_exit=$?
+  echo "exit $last_exit wall $((SECONDS - start)) s" >>"$out/run/$name.err"
   echo "== $name: $(tail -1 "$out/run/$name.err")"
+}
+
+run_or_resume() {  # run_or_resume NAME COMPARE-ARGS...: in the time this call has left (570 s in all)
+  local name=$1 dir=$keep/$1 limit=$((570 - SECONDS))
+  shift
+  mkdir -p "$keep"
+  [ -f "$dir.exit" ] && [ "$(cat "$dir.exit")" = 0 ] && return
+  [ "$limit" -lt 60 ] && { echo "== $name: not started, ${limit} s left"; return; }
+  if [ -f "$dir.exit" ]; then
+    step "$name-resumed" "$limit" xbench compare --resume "$dir"
+  else
+    step "$name" "$limit" xbench compare "$@" --out "$dir"
+  fi
+  echo "$last_exit" >"$dir.exit"
+  rm -rf "$out/run/$name" && cp -r "$dir" "$out/run/$name"
 }
 
 case $part in
@@ -57,13 +75,19 @@ b)
     --model wide-50m --global-batch 32768 --devices 1 2 4 --breakdown --replicates 2 --time-budget 0 ${WIDE_FLAGS:-} \
     --out "$out/run/wide-50m"
   ;;
-c)
-  step gpt2-small 540 xbench compare --config configs/families.toml --backends jax torch --model gpt2-small \
-    --precision bf16 --devices 1 2 4 --replicates 2 --time-budget 0 --wide --out "$out/run/gpt2-small"
-  ;;
-d)
-  step seed-study 540 xbench compare --config configs/seed-study.toml --backends jax torch --devices 1 2 4 \
-    --time-budget 0 --out "$out/run/seed-study"
+c|d)  # each run lives on the machine's disk: the next call, sent at once to the same warm
+  # machine, finishes what this one's time cut short (`--resume`), then starts the rest
+  timeout 30 sh -c 'nvidia-smi topo -m; nvidia-smi -q -d PERFORMANCE,POWER | head -60; xbench env' >"$out/run/env.txt" 2>&1
+  for name in gpt2-small seed-medium seed-large; do
+    [ "$part" = c ] && [ "$name" != gpt2-small ] && break
+    case $name in
+      gpt2-small) args=(--config configs/families.toml --backends jax torch --model gpt2-small --precision bf16
+                        --devices 1 2 4 --replicates 2 --time-budget 0 --wide) ;;
+      seed-*) args=(--config configs/seed-study.toml --backends jax torch --model "${name#seed-}" --devices 1 2 4
+                    --time-budget 0) ;;
+    esac
+    run_or_resume "$name" "${args[@]}"
+  done
   ;;
 esac
 for f in "$out/run"/*.err; do echo "== $f"; grep -v "^\[" "$f" | tail -4; done

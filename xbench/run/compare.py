@@ -179,7 +179,7 @@ def _run(comparison: Comparison, observer: Observer, no_verify: bool, resumed: b
     environment = start_run(comparison, no_verify, nccl)
     for line in link_notes(environment["links"]):
         observer.note(line)
-    outcome = verification_outcome(comparison, environment, observer, no_verify)
+    outcome = verification_outcome(comparison, environment, observer, no_verify, resumed)
     drift.record(comparison.run_dir, "before")
     records = execute(comparison, environment, outcome, observer, done)
     drift.record(comparison.run_dir, "after")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any],
         "shares_unchecked": list(result.shares_unchecked),
         "sizes_checked": [sizes_checked(m, comparison.spec.devices, verification_precision(m))
                           for m in comparison.spec.models],
+        "outcomes": {name: result.outcome(name) for name in comparison.implementations},
     })
     return result
 
@@ -82,14 +83,33 @@ def started_without_verify(run_dir: Path) -> bool:
     return any(r.get("verification") == unverified("--no-verify") for r in iter_records(run_dir / RECORDS_FILE))
 
 
+def saved_outcomes(run_dir: Path, implementations: Collection[str]) -> dict[str, dict[str, Any]] | None:
+    """Each program's outcome as the run's verify.json keeps it, when it holds every one of
+    `implementations` (a verification that finished before the run was interrupted); else None."""
+    try:
+        saved = json.loads((run_dir / VERIFY_FILE).read_text(encoding="utf-8")).get("outcomes")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(saved, dict) or not all(isinstance(saved.get(name), dict) for name in implementations):
+        return None
+    return {name: saved[name] for name in implementations}
+
+
 def verification_outcome(comparison: Comparison, environment: dict[str, Any], observer: Observer,
-                          no_verify: bool) -> dict[str, dict[str, Any]]:
+                         no_verify: bool, resumed: bool = False) -> dict[str, dict[str, Any]]:
     if comparison.launch.multi_node and not no_verify:
         observer.note("verify is not run across nodes; run `xbench verify --launcher spmd` on one node")
         return {name: unverified("multi-node run: run xbench verify on one node")
                 for name in comparison.implementations}
     if no_verify:
         return {name: unverified("--no-verify") for name in comparison.implementations}
+    # A resumed run times the programs its start verified: the spec and devices are the same
+    # (run.json), so the verification would be repeated to the same end (minutes for large models).
+    saved = saved_outcomes(comparison.run_dir, comparison.implementations) if resumed else None
+    if saved is not None:
+        observer.note(f"verification: as the run's start found it ({VERIFY_FILE}); not repeated")
+        observer.verified(saved)
+        return saved
     with observer.verifying("verifying identical work and all-reduce (skip with --no-verify)") as progress:
         verification = verify_backends(comparison, environment, progress)
     outcome = {name: verification.outcome(name) for name in comparison.implementations}
