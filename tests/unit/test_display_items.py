@@ -58,6 +58,23 @@ def test_an_interval_spanning_more_than_2x_prints_words_and_no_plus_minus_over_1
     assert speedups and all(ratio_text(s).endswith("(too uncertain)") for s in speedups)
 
 
+def test_a_wide_ratio_wholly_on_one_side_of_1_keeps_its_bounds_where_a_verdict_rests_on_it():
+    """On 4 x H200 the seed study printed "slower than 1 at batch 16 (0.31x, too uncertain to
+    say)" and "0.46x (too uncertain) | single better": a verdict beside words that deny one."""
+    from xbench import stats
+    below = stats.Scaling(0, 0.31, 0.0, 0.0, False, 0.20, 0.48)
+    astride = stats.Scaling(0, 0.9, 0.0, 0.5, False, 0.4, 2.1)
+    assert ratio_text(below) == "0.31× (0.20–0.48)" and ratio_text(below, brief=False) == "0.31× (0.20–0.48)"
+    assert ratio_text(astride) == "0.90× (too uncertain)"
+    rows = rows_from_records([record("b", d, 64, r, 1e-3 * (5.0 if d == 2 else 1.0) * (1.0, 1.2, 1.4)[r], spread=0.0)
+                              for d in (1, 2) for r in range(3)])
+    two = next(r for r in rows if r.devices == 2)
+    assert two.scaling is not None and two.scaling.ci_high < 1 and two.scaling.ci_high / two.scaling.ci_low > 2
+    said = " ".join(bottom_line(rows)[0].sentences)
+    assert "slower than 1" in said and "too uncertain" not in said, said
+    assert f"({two.scaling.ci_low:.2f}–{two.scaling.ci_high:.2f})" in said
+
+
 def test_the_speedup_is_the_ratio_of_the_throughputs_the_table_prints():
     rows = rows_from_records([record("b", d, 64, r, 1e-3 / (1.8 if d == 2 else 1), spread=0.3)
                               for d in (1, 2) for r in range(3)])

@@ -219,7 +219,7 @@ def _margin(c: Contest) -> str:
     m = c.margin
     if c.untested:
         return f"{m.ratio:.2f}× over {c.rival.label}, untested: one replicate a side"
-    if m.ci_high / m.ci_low > USABLE_SPAN:
+    if m.ci_high / m.ci_low > USABLE_SPAN and m.ci_low <= 1 <= m.ci_high:
         return f"{m.ratio:.2f}× over {c.rival.label}, too uncertain to say which is faster"
     return (f"{m.ratio:.2f}× over {c.rival.label}, {m.ci_low:.2f}–{m.ci_high:.2f}"
             + ("" if c.significant else ", not significant"))

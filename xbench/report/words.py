@@ -169,9 +169,11 @@ def vs_plain_text(row: Row, interval: bool = True) -> str:
 
 def ratio_text(s: stats.Scaling, brief: bool = True) -> str:
     """e.g. "0.87× (0.80–0.95)", the ratio alone where a side has no spread, and words where
-    the interval spans more than USABLE_SPAN: "1.73× (too uncertain)", in a sentence (not
-    `brief`) "1.73×, too uncertain to say". (Whether more replicates would help a ratio depends
-    on what it must decide: the bottom line says that.)"""
+    the interval spans more than USABLE_SPAN and holds 1: "1.73× (too uncertain)", in a sentence
+    (not `brief`) "1.73×, too uncertain to say". A wide interval wholly on one side of 1 keeps its
+    bounds: it answers which way ("0.31× (0.20–0.48)" is slower, however wide), and a verdict
+    beside it rests on them. (Whether more replicates would help a ratio depends on what it must
+    decide: the bottom line says that.)"""
     ratio = f"{s.speedup:.2f}×"
     if math.isnan(s.ci_low):
         return ratio
@@ -181,8 +183,9 @@ def ratio_text(s: stats.Scaling, brief: bool = True) -> str:
 
 
 def too_uncertain(s: stats.Scaling) -> bool:
-    """The ratio's interval spans more than USABLE_SPAN."""
-    return s.ci_high / s.ci_low > USABLE_SPAN
+    """The ratio's interval spans more than USABLE_SPAN and holds 1: it says neither how much
+    nor which way."""
+    return s.ci_high / s.ci_low > USABLE_SPAN and s.ci_low <= 1 <= s.ci_high
 
 
 FASTEST_HEADERS = ("dev", "batch", "fastest", "samples/s", INTERVAL_HEADER, "fastest as written", "samples/s",
