@@ -72,6 +72,7 @@ from xbench_backends.jax.steps import (
     kernel_settings,
     optimizer,
     programs,
+    quick_gpu_compilation,
     shard_loss_fn,
     steady_cpu_scheduler,
     step_losses,
@@ -129,6 +130,12 @@ class JaxPmapBackend:
 
     def __init__(self) -> None:
         self.devices: list[Any] = []
+        self.quick_compilation = False  # a verification job's: XLA's GPU autotuning off
+
+    def prefer_quick_compilation(self) -> None:
+        """In a verification job: no GPU kernel autotuning (`steps.quick_gpu_compilation`),
+        unless XLA_FLAGS sets its level; CPU compilation is unchanged."""
+        self.quick_compilation = True
 
     def probe(self) -> Availability:
         return probe_distributions("jax", ("jax", "jaxlib", "flax", "optax"), self.install_hint)
@@ -145,6 +152,8 @@ class JaxPmapBackend:
         use_compile_cache()
         if platform == "cpu" or (platform == "auto" and not _cuda_plugin_present()):
             steady_cpu_scheduler()
+        elif self.quick_compilation:
+            quick_gpu_compilation()
         if platform == "cpu":
             jax.config.update("jax_platforms", "cpu")
         # Only the CPU client reads this; it splits the host into `devices` logical devices.
@@ -180,6 +189,8 @@ class JaxPmapBackend:
 
         use_compile_cache()
         gpu = platform == "gpu" or (platform == "auto" and _cuda_plugin_present())
+        if gpu and self.quick_compilation:
+            quick_gpu_compilation()
         if not gpu:
             steady_cpu_scheduler()
             jax.config.update("jax_platforms", "cpu")

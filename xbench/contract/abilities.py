@@ -146,6 +146,19 @@ class ForgetsTrials(Protocol):
 
 
 @runtime_checkable
+class CompilesQuickly(Protocol):
+    """Compiles faster at the cost of slower kernels, for verification jobs: they need the
+    same arithmetic, not the fastest kernels, and a GPU framework that autotunes its kernels
+    (XLA) can spend most of a run's first call on it. Without it, verification compiles as
+    timing does; frameworks that pick kernels without compiling (torch eager, tf) need none."""
+
+    def prefer_quick_compilation(self) -> None:
+        """Called before `setup` (or `setup_process`) in a verification job, never in a timed
+        one: trade kernel speed for compile time, the arithmetic unchanged. Say what was
+        chosen in `PreparedInfo.settings`."""
+
+
+@runtime_checkable
 class ValidatesOptions(Protocol):
     """Takes options (`[options.NAME]`, `--option NAME.KEY=VALUE`); without it any option for
     the backend is an error."""
@@ -190,3 +203,4 @@ def fork_preload_of(backend: object) -> tuple[str, ...]:
 def launchers_of(backend: object) -> tuple[str, ...]:
     """The launchers a backend supports, preferred first."""
     return tuple(backend.launchers) if isinstance(backend, DeclaresLaunchers) else ("subprocess",)
+

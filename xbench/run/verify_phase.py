@@ -43,6 +43,7 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any],
         "shares_unchecked": list(result.shares_unchecked),
         "sizes_checked": [sizes_checked(m, comparison.spec.devices, verification_precision(m))
                           for m in comparison.spec.models],
+        "kernel_settings": result.settings,
     })
     return result
 
