@@ -140,3 +140,62 @@ def test_dry_run_with_bad_input_prints_the_runs_own_one_line_error(bad, capsys):
     run = capsys.readouterr()
     assert dry.err == run.err and dry.err.startswith("error:") and len(dry.err.strip().splitlines()) == 1
     assert not dry.out
+
+
+class Declares:
+    """A backend's declared first calls (`DeclaresFirstCall`), by platform."""
+
+    def __init__(self, **seconds) -> None:
+        self.first_call_s = seconds
+
+
+def test_a_backends_declared_first_call_replaces_the_platforms():
+    costs = replace(COSTS, first_calls={"jax": 7.5})
+    arrays = 8 * 0.25  # the medium MLP's parameter arrays
+    assert est.compile_seconds(trial(1), costs) == pytest.approx(7.5 + arrays)
+    assert est.compile_seconds(replace(trial(1), backend="tf"), costs) == pytest.approx(0.5 + arrays)
+    # verification: its run's figure with the backend's first call in place of the platform's
+    assert est.verify_seconds([trial(1)] * 2, costs) == pytest.approx(2 * (2.0 + 7.5 - 0.5 + arrays) / 2)
+
+
+def test_the_costs_take_each_backends_declaration_for_the_platform():
+    backends = {"jax": Declares(cpu=0.6, gpu=7.5), "torch": Declares(gpu=0.05), "tf": object()}
+    assert est.costs_for("gpu", None, backends).first_calls == {"jax": 7.5, "torch": 0.05}
+    cpu = est.costs_for("cpu", 1e9, backends)
+    assert cpu.first_calls == {"jax": 0.6} and cpu.flops == 1e9
+    assert cpu.first_call("torch") == est.CPU_COSTS.first_call_s  # declared for GPUs only
+    assert est.costs_for("gpu").first_calls == {}
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "7", True, None])
+def test_a_declaration_that_is_no_positive_number_is_ignored(bad):
+    from xbench.contract import first_call_of
+
+    assert first_call_of(Declares(gpu=bad), "gpu") is None
+    assert first_call_of(Declares(gpu=3), "gpu") == 3.0
+
+
+def test_the_built_in_backends_declare_their_first_calls_without_importing_a_framework():
+    from xbench.contract import first_call_of
+    from xbench_backends.jax.pmap import JaxPmapBackend
+    from xbench_backends.jax.shardmap import JaxShardMapBackend
+    from xbench_backends.torch.ddp import TorchDdpBackend
+
+    assert first_call_of(JaxPmapBackend, "gpu") == first_call_of(JaxShardMapBackend, "gpu") > 1.0
+    assert first_call_of(TorchDdpBackend, "gpu") < 0.1
+    for backend in (JaxPmapBackend, TorchDdpBackend):
+        assert first_call_of(backend, "cpu") == est.CPU_COSTS.first_call_s
+
+
+def test_dry_run_estimates_with_the_backends_declared_first_calls(capsys, monkeypatch):
+    seen = []
+    real = est.costs_for
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr("xbench.run.compare.costs_for", spy)
+    monkeypatch.setattr("xbench.run.compare.host_flops", lambda *a, **k: 2e11)
+    assert main(["compare", "--backends", "jax", "torch", "--platform", "gpu", "--dry-run"]) == 0, capsys.readouterr()
+    assert seen[-1].first_calls == {"jax": 7.5, "torch": 0.05}

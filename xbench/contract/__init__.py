@@ -53,10 +53,10 @@ process.world_size`; its shard of the global batch is `work.shards(...)[process.
 A backend lists the launchers it supports in `launchers` (first = preferred).
 
 Optional abilities. Beyond `Backend`, a backend may declare `programs`, `variants`,
-`families`, `launchers` and `fork_preload` (`DeclaresPrograms`, `DeclaresVariants`,
-`DeclaresFamilies`, `DeclaresLaunchers`, `DeclaresForkPreload`) and have the methods of
-`SpmdCapable`, `Verifiable`, `ReportsShardLosses`, `AllReduceCapable`, `ReportsMemory`, `ForgetsTrials` and
-`ValidatesOptions`.
+`families`, `launchers`, `fork_preload` and `first_call_s` (`DeclaresPrograms`, `DeclaresVariants`,
+`DeclaresFamilies`, `DeclaresLaunchers`, `DeclaresForkPreload`, `DeclaresFirstCall`) and have the methods of
+`SpmdCapable`, `Verifiable`, `ReportsShardLosses`, `AllReduceCapable`, `ReportsMemory`, `ForgetsTrials`,
+`CompilesQuickly` and `ValidatesOptions`.
 Each is a runtime-checkable Protocol: the core asks `isinstance(backend, Verifiable)`, and
 an ability a backend lacks is absent, not an error.
 
@@ -69,7 +69,9 @@ from __future__ import annotations
 
 from xbench.contract.abilities import (
     AllReduceCapable,
+    CompilesQuickly,
     DeclaresFamilies,
+    DeclaresFirstCall,
     DeclaresForkPreload,
     DeclaresLaunchers,
     DeclaresPrograms,
@@ -81,6 +83,7 @@ from xbench.contract.abilities import (
     ValidatesOptions,
     Verifiable,
     families_of,
+    first_call_of,
     fork_preload_of,
     launchers_of,
     missing_methods,
@@ -124,12 +127,13 @@ from xbench.models import Param, cnn, lstm, mlp, transformer
 from xbench.models.model_spec import ModelSpec
 
 __all__ = [
-    "ADAM", "AS_WRITTEN", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL", "LAUNCHERS", "PLAIN", "PROGRAMS",
-    "Adam", "AllReduceCapable", "Availability", "Backend", "DeclaresFamilies", "DeclaresForkPreload",
-    "DeclaresLaunchers", "DeclaresPrograms", "DeclaresVariants", "DeviceInfo", "DeviceUnavailable", "ForgetsTrials",
-    "ModelSpec", "Param", "Prepared", "PreparedInfo", "Process", "ReportsMemory", "ReportsShardLosses",
-    "SpmdCapable", "TimingProtocol", "Trial", "Unsupported", "ValidatesOptions", "Variant",
-    "Verifiable", "Work", "backend_label", "backend_of_implementation", "cnn", "families_of", "fork_preload_of",
-    "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of", "lstm", "missing_methods",
-    "mlp", "probe_distributions", "programs_of", "replicate_id", "transformer", "trial_id", "variants_of",
+    "ADAM", "AS_WRITTEN", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL", "LAUNCHERS", "PLAIN", "PROGRAMS", "Adam",
+    "AllReduceCapable", "Availability", "Backend", "CompilesQuickly", "DeclaresFamilies", "DeclaresFirstCall",
+    "DeclaresForkPreload", "DeclaresLaunchers", "DeclaresPrograms", "DeclaresVariants", "DeviceInfo",
+    "DeviceUnavailable", "ForgetsTrials", "ModelSpec", "Param", "Prepared", "PreparedInfo", "Process",
+    "ReportsMemory", "ReportsShardLosses", "SpmdCapable", "TimingProtocol", "Trial", "Unsupported",
+    "ValidatesOptions", "Variant", "Verifiable", "Work", "backend_label", "backend_of_implementation", "cnn",
+    "families_of", "first_call_of", "fork_preload_of", "hash_arrays", "hash_weights", "implementation",
+    "implementation_of", "launchers_of", "lstm", "missing_methods", "mlp", "probe_distributions", "programs_of",
+    "replicate_id", "transformer", "trial_id", "variants_of",
 ]

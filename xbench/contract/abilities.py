@@ -8,6 +8,8 @@ nothing: the data-parallel program as written, the MLP, the subprocess launcher.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -58,6 +60,16 @@ class DeclaresForkPreload(Protocol):
     own. Without it: none (each worker imports its framework itself, as it would anyway)."""
 
     fork_preload: ClassVar[tuple[str, ...]]
+
+
+@runtime_checkable
+class DeclaresFirstCall(Protocol):
+    """A trial's typical first-call seconds (building the model, compiling, any kernel
+    search) by platform ("cpu", "gpu"), for the plan's estimate of a run's wall time
+    (`xbench.run.estimate`); a platform it leaves out gets the estimate's own figure. A hint,
+    never a measurement: records keep each trial's real first call."""
+
+    first_call_s: ClassVar[Mapping[str, float]]
 
 
 # -- abilities: methods ---------------------------------------------------------------------------
@@ -146,6 +158,19 @@ class ForgetsTrials(Protocol):
 
 
 @runtime_checkable
+class CompilesQuickly(Protocol):
+    """Compiles faster at the cost of slower kernels, for verification jobs: they need the
+    same arithmetic, not the fastest kernels, and a GPU framework that autotunes its kernels
+    (XLA) can spend most of a run's first call on it. Without it, verification compiles as
+    timing does; frameworks that pick kernels without compiling (torch eager, tf) need none."""
+
+    def prefer_quick_compilation(self) -> None:
+        """Called before `setup` (or `setup_process`) in a verification job, never in a timed
+        one: trade kernel speed for compile time, the arithmetic unchanged. Say what was
+        chosen in `PreparedInfo.settings`."""
+
+
+@runtime_checkable
 class ValidatesOptions(Protocol):
     """Takes options (`[options.NAME]`, `--option NAME.KEY=VALUE`); without it any option for
     the backend is an error."""
@@ -190,3 +215,13 @@ def fork_preload_of(backend: object) -> tuple[str, ...]:
 def launchers_of(backend: object) -> tuple[str, ...]:
     """The launchers a backend supports, preferred first."""
     return tuple(backend.launchers) if isinstance(backend, DeclaresLaunchers) else ("subprocess",)
+
+
+def first_call_of(backend: object, platform: str) -> float | None:
+    """The first-call seconds a backend declares for `platform`, or None where it declares
+    none (or a value that is not a positive, finite number)."""
+    declared = backend.first_call_s if isinstance(backend, DeclaresFirstCall) else None
+    seconds = declared.get(platform) if isinstance(declared, Mapping) else None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+        return None
+    return float(seconds)

@@ -82,7 +82,8 @@ def planned_cost(comparison: Comparison, no_verify: bool = False,
     """What the comparison's trials not in `done` will cost, verification included unless it
     is off (--no-verify, or across nodes, where it does not run)."""
     gpu = any(not info.get("simulated", True) for info in comparison.devices.values())
-    costs = costs_for("gpu" if gpu else "cpu", None if gpu else host_flops())
+    costs = costs_for("gpu" if gpu else "cpu", None if gpu else host_flops(),
+                      {e.name: e.backend for e in comparison.entries})
     verify = not no_verify and not comparison.launch.multi_node
     return estimate(comparison.spec, [e.name for e in comparison.entries], comparison.lineups, comparison.launchers,
                     costs, "gpu" if gpu else "cpu", comparison.breakdown, verify, done)
@@ -104,7 +105,7 @@ def dry_run(spec: Spec, launch: Launch | None = None, breakdown: bool = False,
     gpu = spec.platform == "gpu" or (spec.platform == "auto" and shutil.which("nvidia-smi") is not None)
     devices = {e.name: {"simulated": not gpu} for e in entries}
     spec = resolved(spec, devices, launch)
-    costs = costs_for("gpu" if gpu else "cpu", None if gpu else host_flops())
+    costs = costs_for("gpu" if gpu else "cpu", None if gpu else host_flops(), {e.name: e.backend for e in entries})
     verify = not no_verify and not launch.multi_node
     return spec, estimate(spec, [e.name for e in entries], lineups, launchers, costs, "gpu" if gpu else "cpu",
                           breakdown, verify)

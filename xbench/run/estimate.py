@@ -16,9 +16,9 @@ import math
 import os
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from xbench.contract import Trial
+from xbench.contract import Trial, first_call_of
 from xbench.contract.timing import TimingProtocol
 from xbench.experiment import Spec
 from xbench.run.adaptive import adaptive
@@ -32,7 +32,8 @@ class Costs:
     this project's 2-core CPU (`make compare` on a busy machine, 2026-11-28: a forked worker
     started in 0.03-1.1 s, a fork server imported TensorFlow in up to 8 s, first calls took
     0.4-3.3 s, 20 verification runs 38 s two at a time) and on one H100/H200
-    (docs/statistics.md, "Where a replicate's seconds go": jax's first calls 5 s)."""
+    (docs/statistics.md, "Where a replicate's seconds go": jax's first calls 5 s). A backend
+    may declare its own first call per platform (`DeclaresFirstCall`): `first_calls`."""
 
     flops: float  # arithmetic per second: the whole host for simulated CPU devices, one GPU otherwise
     shared_host: bool  # simulated devices share the host's arithmetic (no speed-up from more of them)
@@ -45,6 +46,12 @@ class Costs:
     verify_run_s: float  # a verification run: its share of a worker's start, compilation, ten steps, read
     # back; plus `per_array_s` per parameter array
     verify_parallel: int  # verification workers at once (`verify_phase.parallel_verification`)
+    # backend -> its own `first_call_s` where it declares one (`DeclaresFirstCall`): compilation
+    # differs between frameworks far more than between models (on a GPU, jax autotunes its kernels)
+    first_calls: Mapping[str, float] = field(default_factory=dict)
+
+    def first_call(self, backend: str) -> float:
+        return self.first_calls.get(backend, self.first_call_s)
 
 
 CPU_COSTS = Costs(flops=200e9, shared_host=True, start_s=1.0, import_s=4.0, first_call_s=0.6, per_array_s=0.1,
@@ -104,8 +111,8 @@ def trial_seconds(trial: Trial, costs: Costs, efficiency: float) -> float:
 
 
 def compile_seconds(trial: Trial, costs: Costs) -> float:
-    """A trial's first call: a fixed part and a part per parameter array of its model."""
-    return costs.first_call_s + costs.per_array_s * len(trial.model.kind.parameters(trial.model.shape))
+    """A trial's first call: its backend's fixed part and a part per parameter array of its model."""
+    return costs.first_call(trial.backend) + costs.per_array_s * len(trial.model.kind.parameters(trial.model.shape))
 
 
 def timing_seconds(trials: Sequence[Trial], costs: Costs, efficiency: float) -> tuple[float, int]:
@@ -120,7 +127,8 @@ def timing_seconds(trials: Sequence[Trial], costs: Costs, efficiency: float) -> 
 
 def verify_seconds(trials: Sequence[Trial], costs: Costs) -> float:
     """Verification: each run pays its worker's start and compilation (its ten steps are on a
-    small instance of the model); `verify_parallel` of them at once."""
+    small instance of the model), its backend's first call in place of the platform's;
+    `verify_parallel` of them at once."""
     runs = sum(costs.verify_run_s + compile_seconds(t, costs) - costs.first_call_s for t in trials)
     return runs / max(1, costs.verify_parallel)
 
@@ -217,8 +225,12 @@ def usable_cores() -> int:
     return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
-def costs_for(platform: str, measured_flops: float | None = None) -> Costs:
-    """The platform's costs, with this host's measured speed for simulated CPU devices."""
-    if platform == "gpu":
-        return GPU_COSTS
-    return CPU_COSTS if measured_flops is None else replace(CPU_COSTS, flops=measured_flops)
+def costs_for(platform: str, measured_flops: float | None = None, backends: Mapping[str, object] | None = None
+              ) -> Costs:
+    """The platform's costs, with this host's measured speed for simulated CPU devices and
+    the first calls that `backends` (instances by name) declare for the platform."""
+    costs = GPU_COSTS if platform == "gpu" else CPU_COSTS
+    if platform != "gpu" and measured_flops is not None:
+        costs = replace(costs, flops=measured_flops)
+    declared = {name: first_call_of(backend, platform) for name, backend in (backends or {}).items()}
+    return replace(costs, first_calls={name: s for name, s in declared.items() if s is not None})

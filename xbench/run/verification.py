@@ -65,6 +65,9 @@ class Verification:
     # Programs whose N-device runs did not report their devices' slice losses: their shares of
     # the batch went unchecked (`xbench.results.full_size`)
     shares_unchecked: tuple[str, ...] = ()
+    # trial id -> what decided which kernels its run used (`PreparedInfo.settings`): a
+    # verification worker may compile differently from a timed one (`CompilesQuickly`)
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def failed(self) -> set[str]:
@@ -157,7 +160,14 @@ def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: 
             unverifiable[name] = "nothing to compare it with (one program on one device: no other result of its models)"
     no_floor = {key: why for key, why in {**runs.no_referee, **rejected}.items() if key[0] not in runs.unverifiable}
     return Verification(tuple(checks), problems, frozenset(owners.values()), unverifiable, owners, floors, no_floor,
-                        low_floors, tuple(sorted(unreported_shares({**runs.refs, **runs.probes}))))
+                        low_floors, tuple(sorted(unreported_shares({**runs.refs, **runs.probes}))),
+                        kernel_settings(records))
+
+
+def kernel_settings(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
+    """Each verification run's kernel settings, by trial id (those that reported some)."""
+    return {r["trial_id"]: dict(r["backend"]["settings"]) for r in records
+            if "settings" in r.get("backend", {})}
 
 
 def _size_and_share_checks(runs: _Runs, reference: str, per_device: Collection[str]) -> list[Check]:

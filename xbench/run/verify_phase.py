@@ -44,6 +44,7 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any],
         "sizes_checked": [sizes_checked(m, comparison.spec.devices, verification_precision(m))
                           for m in comparison.spec.models],
         "outcomes": {name: result.outcome(name) for name in comparison.implementations},
+        "kernel_settings": result.settings,
     })
     return result
 

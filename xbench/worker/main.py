@@ -23,6 +23,7 @@ from typing import IO, Any
 from xbench.contract import (
     AllReduceCapable,
     Backend,
+    CompilesQuickly,
     DeviceInfo,
     DeviceUnavailable,
     ForgetsTrials,
@@ -89,12 +90,20 @@ def main() -> int:
 
 
 def _setup(backend: Backend, job: Job) -> DeviceInfo:
+    prefer_quick_compilation(backend, job)
     if job.process is None:
         return backend.setup(job.devices, job.platform)
     if not isinstance(backend, SpmdCapable):
         raise DeviceUnavailable(f"backend {backend.name!r} cannot run one process per device: it lacks "
                                 f"{', '.join(missing_methods(backend, SpmdCapable))}; use --launcher subprocess")
     return backend.setup_process(job.process, job.platform)
+
+
+def prefer_quick_compilation(backend: Backend, job: Job) -> None:
+    """Verification needs the same arithmetic, not the fastest kernels: its workers may skip
+    the kernel search that timing pays for (`CompilesQuickly`). Timed jobs never do."""
+    if job.mode == "verify" and isinstance(backend, CompilesQuickly):
+        backend.prefer_quick_compilation()
 
 
 def _trial_action(job: Job, info: DeviceInfo, ranks: Ranks) -> Action:
