@@ -119,5 +119,6 @@ def test_a_one_device_run_reports_the_slices_of_the_device_counts_planned_only()
     assert set(shard_losses(backend, state, state.trial, (2,))) == {2}
     assert set(shard_losses(backend, state, state.trial, (2, 3))) == {2}  # 3 does not divide 8
     assert set(shard_losses(backend, state, state.trial)) == {2, 4, 8}  # none named: every count up to 8
+    assert shard_losses(backend, state, state.trial, ()) == {}  # no N-device run planned: nothing to compare
     two = prepared(backend, 2)
     assert set(shard_losses(backend, two, two.trial, (4,))) == {2}  # N devices: their own N

@@ -23,7 +23,7 @@ MAX_SHARDS = 8  # a 1-device run reports its slice losses for every slice count 
 
 
 def reference_run(backend: Backend, prepared: Any, steps: int, trial: Trial | None = None,
-                  shard_counts: tuple[int, ...] = ()) -> Reference:
+                  shard_counts: tuple[int, ...] | None = None) -> Reference:
     """Gradients at the start, each device's slice losses (given the `trial`; on 1 device for
     `shard_counts`, see `shard_losses`), then `steps` training steps; with none (a full-size
     probe), only the start, its gradients summarised. Raises `Unsupported`, naming what is
@@ -44,16 +44,18 @@ def reference_run(backend: Backend, prepared: Any, steps: int, trial: Trial | No
                      tuple(relative_errors(r, replicas[0]) for r in replicas[1:]), shard_losses=shards)
 
 
-def shard_losses(backend: Backend, prepared: Any, trial: Trial, wanted: tuple[int, ...] = ()
+def shard_losses(backend: Backend, prepared: Any, trial: Trial, wanted: tuple[int, ...] | None = None
                  ) -> dict[int, tuple[float, ...]]:
     """On N > 1 devices, each device's loss on its own slice; on one device, the slice losses
-    for each of the `wanted` counts (the N-device runs it is compared with; without them,
-    every count up to MAX_SHARDS) that divides the batch (each count compiles another forward
-    pass, so only those); nothing from a backend without `ReportsShardLosses`."""
+    for each of the `wanted` counts (the N-device runs it is compared with: none when no such
+    run is planned; when not named, every count up to MAX_SHARDS) that divides the batch (each
+    count compiles another forward pass, so only those); nothing from a backend without
+    `ReportsShardLosses`. (A slice of one sample cannot train a BatchNorm model in torch, so a
+    1-device verification must not ask for slices nothing compares.)"""
     if not isinstance(backend, ReportsShardLosses):
         return {}
     batch = trial.global_batch
-    candidates = wanted or range(2, MAX_SHARDS + 1)
+    candidates = range(2, MAX_SHARDS + 1) if wanted is None else wanted
     counts = [trial.devices] if trial.devices > 1 else [n for n in candidates if n > 1 and batch % n == 0]
     return {n: tuple(float(x) for x in backend.shard_losses(prepared, n)) for n in counts}
 
