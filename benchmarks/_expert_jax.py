@@ -109,8 +109,20 @@ def attention_kernel_note(ctx: LoopContext, heads: int, head_width: int, context
 
 
 def jax_gpt2(ctx: LoopContext, attention: str | None) -> Loop:
+    """GPT-2 in plain jax.numpy on one device (`jax_gpt2_model`), one jitted step."""
+    import jax
+
+    params, loss_fn, note = jax_gpt2_model(ctx, attention)
+    run, count, last_loss = jax_training_loop(ctx, params, (), loss_fn)
+    return Loop(run, count, (note,), {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision},
+                last_loss)
+
+
+def jax_gpt2_model(ctx: LoopContext, attention: str | None) -> tuple[dict, Callable, str]:
     """GPT-2 in plain jax.numpy: pre-LayerNorm blocks, bf16 activations with float32
-    statistics and loss, float32 params cast where used, the head tied to wte."""
+    statistics and loss, float32 params cast where used, the head tied to wte. Returns the
+    core's weights as a pytree, `loss_fn(params, aux, tokens, targets) -> (loss, aux)` and a
+    note on the attention kernel; sets the matmul precision as xbench does."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -163,11 +175,9 @@ def jax_gpt2(ctx: LoopContext, attention: str | None) -> Loop:
         logits = layer_norm(x, params["lnf"]) @ params["wte"].astype(dtype).T
         return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets).mean(), aux
 
-    run, count, last_loss = jax_training_loop(ctx, params, (), loss_fn)
     note = ("attention: dot_product_attention(implementation='cudnn')" if attention == "cudnn"
             else attention_kernel_note(ctx, heads, width // heads, context))
-    return Loop(run, count, (note,), {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision},
-                last_loss)
+    return params, loss_fn, note
 
 
 @functools.lru_cache(maxsize=None)

@@ -82,12 +82,15 @@ def warm_up(runner: Runner) -> None:
         runner.call(runner.whole_calls(runner.warmup_steps))
 
 
-def calibrate(runner: Runner, window_s: float, max_steps: int = 1 << 20) -> int:
+def calibrate(runner: Runner, window_s: float, max_steps: int = 1 << 20,
+              agree: Callable[[float], float] = lambda elapsed: elapsed) -> int:
     """Steps per window so that the runner's window lasts about `window_s`, judged from
-    probe calls that double until one lasts a quarter of it (they also warm up further)."""
+    probe calls that double until one lasts a quarter of it (they also warm up further).
+    `agree` makes the processes of one job decide alike (each rank's time -> the slowest),
+    since every rank must run the same steps."""
     steps = runner.steps_per_call
     while True:
-        elapsed = runner.call(steps)
+        elapsed = agree(runner.call(steps))
         if elapsed >= window_s / 4 or steps >= max_steps:
             break
         steps *= 2
