@@ -53,9 +53,18 @@ def jax_child(payload: dict[str, Any]) -> None:
     platform = "gpu" if devices[0].platform == "gpu" else "cpu"
     ctx, model = context(payload, devices[0], platform)
     attention = "cudnn" if platform == "gpu" and ctx.precision == "bf16" else None  # the expert's fastest
-    progress(f"jax: building the sharded loop on {len(devices)} device(s)")
-    loop, peaks = jax_fsdp_gpt2(ctx, devices, attention)
-    runner = time_loop("minimal jax fsdp", loop, payload)
+    progress(f"jax: building the sharded loop on {len(devices)} device(s), attention {attention or 'XLA'}")
+    try:
+        loop, peaks = jax_fsdp_gpt2(ctx, devices, attention)
+        runner = time_loop("minimal jax fsdp", loop, payload)
+    except Exception as err:
+        if attention is None:
+            raise
+        # cuDNN's attention may not partition over a mesh in every jax: the loop an expert
+        # falls back to is XLA's attention, and the record says so.
+        progress(f"jax: cuDNN attention failed ({describe(err)[:300]}); again with XLA's")
+        loop, peaks = jax_fsdp_gpt2(ctx, devices, None)
+        runner = time_loop("minimal jax fsdp (XLA attention)", loop, payload)
     emit(result(payload, runner, loop, ctx, model, devices[0].device_kind, platform, peaks()))
 
 

@@ -169,7 +169,7 @@ def report(args, out: Path, minimal: dict[str, dict], rows: list[dict], failures
     for row in rows:
         print(program_line(row))
     ok = not failures
-    for framework in args.frameworks:
+    for framework in () if args.no_xbench else args.frameworks:
         line, passes = ratio_line(framework, minimal.get(framework), rows, gpu_target)
         print(line)
         ok &= passes
