@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Sharded data parallelism at gpt2-xl (1.56 B parameters) in bf16 on 2 GPUs, in calls of at most
+# 9.5 minutes sent to one warm machine: send the same command again until it says "all done".
+#
+#   loops-torch  benchmarks/fsdp_loops.py --frameworks torch: the minimal FSDP2 loop (per-block
+#                torch.compile + fully_shard) and `xbench compare` torch, torch:fsdp, global
+#                batch 16 (8 sequences of 1,024 per GPU), the ratio xbench/minimal, same call
+#   loops-jax    the same for jax (sharded jax.jit loop with cuDNN attention; jax, jax:fsdp)
+#   acceptance   xbench compare --config configs/families.toml --backends jax torch --model gpt2-xl
+#                --global-batch 8 --devices 1 2 --precision bf16 --variants jax:fsdp torch:fsdp
+#                --single-device data-parallel --replicates 2 --time-budget 0, verification on:
+#                the replicated and the sharded programs on 1 and 2 GPUs (the plain 1-GPU
+#                programs left out: 8 configurations, not 12); its run dir stays on the machine's
+#                disk and the next call finishes it (`--resume`)
+#
+#   step         timeout      xbench's estimate (--platform gpu --dry-run)   ours
+#   install, env   ~40 s
+#   loops-torch    330 s      compare ~9 min (4 replicates)                  ~4-6 min: the minimal loop ~2 min
+#                                                                            (1.56 B weights built in each rank,
+#                                                                            one block compiled), 4 xbench
+#                                                                            replicates ~40-70 s each
+#   loops-jax      330 s      compare ~8 min (4 replicates)                  ~4-6 min (jax compiles gpt2-xl in
+#                                                                            each of its 4 replicates)
+#   acceptance     what the   32 min: verify ~3 min, 16 replicates ~29 min   ~15-20 min
+#                  call has
+#                  left
+# xbench's estimate assumes 40 % of 100 TFLOP/s per GPU (2.1 s a step at batch 16); an H100 at
+# 30-40 % MFU runs a step in ~0.25 s, so the first calls (compilation, building 1.56 B weights)
+# dominate and are the unknown. Expect 4-6 calls in all; a step that runs past its timeout is
+# cut (SIGINT) and is not repeated; acceptance keeps what it recorded and resumes.
+#   bash benchmarks/gpu_sharded.sh
+set -uo pipefail
+source "$(dirname "$0")/_gpu_setup.sh"
+keep=/tmp/xbench-keep
+export NCCL_NVLS_ENABLE=0 COLUMNS=120  # NVLink multicast off (the device notes); a 120-column terminal
+mkdir -p "$keep"
+
+step() {  # step NAME TIMEOUT COMMAND...: stdout to NAME.txt, stderr to NAME.err, with exit and wall time
+  local name=$1 limit=$2 start=$SECONDS
+  shift 2
+  timeout -s INT "$limit" "$@" >"$out/run/$name.txt" 2>"$out/run/$name.err"
+  last_exit=$?
+  echo "exit $last_exit wall $((SECONDS - start)) s" >>"$out/run/$name.err"
+  echo "== $name: $(tail -1 "$out/run/$name.err")"
+}
+
+once() {  # once NAME TIMEOUT COMMAND...: a step run in one call only, when its timeout fits what is left
+  local name=$1 limit=$2
+  shift 2
+  [ -f "$keep/$name.exit" ] && return
+  [ $((570 - SECONDS)) -lt "$limit" ] && { echo "== $name: not started, $((570 - SECONDS)) s left"; pending=1; return; }
+  step "$name" "$limit" "$@"
+  echo "$last_exit" >"$keep/$name.exit"
+  cp "$out/run/$name.txt" "$out/run/$name.err" "$keep/"  # the next call prints its lines again
+  cp -r "$keep/$name" "$out/run/" 2>/dev/null
+}
+
+run_or_resume() {  # run_or_resume NAME COMPARE-ARGS...: in the time this call has left (570 s in all)
+  local name=$1 dir=$keep/$1 limit=$((570 - SECONDS))
+  shift
+  [ -f "$dir.exit" ] && [ "$(cat "$dir.exit")" = 0 ] && return
+  [ "$limit" -lt 60 ] && { echo "== $name: not started, ${limit} s left"; pending=1; return; }
+  if [ -f "$dir.exit" ]; then
+    step "$name-resumed" "$limit" xbench compare --resume "$dir"
+  else
+    step "$name" "$limit" xbench compare "$@" --out "$dir"
+  fi
+  echo "$last_exit" >"$dir.exit"
+  [ "$last_exit" = 0 ] || pending=1
+  rm -rf "$out/run/$name" && cp -r "$dir" "$out/run/$name"
+}
+
+pending=0
+[ -f "$keep/env.txt" ] || timeout 30 sh -c 'nvidia-smi topo -m; xbench env' >"$keep/env.txt" 2>&1
+cp "$keep/env.txt" "$out/run/"
+for framework in torch jax; do
+  once "loops-$framework" 330 python3 benchmarks/fsdp_loops.py --platform gpu --frameworks "$framework" \
+    --out "$keep/loops-$framework"
+done
+run_or_resume acceptance --config configs/families.toml --backends jax torch --model gpt2-xl --global-batch 8 \
+  --devices 1 2 --precision bf16 --variants jax:fsdp torch:fsdp --single-device data-parallel --replicates 2 \
+  --time-budget 0
+for f in "$keep"/loops-*.txt; do [ -f "$f" ] && { echo "== $f"; grep -E "^(minimal|xbench|ratio|wall)" "$f"; }; done
+for f in "$out/run"/*.err; do echo "== $f"; grep -v "^\[" "$f" | tail -4; done
+[ "$pending" = 0 ] && echo "all done" || echo "send it again: steps left"
