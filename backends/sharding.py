@@ -27,9 +27,10 @@ FSDP = "fsdp"
 FSDP_FAMILIES = ("mlp", "transformer")
 
 
-def variant(how: str) -> Variant:
-    """The `fsdp` Variant as a backend declares it, `how` saying with what."""
-    return Variant(FSDP, f"sharded data parallelism: parameters, gradients and Adam state split over the devices "
+def variant(how: str, name: str = FSDP) -> Variant:
+    """The `fsdp` Variant (or another sharded one, `name`) as a backend declares it, `how`
+    saying with what."""
+    return Variant(name, f"sharded data parallelism: parameters, gradients and Adam state split over the devices "
                          f"({how})", families=FSDP_FAMILIES, sharded=True)
 
 

@@ -12,7 +12,8 @@ data-parallel program), in inductor's default mode or in "reduce-overhead" mode 
 the region's backward, compiled with it, is run by an eager `loss.backward()`, and the fused
 Adam step stays eager. `channels-last` stays eager. `fsdp` (data-parallel program only) runs
 the eager step under FSDP2 instead of DDP: parameters, gradients and Adam state sharded over
-the ranks (`fsdp`). `remat` (transformer) runs the eager step with each block under
+the ranks (`fsdp`); `fsdp-compile` compiles each sharded unit in place before sharding it.
+`remat` (transformer) runs the eager step with each block under
 `torch.utils.checkpoint` (`transformer`). `compile`, `cuda-graphs` and `channels-last` turn on
 cuDNN's benchmark mode and lay out the cnn family (its weights, activations and images) channels-last; as
 written, neither. `channels-last` alone is refused for families without convolutions.
@@ -90,6 +91,8 @@ PRECISION = {
     # previous trial in this process set applies.
     "fp64": (False, False, "highest", None, "float64"),
 }
+FSDP_COMPILE = "fsdp-compile"
+SHARDED = (sharding.FSDP, FSDP_COMPILE)
 VARIANTS = (
     Variant("compile", "torch.compile of forward and loss, default mode; cudnn.benchmark, cnn channels-last"),
     # CUDA graphs are recorded on the first calls after compilation: more untimed warm-up.
@@ -97,6 +100,8 @@ VARIANTS = (
     Variant("channels-last", "eager, channels-last memory format and cudnn.benchmark (cnn only)",
             families=("cnn",)),
     sharding.variant("FSDP2 fully_shard per block and at the root, bf16 through its MixedPrecisionPolicy"),
+    # torchtitan's order: each block compiled in place, then sharded; embeddings, head and loss eager.
+    sharding.variant("the same with each block torch.compile'd (default mode) before fully_shard", FSDP_COMPILE),
     recompute.variant("torch.utils.checkpoint, use_reentrant=False"),
 )
 
@@ -110,6 +115,7 @@ class Tuning:
     channels_last: bool = False  # convolutional families in the channels-last memory format
     only_channels_last: bool = False  # nothing else: Unsupported for a family without convolutions
     checkpoint_blocks: bool = False  # each transformer block under torch.utils.checkpoint (remat)
+    compile_units: str | None = None  # torch.compile's mode for each sharded unit (fsdp-compile); None: eager
 
 
 TUNINGS = {
@@ -118,6 +124,7 @@ TUNINGS = {
     "cuda-graphs": Tuning("reduce-overhead", cudnn_benchmark=True, channels_last=True),
     "channels-last": Tuning(cudnn_benchmark=True, channels_last=True, only_channels_last=True),
     sharding.FSDP: Tuning(),  # eager, as written; the program differs (`fsdp`), not the tuning
+    FSDP_COMPILE: Tuning(compile_units="default"),
     recompute.REMAT: Tuning(checkpoint_blocks=True),  # eager, as written, but for how blocks are differentiated
 }
 # What the compiled variants compile (settings["compiled_region"]): the TrainingLoss module.
@@ -256,7 +263,7 @@ class TorchDdpBackend:
                 raise Unsupported(reason)  # before torch is even imported
         if tuning.checkpoint_blocks and (reason := recompute.refusal(trial.model.family)):
             raise Unsupported(reason)
-        fsdp = trial.variant == sharding.FSDP
+        fsdp = trial.variant in SHARDED
         reason = fsdp_module().refusal(trial, work, self._process().world_size) if fsdp else None
         if reason:
             raise Unsupported(reason)
@@ -269,11 +276,12 @@ class TorchDdpBackend:
             raise ValueError(f"trial {trial.id} wants {trial.devices} devices; this job has {process.world_size} ranks")
         if trial.program == PLAIN and trial.devices != 1:
             raise ValueError(f"trial {trial.id}: the plain program runs on one device, not {trial.devices}")
-        if mode is not None:
-            reason = _compile_unsupported(mode, device)
+        compiles = mode or tuning.compile_units
+        if compiles is not None:
+            reason = _compile_unsupported(compiles, device)
             if reason:
                 raise Unsupported(reason)  # before anything expensive: the core records the reason
-        compile_cache = _fresh_compiler_state(mode)
+        compile_cache = _fresh_compiler_state(compiles)
         if gpu:
             gc.collect()  # the previous trial's module and optimizer, should a cycle hold them
             torch.cuda.reset_peak_memory_stats(device)
@@ -299,7 +307,8 @@ class TorchDdpBackend:
         canonical = built.canonical
         remat_notes = (model_families.checkpoint_blocks(model),) if tuning.checkpoint_blocks else ()
         if fsdp:  # sharded before the optimizer is built, so that Adam holds the shards
-            canonical = fsdp_module().shard(model, built.canonical, device, process.world_size, compute_dtype)
+            canonical = fsdp_module().shard(model, built.canonical, device, process.world_size, compute_dtype,
+                                            tuning.compile_units)
         # FSDP2's mixed-precision policy casts the parameters itself: no autocast under it.
         step_loss = TrainingLoss(model, built.loss, None if fsdp else compute_dtype)
         # Forward and loss are compiled as one region, as experts compile them: for the
@@ -357,12 +366,13 @@ class TorchDdpBackend:
                       "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
                       "memory_format": "channels_last" if channels_last else "contiguous",
                       "program": trial.program, "variant": trial.variant, "compile_mode": mode,
-                      "compiled_region": None if mode is None else COMPILED_REGION,
+                      "compiled_region": _compiled_region(mode, tuning.compile_units),
                       "compile_cache": compile_cache, **_fp32_precision_settings(), **_dynamo_settings(mode, ddp)},
             notes=(
                 (fsdp_module().note(model, process.world_size, compute_dtype,
                                     [tuple(p.shape) for p in work.parameters]) if fsdp else _program_note(ddp)),
                 *(() if mode is None else (_compile_note(mode, ddp, model, compute_dtype),)),
+                *(() if tuning.compile_units is None else (fsdp_module().compile_note(model, tuning.compile_units),)),
                 *built.notes, *remat_notes,
                 "Adam: torch.optim.Adam(fused=True), eps after the bias correction (paper/optax form)",
                 "no fused multi-step call: steps_per_call steps run as a Python loop",
@@ -596,6 +606,13 @@ def _fresh_compiler_state(mode: str | None) -> str | None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path  # read by inductor at each use
     clear_caches()  # inductor's in-memory caches of compiled code, keyed to the old directory
     return shared
+
+
+def _compiled_region(mode: str | None, units: str | None) -> str | None:
+    """What a trial compiles (settings["compiled_region"])."""
+    if units is not None:
+        return f"each sharded unit (mode={units})"
+    return None if mode is None else COMPILED_REGION
 
 
 def _dynamo_settings(mode: str | None, ddp) -> dict[str, Any]:

@@ -39,10 +39,12 @@ def refusal(trial: Trial, work: Work, world: int) -> str | None:
     return sharding.refusal([tuple(p.shape) for p in work.parameters], world)
 
 
-def shard(model, canonical: Callable[[bool], list[Any]], device, world: int, compute_dtype=None
-          ) -> Callable[[bool], list[Any]]:
+def shard(model, canonical: Callable[[bool], list[Any]], device, world: int, compute_dtype=None,
+          compile_mode: str | None = None) -> Callable[[bool], list[Any]]:
     """`fully_shard` each unit of `model` and then its root, in place, over all `world`
-    ranks; returns the gathered canonical reader (`canonical(grad)`: full weights or
+    ranks, each unit first compiled in place with `compile_mode` where one is given
+    (`fsdp-compile`: torchtitan's order, so that FSDP2's hooks stay outside the compiled
+    graphs); returns the gathered canonical reader (`canonical(grad)`: full weights or
     gradients, canonical order and layout) that replaces the family's `canonical`."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -55,6 +57,8 @@ def shard(model, canonical: Callable[[bool], list[Any]], device, world: int, com
 
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for unit in units(model):
+        if compile_mode is not None:
+            unit.compile(mode=compile_mode)
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
     if SUM_SHARD_GRADIENTS:
@@ -75,6 +79,11 @@ def units(model) -> list[Any]:
     if blocks is not None:
         return list(blocks)
     return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def compile_note(model, mode: str) -> str:
+    return (f"torch.compile(mode={mode}) of each of the {len(units(model))} sharded units in place, before "
+            "fully_shard; embeddings, head, loss and fused Adam eager")
 
 
 def note(model, world: int, compute_dtype, shapes: list[tuple[int, ...]]) -> str:

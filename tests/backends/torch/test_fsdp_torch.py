@@ -2,7 +2,8 @@
 process and on two ranks: verified by the real check code against the replicated program
 (transformer-tiny and the medium MLP: N devices = 1 device, across programs, ten steps,
 replicas, each rank's share), its parameters and Adam state really divided, a gradient
-summed over the ranks instead of averaged caught, and the refusals.
+summed over the ranks instead of averaged caught, and the refusals; `torch:fsdp-compile` on one
+process.
 
 The trials run in child processes (this module as a script), one per rank, so that torch and
 its process group stay out of the pytest process."""
@@ -20,7 +21,10 @@ from tests.support.children import child_log, child_main, run_children
 from xbench.results.checks import VERIFY_STEPS
 
 CHILD_TIMEOUT_S = 400  # a loaded 2-core machine; a hang fails the test instead of blocking CI
-WARNINGS = ("-W", "error", "-W", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+# Dynamo reads `.grad` of every tensor it traces, FSDP2's unsharded (non-leaf) parameters
+# included, and torch warns of that itself (fsdp-compile); nothing of ours reads it.
+WARNINGS = ("-W", "error", "-W", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning",
+            "-W", "ignore:The .grad attribute of a Tensor that is not a leaf Tensor:UserWarning")
 MODELS = ("transformer-tiny", "medium")
 N_EQUALS_1 = "gradients: N devices = 1 device"
 
@@ -105,6 +109,7 @@ def results(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("fsdp_torch")
     port = _free_port()
     one = [[name, variant, False] for name in MODELS for variant in ("as-written", "fsdp")]
+    one.append(["transformer-tiny", "fsdp-compile", False])  # one rank: its compile is the cost
     two = [[name, "fsdp", False] for name in MODELS] + [["medium", "fsdp", True]]
     jobs = {"one": {"world": 1, "runs": one},
             **{f"rank{r}": {"world": 2, "rank": r, "port": port, "gang": "ranks", "runs": two} for r in (0, 1)}}
@@ -144,6 +149,21 @@ def test_each_rank_holds_half_of_the_parameters_and_of_adams_moments(results, na
     # dimension 0 split, the last share padded: half, give or take a row per tensor
     assert params / 2 <= rank0["held"] < params / 2 + 300 and rank0["adam_held"] == rank0["held"]
     assert any(note.startswith("fsdp: FSDP2 fully_shard over 2 rank(s)") for note in rank0["info"].notes)
+
+
+def test_fsdp_compile_compiles_each_block_and_verifies_against_the_replicated_program(results):
+    """`fsdp-compile`: each block compiled in place before fully_shard (torchtitan's order),
+    the same arithmetic as the eager program."""
+    from xbench.results.checks import run_checks
+
+    run = results["one"]["transformer-tiny", "fsdp-compile", False]
+    refs = {("torch", 1, "transformer-tiny"): results["one"]["transformer-tiny", "as-written", False]["reference"],
+            ("torch+fsdp-compile", 1, "transformer-tiny"): run["reference"]}
+    checks = run_checks(refs, "torch")
+    assert checks and all(c.passed for c in checks), [c for c in checks if not c.passed]
+    assert run["info"].settings["compiled_region"] == "each sharded unit (mode=default)"
+    compiled = "torch.compile(mode=default) of each of the 2 sharded units"
+    assert any(note.startswith(compiled) for note in run["info"].notes)
 
 
 def test_a_gradient_summed_over_the_ranks_fails_verification(results):
