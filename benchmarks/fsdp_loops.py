@@ -52,7 +52,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as on th
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 0.95
-SHARDED_VARIANTS = ("fsdp",)
+SHARDED_VARIANTS = ("fsdp", "fsdp-compile")  # xbench's sharded programs; the best of a framework's is compared
 GPU_DEFAULTS = {"model": "gpt2-xl", "global_batch": 16}  # 8 sequences of 1,024 per GPU on 2 GPUs
 CPU_DEFAULTS = {"model": "transformer-tiny", "global_batch": 8}
 ROUNDS, WINDOW_S, WARMUP = 5, 2.0, 3
@@ -83,7 +83,7 @@ def run_xbench(args, run_dir: Path) -> tuple[list[dict[str, str]], str]:
     command = [sys.executable, "-m", "xbench", "compare", "--config", str(ROOT / "configs" / "families.toml"),
                "--backends", *args.frameworks, "--model", args.model, "--global-batch", str(args.global_batch),
                "--devices", str(args.devices), "--precision", args.precision, "--platform", args.platform,
-               "--variants", *(f"{f}:{v}" for f in args.frameworks for v in SHARDED_VARIANTS), "--no-verify",
+               "--variants", *sharded_variants(args.frameworks, compiled=not args.no_compile), "--no-verify",
                *shlex.split(args.xbench_args), "--out", str(run_dir)]
     print(f"$ {shlex.join(command[1:])}", flush=True)
     with open(run_dir.parent / "compare.err", "w") as err:
@@ -115,6 +115,13 @@ def program_line(p: dict[str, Any]) -> str:
     memory = "n/a" if p["memory_gib"] is None else f"{p['memory_gib']:.1f} GiB"
     return (f"{p['program']:34s} {p['tokens_per_s']:12,.0f} tokens/s  MFU {mfu:>7s}  memory/device {memory:>9s}  "
             f"{p['ms']:9.2f} ms/step  first call {p['first_call_s']:.1f} s")
+
+
+def sharded_variants(frameworks: list[str], compiled: bool) -> list[str]:
+    """The sharded programs to time: `fsdp` of each framework, and torch's compiled one where
+    the minimal torch loop compiles too (like with like)."""
+    return [f"{f}:{v}" for f in frameworks for v in SHARDED_VARIANTS
+            if v == "fsdp" or (f == "torch" and compiled)]
 
 
 def ratio_line(framework: str, minimal: dict | None, rows: list[dict], gpu_target: bool) -> tuple[str, bool]:

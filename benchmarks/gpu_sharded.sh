@@ -3,11 +3,11 @@
 # 9.5 minutes sent to one warm machine: send the same command again until it says "all done".
 #
 #   loops-torch  benchmarks/fsdp_loops.py --frameworks torch: the minimal FSDP2 loop (per-block
-#                torch.compile + fully_shard) and `xbench compare` torch, torch:fsdp, global
+#                torch.compile + fully_shard) and `xbench compare` torch, torch:fsdp, torch:fsdp-compile, global
 #                batch 16 (8 sequences of 1,024 per GPU), the ratio xbench/minimal, same call
 #   loops-jax    the same for jax (sharded jax.jit loop with cuDNN attention; jax, jax:fsdp)
 #   acceptance   xbench compare --config configs/families.toml --backends jax torch --model gpt2-xl
-#                --global-batch 8 --devices 1 2 --precision bf16 --variants jax:fsdp torch:fsdp
+#                --global-batch 8 --devices 1 2 --precision bf16 --variants jax:fsdp torch:fsdp torch:fsdp-compile
 #                --single-device data-parallel --replicates 2 --time-budget 0, verification on:
 #                the replicated and the sharded programs on 1 and 2 GPUs (the plain 1-GPU
 #                programs left out: 8 configurations, not 12); its run dir stays on the machine's
@@ -78,7 +78,7 @@ for framework in torch jax; do
     --out "$keep/loops-$framework"
 done
 run_or_resume acceptance --config configs/families.toml --backends jax torch --model gpt2-xl --global-batch 8 \
-  --devices 1 2 --precision bf16 --variants jax:fsdp torch:fsdp --single-device data-parallel --replicates 2 \
+  --devices 1 2 --precision bf16 --variants jax:fsdp torch:fsdp torch:fsdp-compile --single-device data-parallel --replicates 2 \
   --time-budget 0
 for f in "$keep"/loops-*.txt; do [ -f "$f" ] && { echo "== $f"; grep -E "^(minimal|xbench|ratio|wall)" "$f"; }; done
 for f in "$out/run"/*.err; do echo "== $f"; grep -v "^\[" "$f" | tail -4; done
