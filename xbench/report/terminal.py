@@ -14,7 +14,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from xbench.contract import PLAIN
+from xbench.contract import ALL_GATHER, ALL_REDUCE, PLAIN
 from xbench.report.bottom_line import ModelBottomLine
 from xbench.report.words import (
     INTERVAL_HEADER,
@@ -53,13 +53,23 @@ Busbw = Mapping[tuple[str, int, int], float]  # (backend, devices, bytes) -> bus
 
 
 def busbw_by_size(allreduce_records: Sequence[AllReduceRecord]) -> dict[tuple[str, int, int], float]:
-    return {(r.backend, r.devices, r.nbytes): r.busbw for r in ok_results(allreduce_records)}
+    return {(r.backend, r.devices, r.nbytes): r.busbw for r in ok_results(allreduce_records)
+            if r.collective == ALL_REDUCE}
 
 
 ALLREDUCE_HEADERS = ("backend", "devices on", "dev", "size", "time µs", "95% CI µs", "algbw GB/s", "busbw GB/s")
 ALLREDUCE_NOTE = ("time: median per operation over one worker's windows, outliers removed; 95% CI: distribution-free "
                   "interval of that median (order statistics; -: under 6 windows); algbw = bytes / time; "
                   "busbw = algbw × 2(n−1)/n (nccl-tests)")
+
+
+def collective_note(collective: str) -> str:
+    """ALLREDUCE_NOTE for `collective`: nccl-tests' size and busbw factor of that collective."""
+    if collective == ALL_REDUCE:
+        return ALLREDUCE_NOTE
+    size = "the gathered output" if collective == ALL_GATHER else "the input on each device"
+    return ALLREDUCE_NOTE.replace("bytes / time; busbw = algbw × 2(n−1)/n",
+                                  f"size / time, the size being {size}; busbw = algbw × (n−1)/n")
 
 
 def allreduce_rows(records: Sequence[AllReduceRecord]) -> list[tuple[str, ...]]:
