@@ -98,7 +98,7 @@ def test_device_memory_is_the_smallest_gpu_and_simulated_devices_are_not_checked
     assert device_memory_bytes(GPU, H100S) == GiB // 2  # the variable wins: a smaller GPU, pretended
 
 
-@pytest.mark.parametrize("value", ["lots", "0", "-2"])
+@pytest.mark.parametrize("value", ["lots", "0", "-2", "nan", "inf"])
 def test_a_malformed_limit_is_one_line_naming_the_variable(monkeypatch, value):
     monkeypatch.setenv(MEMORY_VARIABLE, value)
     with pytest.raises(XbenchError, match=MEMORY_VARIABLE):
