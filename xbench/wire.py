@@ -6,7 +6,7 @@ The launcher (`xbench.run.launcher`) writes one `Job` as JSON on a worker's stdi
     Unavailable or SetupFailed      it cannot run the job, and exits
     Ready                           set up; then, for each of the job's trials (modes time, verify):
       Start, Window..., Result        Window after each timed window (mode time only)
-    or, for each buffer size (mode allreduce):
+    or, for each collective and buffer size (mode allreduce):
       AllReduce
     Done                            every trial or size reported
 
@@ -37,7 +37,7 @@ from xbench.contract import Process, Trial
 from xbench.errors import XbenchError
 from xbench.stats import relative_errors
 
-WIRE_VERSION = 1  # raise it with any change to the messages below
+WIRE_VERSION = 2  # raise it with any change to the messages below
 
 
 class WireError(XbenchError):
@@ -61,7 +61,8 @@ class Job:
     trials: tuple[Trial, ...] = ()  # modes time and verify
     arrays_dir: Path | None = None  # mode verify (and only it): where each trial's arrays go
     shard_counts: tuple[int, ...] = ()  # mode verify: the slice counts a 1-device run reports (the N planned)
-    sizes: tuple[int, ...] = ()  # mode allreduce: buffer sizes, bytes per device
+    sizes: tuple[int, ...] = ()  # mode allreduce: buffer sizes, nccl-tests' size (bytes)
+    collectives: tuple[str, ...] = ()  # mode allreduce: each size's collective, by position; () all "allreduce"
     options: dict[str, Any] = field(default_factory=dict)  # mode allreduce: the backend's options
     process: Process | None = None  # spmd launcher: this process's place in the job; else None
 
@@ -69,6 +70,12 @@ class Job:
         if (self.mode == "verify") != (self.arrays_dir is not None):
             raise WireError(f"mode {self.mode!r} {'needs' if self.mode == 'verify' else 'takes no'} arrays_dir "
                             "(only mode 'verify' has one)")
+        if self.collectives and len(self.collectives) != len(self.sizes):
+            raise WireError(f"{len(self.collectives)} collectives for {len(self.sizes)} sizes (one each, or none)")
+
+    def collective_sizes(self) -> list[tuple[str, int]]:
+        """Mode allreduce: (collective, size) in the order the worker times them."""
+        return list(zip(self.collectives or ("allreduce",) * len(self.sizes), self.sizes))
 
     def to_json(self) -> str:
         return json.dumps({"wire": WIRE_VERSION, **_plain_fields(self)})
@@ -158,13 +165,14 @@ class Result(_Event):
 
 @dataclass(frozen=True)
 class AllReduce(_Event):
-    """One buffer size of an all-reduce job timed, or why not."""
+    """One buffer size of a collective (all-reduce unless it says) timed, or why not."""
 
     KIND: ClassVar[str] = "allreduce"
     nbytes: int
     status: Status
     reason: str | None = None
     timing: dict[str, Any] | None = None  # ok: as Result.timing
+    collective: str = "allreduce"  # one of xbench.contract.COLLECTIVES
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbench.contract import (
+    ALL_GATHER,
     AS_WRITTEN,
     DATA_PARALLEL,
     PLAIN,
@@ -67,13 +68,16 @@ from xbench_backends.jax.steps import (
     AXIS,
     MATMUL_PRECISION,
     JaxAllReduce,
+    JaxCollective,
     check_shards,
     check_variant,
+    collective_shape,
     initial_state,
     kernel_settings,
     optimizer,
     programs,
     quick_gpu_compilation,
+    run_collective,
     shard_loss_fn,
     steady_cpu_scheduler,
     step_losses,
@@ -414,6 +418,27 @@ class JaxPmapBackend:
             if prepared.sync_every_call:
                 prepared.buffer.block_until_ready()
         prepared.buffer.block_until_ready()
+
+    def collective_prepare(self, collective: str, nbytes: int, options: dict[str, Any]) -> JaxCollective:
+        """A float32 input on every device, made there, and a pmapped lax.all_gather or
+        lax.psum_scatter (tiled: one flat buffer each, as NCCL's)."""
+        import jax
+        import jax.numpy as jnp
+        from jax import lax
+
+        n = len(self.devices)
+        count, _ = collective_shape(collective, nbytes, n)
+        sharded = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(self.devices), (AXIS,)),
+                                             jax.sharding.PartitionSpec(AXIS))
+        buffer = jax.jit(lambda: jnp.ones((n, count), jnp.float32), out_shardings=sharded)()
+        if collective == ALL_GATHER:
+            op = jax.pmap(lambda x: lax.all_gather(x, AXIS, tiled=True), axis_name=AXIS, devices=self.devices)
+        else:
+            op = jax.pmap(lambda x: lax.psum_scatter(x, AXIS, tiled=True), axis_name=AXIS, devices=self.devices)
+        return JaxCollective(op, buffer, sync_every_call=self.devices[0].platform == "cpu")
+
+    def collective_run(self, prepared: JaxCollective, iterations: int) -> None:
+        run_collective(prepared, iterations)
 
     # -- verification capability (xbench verify) -------------------------------------------
 

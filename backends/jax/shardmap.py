@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from xbench.contract import DATA_PARALLEL, PreparedInfo, Trial, Unsupported, Work, hash_weights
+from xbench.contract import ALL_GATHER, DATA_PARALLEL, PreparedInfo, Trial, Unsupported, Work, hash_weights
 from xbench_backends.extra_work import ExtraWork
 from xbench_backends.jax.families import JaxModel, build, refusal
 from xbench_backends.jax.layers import FLOAT64, float64_scope, in_precision
@@ -29,8 +29,10 @@ from xbench_backends.jax.steps import (
     AXIS,
     MATMUL_PRECISION,
     JaxAllReduce,
+    JaxCollective,
     check_shards,
     check_variant,
+    collective_shape,
     dropout_rng,
     initial_state,
     kernel_settings,
@@ -149,6 +151,26 @@ class _MeshBackend(JaxPmapBackend):
         psum = _shard_map(lambda x: lax.psum(x, AXIS), mesh, in_specs=_spec(AXIS), out_specs=_spec(AXIS))
         reduce = jax.jit(psum, donate_argnums=0)
         return JaxAllReduce(reduce, buffer, sync_every_call=self.devices[0].platform == "cpu")
+
+    def collective_prepare(self, collective: str, nbytes: int, options: dict[str, Any]) -> JaxCollective:
+        """A float32 input on every device, made there, and a shard_map lax.all_gather or
+        lax.psum_scatter along each device's row (tiled: one flat buffer each, as NCCL's)."""
+        import jax
+        import jax.numpy as jnp
+        from jax import lax
+
+        mesh = jax.sharding.Mesh(np.array(self.devices), (AXIS,))
+        n = len(self.devices)
+        count, _ = collective_shape(collective, nbytes, n)
+        buffer = jax.jit(lambda: jnp.ones((n, count), jnp.float32), out_shardings=_sharding(mesh, AXIS))()
+        if collective == ALL_GATHER:
+            def body(x):
+                return lax.all_gather(x, AXIS, axis=1, tiled=True)
+        else:
+            def body(x):
+                return lax.psum_scatter(x, AXIS, scatter_dimension=1, tiled=True)
+        op = jax.jit(_shard_map(body, mesh, in_specs=_spec(AXIS), out_specs=_spec(AXIS)))
+        return JaxCollective(op, buffer, sync_every_call=self.devices[0].platform == "cpu")
 
     # -- verification capability (xbench verify) -------------------------------------------
 

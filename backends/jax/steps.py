@@ -12,7 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from xbench.contract import ADAM, AS_WRITTEN, COMPILE_CACHE_VARIABLE, Trial, Variant
+from xbench.contract import (
+    ADAM,
+    ALL_GATHER,
+    AS_WRITTEN,
+    COMPILE_CACHE_VARIABLE,
+    REDUCE_SCATTER,
+    Trial,
+    Unsupported,
+    Variant,
+)
 
 AXIS = "d"
 # The spec's precision, spelled as jax_default_matmul_precision values. "fp64": float64
@@ -26,6 +35,38 @@ class JaxAllReduce:
     reduce: Any
     buffer: Any
     sync_every_call: bool
+
+
+@dataclass
+class JaxCollective:
+    """An all-gather or reduce-scatter: `op(buffer)` makes a new output each call."""
+
+    op: Any
+    buffer: Any
+    sync_every_call: bool
+
+
+def collective_shape(collective: str, nbytes: int, devices: int) -> tuple[int, int]:
+    """Each device's input elements (its share for an all-gather, the whole buffer for a
+    reduce-scatter) and the share, for nccl-tests' size `nbytes`; Unsupported for a collective
+    jax's lax has none of here."""
+    share = nbytes // 4 // devices
+    if collective == ALL_GATHER:
+        return share, share
+    if collective == REDUCE_SCATTER:
+        return share * devices, share
+    raise Unsupported(f"no collective {collective!r} in jax's program (allgather, reducescatter)")
+
+
+def run_collective(prepared: JaxCollective, iterations: int) -> None:
+    """`iterations` out-of-place collectives of one buffer; returns after the last finished."""
+    out = None
+    for _ in range(iterations):
+        out = prepared.op(prepared.buffer)
+        if prepared.sync_every_call:
+            out.block_until_ready()
+    if out is not None:
+        out.block_until_ready()
 
 
 def check_variant(trial: Trial, variants: tuple[Variant, ...]) -> None:

@@ -34,6 +34,7 @@ import numpy as np
 
 from xbench.contract import (
     ADAM,
+    ALL_GATHER,
     AS_WRITTEN,
     DATA_PARALLEL,
     PLAIN,
@@ -90,7 +91,7 @@ class TfPrepared:
 
 @dataclass
 class TfAllReduce:
-    reduce: Any  # tf.function: one all-reduce
+    reduce: Any  # tf.function: one all-reduce (or all-gather)
 
 
 class TfMirroredBackend:
@@ -318,8 +319,41 @@ class TfMirroredBackend:
         strategy's cross-device ops (the ones the training step uses)."""
         import tensorflow as tf
 
+        def reduce(x):
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, x)
+
+        return self._replica_op(reduce, nbytes // 4, options)
+
+    def allreduce_run(self, prepared: TfAllReduce, iterations: int) -> None:
+        for _ in range(iterations):
+            prepared.reduce()
+        self._sync()
+
+    def collective_prepare(self, collective: str, nbytes: int, options: dict[str, Any]) -> TfAllReduce:
+        """An all-gather through the replica context (each replica's share of nbytes, the
+        gathered buffer); no reduce-scatter: the strategy's replica context has none."""
+        import tensorflow as tf
+
+        if collective != ALL_GATHER:
+            raise Unsupported(f"no {collective} in tf.distribute: MirroredStrategy's replica context offers "
+                              "all_reduce and all_gather only")
+
+        def gather(x):
+            return tf.distribute.get_replica_context().all_gather(x, axis=0)
+
+        return self._replica_op(gather, nbytes // 4 // self._replicas(options), options)
+
+    def collective_run(self, prepared: TfAllReduce, iterations: int) -> None:
+        self.allreduce_run(prepared, iterations)
+
+    def _replicas(self, options: dict[str, Any]) -> int:
+        return self._strategy(options.get("cross_device_ops", "auto")).num_replicas_in_sync
+
+    def _replica_op(self, op, count: int, options: dict[str, Any]) -> TfAllReduce:
+        """`op` of a float32 buffer of `count` elements on every replica, as one tf.function."""
+        import tensorflow as tf
+
         strategy = self._strategy(options.get("cross_device_ops", "auto"))
-        count = nbytes // 4
 
         def on_replica(context):
             with tf.device(_replica_device(strategy, context)):
@@ -328,17 +362,10 @@ class TfMirroredBackend:
         buffer = strategy.experimental_distribute_values_from_function(on_replica)
 
         @tf.function
-        def reduce():
-            return strategy.run(
-                lambda x: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, x),
-                args=(buffer,))
+        def run():
+            return strategy.run(op, args=(buffer,))
 
-        return TfAllReduce(reduce)
-
-    def allreduce_run(self, prepared: TfAllReduce, iterations: int) -> None:
-        for _ in range(iterations):
-            prepared.reduce()
-        self._sync()
+        return TfAllReduce(run)
 
     # -- verification capability (xbench verify) -------------------------------------------
 

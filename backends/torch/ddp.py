@@ -48,10 +48,12 @@ import numpy as np
 
 from xbench.contract import (
     ADAM,
+    ALL_GATHER,
     AS_WRITTEN,
     COMPILE_CACHE_VARIABLE,
     DATA_PARALLEL,
     PLAIN,
+    REDUCE_SCATTER,
     Availability,
     DeviceInfo,
     DeviceUnavailable,
@@ -152,6 +154,16 @@ class TorchPrepared:
 @dataclass
 class TorchAllReduce:
     buffer: Any
+    device: Any
+
+
+@dataclass
+class TorchCollective:
+    """An all-gather or reduce-scatter: `op(output, input)`, out of place."""
+
+    op: Any
+    output: Any
+    source: Any  # the input
     device: Any
 
 
@@ -414,6 +426,27 @@ class TorchDdpBackend:
 
         for _ in range(iterations):
             dist.all_reduce(prepared.buffer)  # values grow (to inf); a sum's cost does not change
+        if prepared.device.type == "cuda":
+            torch.cuda.synchronize(prepared.device)
+
+    def collective_prepare(self, collective: str, nbytes: int, options: dict[str, Any]) -> TorchCollective:
+        """This rank's float32 input and output and torch.distributed's single-tensor
+        all-gather or reduce-scatter (SUM) between them; nbytes is nccl-tests' size, the
+        whole buffer. In an spmd job each rank times only its own calls."""
+        import torch
+
+        self.validate_options(options)
+        world, share = torch.distributed.get_world_size(), nbytes // 4 // torch.distributed.get_world_size()
+        op = _collective_op(collective)
+        sizes = (world * share, share) if collective == ALL_GATHER else (share, world * share)
+        output, source = (torch.ones(n, dtype=torch.float32, device=self.device) for n in sizes)
+        return TorchCollective(op, output, source, self.device)
+
+    def collective_run(self, prepared: TorchCollective, iterations: int) -> None:
+        import torch
+
+        for _ in range(iterations):
+            prepared.op(prepared.output, prepared.source)
         if prepared.device.type == "cuda":
             torch.cuda.synchronize(prepared.device)
 
@@ -717,3 +750,19 @@ def _teardown() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _collective_op(collective: str):
+    """torch.distributed's single-tensor all-gather or reduce-scatter: the `*_single` names
+    where this torch has them (newer releases deprecate the `*_tensor` ones), else those."""
+    import torch
+    import torch.distributed as dist
+
+    names = {ALL_GATHER: ("all_gather_single", "all_gather_into_tensor"),
+             REDUCE_SCATTER: ("reduce_scatter_single", "reduce_scatter_tensor")}
+    if collective not in names:
+        raise Unsupported(f"no collective {collective!r} in torch.distributed's program (allgather, reducescatter)")
+    found = [getattr(dist, name) for name in names[collective] if hasattr(dist, name)]
+    if not found:
+        raise Unsupported(f"torch {torch.__version__} has none of torch.distributed.{', '.join(names[collective])}")
+    return found[0]

@@ -317,6 +317,24 @@ def test_allreduce_with_one_process_per_device(run_cli, tmp_path):
     assert statuses == [(2, "ok"), (2, "ok"), (4, "ok"), (4, "ok")]
 
 
+@pytest.mark.slow
+def test_all_gather_and_reduce_scatter_on_2_and_4_simulated_devices(run_cli, tmp_path):
+    """jax (one process) and torch (one process per device) time all three collectives; the
+    all-gather's and reduce-scatter's sizes fall to whole elements per device."""
+    out = tmp_path / "collectives.json"
+    code, stdout, err = run_cli("allreduce", "--backends", "jax", "torch", "--devices", "2,4", "--sizes", "4100",
+                                "--collectives", "allreduce", "allgather", "reducescatter", "--json", str(out))
+    assert code == 0, err
+    found = {(r["backend"], r["devices"], r["collective"]): (r["nbytes"], r["status"])
+             for r in json.loads(out.read_text())}
+    for backend in ("jax", "torch"):
+        for n, whole in ((2, 4096), (4, 4096)):
+            assert found[(backend, n, "allreduce")] == (4100, "ok")
+            assert found[(backend, n, "allgather")] == found[(backend, n, "reducescatter")] == (whole, "ok")
+    assert stdout.count("# all-gather: all_gather_perf's columns") == 4
+    assert "        4096           256     float    none      -1" in stdout  # 4 devices: 256 elements each
+
+
 def test_workers_do_not_inherit_the_callers_torchrun_variables(monkeypatch):
     """Under torchrun, TORCHELASTIC_USE_AGENT_STORE would make torch's rank 0 wait for a store
     that nobody hosts; RANK etc. are set per worker by xbench's own launcher."""

@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 from tests.unit.test_wire import jobs, trials
 from xbench.run import launcher, probes, worker_process
 from xbench.run.plan import group_trials
-from xbench.wire import SetupFailed, decode_event
+from xbench.wire import WIRE_VERSION, SetupFailed, decode_event
 
 
 def test_a_worker_that_cannot_read_its_job_says_so_and_exits_non_zero():
@@ -24,7 +24,7 @@ def test_a_worker_that_cannot_read_its_job_says_so_and_exits_non_zero():
     events = [decode_event(line) for line in done.stdout.splitlines()]
     assert done.returncode != 0
     assert events == [SetupFailed("the worker could not read its job: job is of wire version 0, this xbench "
-                                  "speaks 1 (xbench and its worker come from different installations)")]
+                                  f"speaks {WIRE_VERSION} (xbench and its worker come from different installations)")]
 
 
 
@@ -34,7 +34,7 @@ def test_a_worker_that_cannot_read_its_job_says_so_and_exits_non_zero():
 # batch 16 a result with a field no event has; every other trial gets a proper result.
 FAKE_WORKER = """
 import sys, time
-from xbench.wire import AllReduce, Done, Job, Ready, Result, Start
+from xbench.wire import WIRE_VERSION, AllReduce, Done, Job, Ready, Result, Start
 
 def emit(event):
     print(event.to_json(), flush=True)
@@ -45,13 +45,15 @@ emit(Ready({"device_names": ["fake:0"], "platform": "cpu"}))
 for trial in job.trials:
     emit(Start(trial.id, "now"))
     if trial.global_batch == 16:
-        print('{"wire": 1, "event": "result", "trial": "%s", "status": "ok", "speedup": 2}' % trial.id, flush=True)
+        print('{"wire": %d, "event": "result", "trial": "%s", "status": "ok", "speedup": 2}' % (WIRE_VERSION, trial.id),
+              flush=True)
         time.sleep(600)  # the launcher must not wait for it
     emit(Result(trial.id, "unsupported", "now", reason="not this one"))
 for n, nbytes in enumerate(job.sizes):
     if n == 1:
-        print('{"wire": 1, "event": "allreduce", "nbytes": "%d", "status": "ok", "reason": null, "timing": null}'
-              % nbytes, flush=True)
+        print('{"wire": %d, "event": "allreduce", "nbytes": "%d", "status": "ok", "reason": null, "timing": null, '
+              '"collective": "allreduce"}'
+              % (WIRE_VERSION, nbytes), flush=True)
         time.sleep(600)
     emit(AllReduce(nbytes, "ok", timing={"window_s": [0.001]}))
 emit(Done())
@@ -79,6 +81,8 @@ def test_an_unreadable_event_fails_its_trial_clearly_and_the_group_goes_on(fake_
 def test_an_unreadable_all_reduce_event_fails_the_sizes_left(fake_worker, tmp_path):
     results = probes.allreduce_events("unused:Backend", 1, "cpu", [4096, 8192, 16384], {},
                                         tmp_path / launcher.LOG_FILE, timeout_s=600)
-    assert results[0] == {"nbytes": 4096, "status": "ok", "reason": None, "timing": {"window_s": [0.001]}}
+    assert results[0] == {"nbytes": 4096, "status": "ok", "reason": None, "timing": {"window_s": [0.001]},
+                          "collective": "allreduce"}
     why = "worker sent an event xbench cannot read: 'allreduce' event: field 'nbytes' must be int, got str '8192'"
-    assert results[1:] == [{"nbytes": n, "status": "failed", "reason": why, "timing": None} for n in (8192, 16384)]
+    assert results[1:] == [{"nbytes": n, "status": "failed", "reason": why, "timing": None, "collective": "allreduce"}
+                           for n in (8192, 16384)]

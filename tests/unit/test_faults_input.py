@@ -212,6 +212,20 @@ def test_a_malformed_launch_variable_stops_compare_with_exit_2(fake_backends, ru
     assert_refused(code, err, out_dir, f"environment variable {variable}", "correct or unset it")
 
 
+@pytest.mark.parametrize("value", ["16GB", "-4", "0", "nan"])
+@pytest.mark.parametrize("command", ["compare", "sweep"])
+def test_a_bad_device_memory_variable_stops_the_run_before_any_worker(fake_backends, run_cli, monkeypatch, tmp_path,
+                                                                      value, command):
+    """Read with the other input: a unit test starts no process, so reaching a worker fails here."""
+    from xbench.run.memory_check import MEMORY_VARIABLE
+
+    monkeypatch.setenv(MEMORY_VARIABLE, value)
+    out_dir = tmp_path / "run"
+    args = ("--model", "medium", "--devices", "1", *FAST) if command == "compare" else ("--devices", "1")
+    code, _, err = run_cli(command, "--backends", "numpy", *args, "--out", str(out_dir))
+    assert_refused(code, err, out_dir, f"{MEMORY_VARIABLE}={value!r} is not a positive number of GiB")
+
+
 def test_a_coordinator_port_of_other_digits_is_refused(fake_backends, run_cli, tmp_path):
     out_dir = tmp_path / "run"
     code, _, err = run_cli("compare", "--backends", "numpy", "--launcher", "spmd", "--nnodes", "2", "--node-rank", "0",

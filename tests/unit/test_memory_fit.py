@@ -12,6 +12,7 @@ from xbench.errors import XbenchError
 from xbench.models.memory import GiB
 from xbench.models.model_spec import preset_model
 from xbench.report.bottom_line import bottom_line, fit_sentence
+from xbench.report.export import flat_rows
 from xbench.report.terminal import cost_columns, status_cell, unmeasured_line
 from xbench.results.fit import MARGIN, check, does_not_fit, fit_words, measured_reason, out_of_memory
 from xbench.results.summary import rows_from_records
@@ -98,7 +99,7 @@ def test_device_memory_is_the_smallest_gpu_and_simulated_devices_are_not_checked
     assert device_memory_bytes(GPU, H100S) == GiB // 2  # the variable wins: a smaller GPU, pretended
 
 
-@pytest.mark.parametrize("value", ["lots", "0", "-2"])
+@pytest.mark.parametrize("value", ["lots", "0", "-2", "nan", "inf"])
 def test_a_malformed_limit_is_one_line_naming_the_variable(monkeypatch, value):
     monkeypatch.setenv(MEMORY_VARIABLE, value)
     with pytest.raises(XbenchError, match=MEMORY_VARIABLE):
@@ -170,3 +171,16 @@ def test_the_cost_table_shows_the_estimate_beside_the_measured_peak():
     line = dict(zip(columns.headers, columns.rows[0]))
     assert (line["mem GiB"], line["est. GiB"]) == ("5.00", "4.00")
     assert any("est. GiB: xbench's estimate before launching" in note for note in columns.notes)
+
+
+def test_export_has_the_estimate_beside_the_measured_peak():
+    telemetry = {"framework_memory": {"peak_bytes": [3 * GiB, 5 * GiB]}, "devices": []}
+    estimated = {"estimate_bytes": 4 * GiB, "capacity_bytes": 80 * GiB, "sharded": False}
+    records = [{**record("fast", 1, 64, r, 0.01), "telemetry": telemetry, "memory": estimated} for r in range(2)]
+    records.append(record("fast", 2, 64, 0, 0.01))  # launched without an estimate
+    for rec in records:
+        rec["trial"]["protocol"] = {"steps_per_call": 1}
+    exported = {row["devices"]: row for row in flat_rows(records)}
+    assert (exported[1]["memory_gib"], exported[1]["memory_estimate_gib"]) == (5.0, 4.0)
+    assert list(exported[1]).index("memory_estimate_gib") == list(exported[1]).index("memory_gib") + 1
+    assert exported[2]["memory_estimate_gib"] is None

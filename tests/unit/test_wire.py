@@ -110,7 +110,7 @@ def event_line(kind: str, **fields) -> str:
     (b'{"wire": 1, \xff}', "event is not JSON ('utf-8' codec can't decode byte 0xff"),
     ("[1, 2]", "event is not a JSON object: [1, 2]"),
     ('{"event": "done"}', "event carries no wire version ('wire' field)"),
-    ('{"wire": 99, "event": "done"}', "event is of wire version 99, this xbench speaks 1"),
+    ('{"wire": 99, "event": "done"}', "event is of wire version 99, this xbench speaks 2"),
     (event_line("finished"), "event kind 'finished' is unknown (known: ready, unavailable, setup_failed, start,"),
     (json.dumps({"wire": WIRE_VERSION, "done": 1}), "event has no kind ('event' field)"),
     (event_line("window", trial="t"), "'window' event: field 'done' is missing"),
@@ -118,7 +118,7 @@ def event_line(kind: str, **fields) -> str:
     (event_line("window", trial="t", done="1"), "'window' event: field 'done' must be int, got str '1'"),
     (event_line("window", trial="t", done=True), "'window' event: field 'done' must be int, got bool True"),
     (event_line("ready", device_info=["fake:0"]), "'ready' event: field 'device_info' must be an object, got list"),
-    (event_line("allreduce", nbytes=4, status="skipped", reason=None, timing=None),
+    (event_line("allreduce", nbytes=4, status="skipped", reason=None, timing=None, collective="allreduce"),
      "'allreduce' event: field 'status' must be one of 'ok', 'failed', 'unsupported', got str 'skipped'"),
     (event_line("result", trial="t", status="ok", at="now", reason=None, work=None, backend=None, timing=None,
                 arrays=7, telemetry=None, replicate=None),
@@ -138,7 +138,7 @@ def job_dict(**changes) -> dict:
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({**job_dict(), "wire": 0}, "job is of wire version 0, this xbench speaks 1"),
+    ({**job_dict(), "wire": 0}, "job is of wire version 0, this xbench speaks 2"),
     ({k: v for k, v in job_dict().items() if k != "platform"}, "job: field 'platform' is missing"),
     (job_dict(priority=1), "job: unknown field 'priority'"),
     (job_dict(devices=2.0), "job: field 'devices' must be int, got float 2.0"),

@@ -1,4 +1,5 @@
-"""`xbench allreduce`: each backend's own all-reduce, timed like a training step."""
+"""`xbench allreduce`: each backend's own all-reduce (and, asked, all-gather and
+reduce-scatter), timed like a training step."""
 
 from __future__ import annotations
 
@@ -16,10 +17,22 @@ from rich.table import Table
 
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Launcher, Platform, backend_options, integers, names, p2p_list, value
-from xbench.errors import XbenchError
+from xbench.contract import ALL_REDUCE, COLLECTIVES
+from xbench.errors import XbenchError, brief
 from xbench.experiment import load_spec
-from xbench.report.terminal import ALLREDUCE_HEADERS, ALLREDUCE_NOTE, allreduce_rows, devices_line
-from xbench.results.allreduce import AllReduceResult, format_size, parse_size, result_from_record
+from xbench.report.terminal import ALLREDUCE_HEADERS, allreduce_rows, collective_note, devices_line
+from xbench.results.allreduce import (
+    NCCL_PROGRAMS,
+    REDOPS,
+    TITLES,
+    AllReduceResult,
+    bus_factor,
+    collective_of,
+    element_count,
+    format_size,
+    parse_size,
+    result_from_record,
+)
 from xbench.results.links import links_record, notes, short
 from xbench.results.records import AllReduceRecord, write_atomic
 from xbench.run import links
@@ -37,8 +50,12 @@ def allreduce(
     devices: Annotated[Optional[list[str]], typer.Option(
         metavar="INT...", help="Device counts, e.g. 2 4 8 (default: 2).")] = None,
     sizes: Annotated[Optional[list[str]], typer.Option(
-        metavar="SIZE...", help=f"float32 buffer per device: 4KiB, 64MiB, 1GiB or bytes "
+        metavar="SIZE...", help=f"float32 buffer as nccl-tests sizes it (all-reduce: per device; all-gather: the "
+                                f"gathered output; reduce-scatter: the input): 4KiB, 64MiB, 1GiB or bytes "
                                 f"(default: {' '.join(DEFAULT_SIZES)}).")] = None,
+    collectives: Annotated[Optional[list[str]], typer.Option(
+        metavar="NAME...", help=f"Collectives to time, each in its nccl-tests columns: {', '.join(COLLECTIVES)} "
+                                f"(default: {ALL_REDUCE}).")] = None,
     platform: Annotated[Optional[Platform], typer.Option(
         help="auto: GPUs when present, else simulated CPU devices (default: auto).")] = None,
     option: Annotated[Optional[list[str]], typer.Option(
@@ -59,15 +76,17 @@ def allreduce(
     """Time each framework's own all-reduce; prints nccl-tests' all_reduce_perf columns.
 
     Lines as all_reduce_perf prints them (size, count, type, redop, root, time, algbw, busbw,
-    #wrong; awk '{print $8}' is busbw), one block per backend and device count, each closed by
-    '# Avg bus bandwidth'. time: median per all-reduce; the comment line under each size gives
-    that median's distribution-free 95% interval. #wrong is N/A: the reduced values are not
-    checked.
+    #wrong; awk '{print $8}' is busbw), one block per collective, backend and device count, each
+    closed by '# Avg bus bandwidth'. --collectives allgather reducescatter adds blocks in
+    all_gather_perf's and reduce_scatter_perf's columns (busbw = algbw × (n-1)/n). time: median
+    per operation; the comment line under each size gives that median's distribution-free 95%
+    interval. #wrong is N/A: the results are not checked.
     """
     try:
         nbytes = [parse_size(s) for s in (names(sizes) or DEFAULT_SIZES)]
     except ValueError as problem:
         raise XbenchError(f"--sizes: {problem}") from None
+    chosen = collective_names(collectives)
     counts = integers(devices, "--devices") or [2]
     launch = resolve_launch(value(launcher) or "auto")
     # Only backends, devices, platform and options matter here; a batch every count divides
@@ -89,22 +108,46 @@ def allreduce(
                 mine = {**environment, "links": links_record(on, nccl, ready.devices, spec.devices)}
                 for line in notes(mine["links"]):
                     err.print(escape(line), soft_wrap=True)
-                with err.status(f"timing all-reduces (P2P {'on' if on else 'off'})…"):
+                what = "all-reduces" if chosen == [ALL_REDUCE] else "collectives"
+                with err.status(f"timing {what} (P2P {'on' if on else 'off'})…"):
                     records += measure_allreduce(ready.entries, spec.devices, spec.platform, nbytes, spec.options,
                                                  Path(tmp), mine, devices=ready.devices,
-                                                 launchers=ready.launchers, launch=launch)
+                                                 launchers=ready.launchers, launch=launch, collectives=chosen)
     if table:
         for group in _by_links(records).values():
-            data_console().print(allreduce_table(group))
+            for same in _by_collective(group).values():
+                data_console().print(allreduce_table(same))
     else:
         sys.stdout.write(nccl_tests_text(records, ready.devices, ready.launchers, environment))
     if json_out is not None:
         write_atomic(json_out, (json.dumps(_as_json(records), indent=2) + "\n").encode("utf-8"))
     bad = [r for r in records if r["status"] != "ok"]
     for record in bad:
-        err.print(escape(f"{record['backend']} d{record['devices']} {format_size(record['nbytes'])}: "
+        err.print(escape(f"{_said(record)}{record['backend']} d{record['devices']} {format_size(record['nbytes'])}: "
                          f"{record['status']}: {record['reason']}"))  # framework messages hold [brackets]
     return 1 if bad else 0
+
+
+def collective_names(values: list[str] | None) -> list[str]:
+    """`--collectives allreduce allgather` (or comma-separated), each once, in the order given."""
+    chosen = list(dict.fromkeys(names(values) or [ALL_REDUCE]))
+    unknown = [name for name in chosen if name not in COLLECTIVES]
+    if unknown:
+        raise XbenchError(f"--collectives: unknown collective {brief(unknown[0])}; known: {', '.join(COLLECTIVES)}")
+    return chosen
+
+
+def _said(record: AllReduceRecord) -> str:
+    """The collective's name where a message needs it (not for an all-reduce, as before)."""
+    collective = collective_of(record)
+    return "" if collective == ALL_REDUCE else f"{collective} "
+
+
+def _by_collective(records: Sequence[AllReduceRecord]) -> dict[str, list[AllReduceRecord]]:
+    groups: dict[str, list[AllReduceRecord]] = {}
+    for record in records:
+        groups.setdefault(collective_of(record), []).append(record)
+    return groups
 
 
 def _links_of(record: AllReduceRecord) -> dict[str, Any]:
@@ -124,10 +167,13 @@ def _by_links(records: Sequence[AllReduceRecord]) -> dict[str, list[AllReduceRec
 
 
 def allreduce_table(records: Sequence[AllReduceRecord]) -> Table:
+    """One collective's records (of one topology) as a box table, titled by the collective."""
     said = short(_links_of(records[0])) if records else ""
-    table = Table(title="all-reduce (float32 SUM, each framework's own collective)" + (f" — {said}" if said else ""),
-                  title_justify="left",
-                  caption=ALLREDUCE_NOTE, caption_justify="left")
+    collective = collective_of(records[0]) if records else ALL_REDUCE
+    what = "float32 SUM" if REDOPS[collective] == "sum" else "float32"
+    title = f"{TITLES[collective]} ({what}, each framework's own collective)" + (f" — {said}" if said else "")
+    table = Table(title=title, title_justify="left",
+                  caption=collective_note(collective), caption_justify="left")
     for header in ALLREDUCE_HEADERS:
         table.add_column(header, justify="left" if header in ("backend", "devices on") else "right")
     for line in allreduce_rows(records):
@@ -145,16 +191,18 @@ def nccl_tests_text(records: Sequence[AllReduceRecord], devices: Mapping[str, Ma
                     launchers: Mapping[str, str], environment: Mapping[str, Any]) -> str:
     """The records as all_reduce_perf prints its results: '#' lines around fixed-width data
     lines, one block per backend and device count, so grep and awk read them alike."""
-    lines = _preamble(records, environment)
-    groups: dict[tuple[str, int, str], list[AllReduceRecord]] = {}
+    kinds = list(dict.fromkeys(map(collective_of, records))) or [ALL_REDUCE]
+    lines = _preamble(records, environment, kinds)
+    groups: dict[tuple[str, str, int, str], list[AllReduceRecord]] = {}
     for record in records:
-        groups.setdefault((record["backend"], record["devices"], _p2p_of(record)), []).append(record)
-    both = len({p2p for _, _, p2p in groups}) > 1
-    for (backend, count, _), group in groups.items():
+        key = (collective_of(record), record["backend"], record["devices"], _p2p_of(record))
+        groups.setdefault(key, []).append(record)
+    both = len({p2p for *_, p2p in groups}) > 1
+    for (collective, backend, count, _), group in groups.items():
         lines += _block_head(backend, count, group[0], devices.get(backend), launchers.get(backend, "subprocess"),
-                             both)
+                             both, collective if kinds != [ALL_REDUCE] else None)
         lines += [_nccl_line(r) for r in group]
-        lines += _block_foot([result_from_record(r) for r in group if r["status"] == "ok"])
+        lines += _block_foot([result_from_record(r) for r in group if r["status"] == "ok"], collective)
     if both:
         lines += side_by_side(records)
     return "\n".join(lines) + "\n"
@@ -163,49 +211,75 @@ def nccl_tests_text(records: Sequence[AllReduceRecord], devices: Mapping[str, Ma
 def side_by_side(records: Sequence[AllReduceRecord]) -> list[str]:
     """'#' lines (awk's data lines stay the blocks' own): per backend, devices and size, busbw
     with P2P on and off and their ratio."""
-    busbw: dict[tuple[str, int, int], dict[str, float]] = {}
+    busbw: dict[tuple[str, str, int, int], dict[str, float]] = {}
     for record in records:
         if record["status"] == "ok" and record["timing"]:
-            key = (record["backend"], record["devices"], record["nbytes"])
+            key = (collective_of(record), record["backend"], record["devices"], record["nbytes"])
             busbw.setdefault(key, {})[_p2p_of(record)] = result_from_record(record).busbw / 1e9
     said = next((short(_links_of(r)) for r in records if _p2p_of(r) == "off"), "")
+    mixed = {c for c, *_ in busbw} - {ALL_REDUCE}
     lines = ["#", f"# busbw (GB/s) side by side: P2P on = the machine's own links; {said}",
-             f"# {'backend':<16s} {'devices':>7s} {'size (B)':>12s} {'P2P on':>8s} {'P2P off':>8s} {'off/on':>7s}"]
-    for (backend, count, nbytes), found in busbw.items():
+             f"# {'backend':<16s} {'devices':>7s} {'size (B)':>12s} {'P2P on':>8s} {'P2P off':>8s} {'off/on':>7s}"
+             + ("  collective" if mixed else "")]
+    for (collective, backend, count, nbytes), found in busbw.items():
         on, off = found.get("on"), found.get("off")
         cells = [f"{v:8.2f}" if v is not None else f"{'-':>8s}" for v in (on, off)]
         ratio = f"{off / on:7.3f}" if on and off is not None else f"{'-':>7s}"
-        lines.append(f"# {backend:<16s} {count:>7d} {nbytes:>12d} {cells[0]} {cells[1]} {ratio}")
+        lines.append(f"# {backend:<16s} {count:>7d} {nbytes:>12d} {cells[0]} {cells[1]} {ratio}"
+                     + (f"  {collective}" if mixed else ""))
     return lines
 
 
-def _preamble(records: Sequence[AllReduceRecord], environment: Mapping[str, Any]) -> list[str]:
+INTERVAL_LINE = "# the comment line under each size: the median's distribution-free 95% interval ('-': under 6 windows)"
+
+
+def _preamble(records: Sequence[AllReduceRecord], environment: Mapping[str, Any],
+              kinds: Sequence[str] = (ALL_REDUCE,)) -> list[str]:
     sizes = [r["nbytes"] for r in records] or [0]
-    return [f"# xbench {environment.get('xbench')} allreduce: each framework's own all-reduce, in nccl-tests' "
-            "all_reduce_perf columns",
-            f"# host {environment.get('host')}  python {environment.get('python')}  "
-            f"minBytes {min(sizes)}  maxBytes {max(sizes)}  type float  redop sum  validation: 0",
-            "# time: median per all-reduce over one worker's windows (outliers removed)",
-            "# the comment line under each size: the median's distribution-free 95% interval ('-': under 6 windows)",
-            "# only the out-of-place columns: xbench times one all-reduce kind, so $10-$13 are absent",
-            "# algbw = size / time; busbw = algbw * 2(n-1)/n; Avg bus bandwidth: mean busbw over a block's sizes",
-            "# #wrong N/A: xbench does not check the reduced values (as nccl-tests -c 0)"]
+    host = f"# host {environment.get('host')}  python {environment.get('python')}  " \
+           f"minBytes {min(sizes)}  maxBytes {max(sizes)}  type float"
+    if list(kinds) == [ALL_REDUCE]:
+        return [f"# xbench {environment.get('xbench')} allreduce: each framework's own all-reduce, in nccl-tests' "
+                "all_reduce_perf columns",
+                f"{host}  redop sum  validation: 0",
+                "# time: median per all-reduce over one worker's windows (outliers removed)",
+                INTERVAL_LINE,
+                "# only the out-of-place columns: xbench times one all-reduce kind, so $10-$13 are absent",
+                "# algbw = size / time; busbw = algbw * 2(n-1)/n; Avg bus bandwidth: mean busbw over a block's sizes",
+                "# #wrong N/A: xbench does not check the reduced values (as nccl-tests -c 0)"]
+    programs = ", ".join(f"{NCCL_PROGRAMS[k]} ({k})" for k in kinds)
+    return [f"# xbench {environment.get('xbench')} allreduce: each framework's own collectives, in nccl-tests' "
+            f"columns of {programs}",
+            f"{host}  validation: 0",
+            "# size: as nccl-tests counts it: all-reduce's buffer, all-gather's output, reduce-scatter's input; "
+            "count: all-reduce's elements, each device's share for the others",
+            "# time: median per operation over one worker's windows (outliers removed)",
+            INTERVAL_LINE,
+            "# only the out-of-place columns: xbench times one kind of each collective, so $10-$13 are absent",
+            "# algbw = size / time; busbw = algbw * 2(n-1)/n for all-reduce, * (n-1)/n for all-gather and "
+            "reduce-scatter; Avg bus bandwidth: mean busbw over a block's sizes",
+            "# #wrong N/A: xbench does not check the results (as nccl-tests -c 0)"]
 
 
 def _block_head(backend: str, count: int, first: AllReduceRecord, info: Mapping[str, Any] | None,
-                launcher: str, both: bool = False) -> list[str]:
+                launcher: str, both: bool = False, collective: str | None = None) -> list[str]:
+    """A block's '#' lines; `collective` names the block's collective (None: all-reduce alone)."""
     where = f"# {devices_line(backend, info, launcher)}" if info else f"# {backend}"
     said = notes(_links_of(first))
     if both and not said:
         said = ["P2P on: the machine's own GPU-to-GPU links"]
-    return ["#", where,
+    named = [f"# {TITLES[collective]}: {NCCL_PROGRAMS[collective]}'s columns, busbw = algbw * "
+             f"{'2(n-1)/n' if collective == ALL_REDUCE else '(n-1)/n'} = algbw * "
+             f"{bus_factor(count, collective):g}"] if collective else []
+    return ["#", *named, where,
             f"# Using {count} device(s) on {first.get('platform') or 'unknown platform'}, launcher {launcher}",
             *(f"# {line}" for line in said), "#", *NCCL_HEADERS]
 
 
 def _nccl_line(record: AllReduceRecord) -> str:
-    nbytes = record["nbytes"]
-    head = f"{nbytes:12d}  {nbytes // 4:12d}  {'float':>8s}  {'sum':>6s}  {-1:6d}"
+    nbytes, collective = record["nbytes"], collective_of(record)
+    count = element_count(collective, nbytes, record["devices"])
+    head = f"{nbytes:12d}  {count:12d}  {'float':>8s}  {REDOPS[collective]:>6s}  {-1:6d}"
     if record["status"] != "ok" or not record["timing"]:
         return f"# {head.lstrip()}  {record['status']}: {record['reason'] or ''}".rstrip()
     r = result_from_record(record)
@@ -222,9 +296,10 @@ def _places(us: float) -> int:
     return 0 if us >= 10000 else 1 if us >= 100 else 2
 
 
-def _block_foot(results: Sequence[AllReduceResult]) -> list[str]:
+def _block_foot(results: Sequence[AllReduceResult], collective: str = ALL_REDUCE) -> list[str]:
     average = f"{sum(r.busbw for r in results) / len(results) / 1e9:g}" if results else "N/A"
-    return ["# Out of bounds values : N/A (reduced values not checked)", f"# Avg bus bandwidth    : {average}"]
+    checked = "reduced values" if collective == ALL_REDUCE else "results"
+    return [f"# Out of bounds values : N/A ({checked} not checked)", f"# Avg bus bandwidth    : {average}"]
 
 
 def check_writable(path: Path) -> None:
@@ -237,7 +312,8 @@ def check_writable(path: Path) -> None:
 def _as_json(records: Sequence[AllReduceRecord]) -> list[dict[str, Any]]:
     out = []
     for record in records:
-        row: dict[str, Any] = {"backend": record["backend"], "devices": record["devices"], "nbytes": record["nbytes"],
+        row: dict[str, Any] = {"collective": collective_of(record), "backend": record["backend"],
+                               "devices": record["devices"], "nbytes": record["nbytes"],
                                "p2p": _p2p_of(record), "links": _links_of(record),
                                "status": record["status"], "reason": record["reason"]}
         if record["status"] == "ok":

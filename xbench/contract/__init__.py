@@ -55,8 +55,8 @@ A backend lists the launchers it supports in `launchers` (first = preferred).
 Optional abilities. Beyond `Backend`, a backend may declare `programs`, `variants`,
 `families`, `launchers`, `fork_preload` and `first_call_s` (`DeclaresPrograms`, `DeclaresVariants`,
 `DeclaresFamilies`, `DeclaresLaunchers`, `DeclaresForkPreload`, `DeclaresFirstCall`) and have the methods of
-`SpmdCapable`, `Verifiable`, `ReportsShardLosses`, `AllReduceCapable`, `ReportsMemory`, `ForgetsTrials`,
-`CompilesQuickly` and `ValidatesOptions`.
+`SpmdCapable`, `Verifiable`, `ReportsShardLosses`, `AllReduceCapable`, `GathersAndScatters`, `ReportsMemory`,
+`ForgetsTrials`, `CompilesQuickly` and `ValidatesOptions`.
 Each is a runtime-checkable Protocol: the core asks `isinstance(backend, Verifiable)`, and
 an ability a backend lacks is absent, not an error.
 
@@ -68,6 +68,10 @@ code. `probe` runs in the xbench process itself (in a helper thread, within
 from __future__ import annotations
 
 from xbench.contract.abilities import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    COLLECTIVES,
+    REDUCE_SCATTER,
     AllReduceCapable,
     CompilesQuickly,
     DeclaresFamilies,
@@ -77,6 +81,7 @@ from xbench.contract.abilities import (
     DeclaresPrograms,
     DeclaresVariants,
     ForgetsTrials,
+    GathersAndScatters,
     ReportsMemory,
     ReportsShardLosses,
     SpmdCapable,
@@ -127,13 +132,13 @@ from xbench.models import Param, cnn, lstm, mlp, transformer
 from xbench.models.model_spec import ModelSpec
 
 __all__ = [
-    "ADAM", "AS_WRITTEN", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL", "LAUNCHERS", "PLAIN", "PROGRAMS", "Adam",
-    "AllReduceCapable", "Availability", "Backend", "CompilesQuickly", "DeclaresFamilies", "DeclaresFirstCall",
-    "DeclaresForkPreload", "DeclaresLaunchers", "DeclaresPrograms", "DeclaresVariants", "DeviceInfo",
-    "DeviceUnavailable", "ForgetsTrials", "ModelSpec", "Param", "Prepared", "PreparedInfo", "Process",
-    "ReportsMemory", "ReportsShardLosses", "SpmdCapable", "TimingProtocol", "Trial", "Unsupported",
-    "ValidatesOptions", "Variant", "Verifiable", "Work", "backend_label", "backend_of_implementation", "cnn",
-    "families_of", "first_call_of", "fork_preload_of", "hash_arrays", "hash_weights", "implementation",
-    "implementation_of", "launchers_of", "lstm", "missing_methods", "mlp", "probe_distributions", "programs_of",
-    "replicate_id", "transformer", "trial_id", "variants_of",
+    "ADAM", "ALL_GATHER", "ALL_REDUCE", "AS_WRITTEN", "COLLECTIVES", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL",
+    "LAUNCHERS", "PLAIN", "PROGRAMS", "Adam", "AllReduceCapable", "Availability", "Backend", "CompilesQuickly",
+    "DeclaresFamilies", "DeclaresFirstCall", "DeclaresForkPreload", "DeclaresLaunchers", "DeclaresPrograms",
+    "DeclaresVariants", "DeviceInfo", "DeviceUnavailable", "ForgetsTrials", "GathersAndScatters", "ModelSpec",
+    "Param", "Prepared", "PreparedInfo", "Process", "REDUCE_SCATTER", "ReportsMemory", "ReportsShardLosses",
+    "SpmdCapable", "TimingProtocol", "Trial", "Unsupported", "ValidatesOptions", "Variant", "Verifiable", "Work",
+    "backend_label", "backend_of_implementation", "cnn", "families_of", "first_call_of", "fork_preload_of",
+    "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of", "lstm", "missing_methods",
+    "mlp", "probe_distributions", "programs_of", "replicate_id", "transformer", "trial_id", "variants_of",
 ]

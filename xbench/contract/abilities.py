@@ -137,6 +137,29 @@ class AllReduceCapable(Protocol):
         """`iterations` all-reduces; return after the devices finished them."""
 
 
+# The collectives `xbench allreduce --collectives` times, by the names its option takes.
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "allreduce", "allgather", "reducescatter"
+COLLECTIVES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER)
+
+
+@runtime_checkable
+class GathersAndScatters(Protocol):
+    """The framework's own all-gather and reduce-scatter, timed alone (`xbench allreduce
+    --collectives`); without it those results are 'unsupported'. A backend with only one of
+    them raises `Unsupported` from `collective_prepare` for the other, saying why."""
+
+    def collective_prepare(self, collective: str, nbytes: int, options: dict[str, Any]) -> Any:
+        """Float32 buffers for `collective` ("allgather" or "reducescatter") and the framework's
+        own operation over them. `nbytes` is nccl-tests' size, the whole buffer, a multiple of
+        4 × devices: all-gather's output on each device, each device sending its
+        nbytes/devices; reduce-scatter's input on each device, each receiving the SUM of its
+        nbytes/devices share."""
+
+    def collective_run(self, prepared: Any, iterations: int) -> None:
+        """`iterations` of the prepared collective, out of place; return after the devices
+        finished them."""
+
+
 @runtime_checkable
 class ReportsMemory(Protocol):
     """The framework's own peak-memory counter, recorded as `telemetry.framework_memory`."""

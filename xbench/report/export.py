@@ -61,6 +61,7 @@ def flat_rows(records: Sequence[Record]) -> list[dict[str, Any]]:
             "compute_ms": b.compute_ms if b else None, "exposed_comm_ms": b.comm_ms if b else None,
             "comm_fraction": b.comm_fraction if b else None,
             "gpu_util_pct": gpu_util_pct(row), "memory_gib": memory_gib(row),
+            "memory_estimate_gib": row.memory_estimate_gib,  # per device, before launching ("est. GiB")
             "energy_mj_per_sample": energy_mj_per_sample(row),
             "verification": _verification_status(record),
         })

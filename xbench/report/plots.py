@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from xbench.contract import ALL_REDUCE
 from xbench.report.drawing import (
     CLIPPED,
     COLOURS,
@@ -44,7 +45,7 @@ from xbench.report.drawing import (
     si,
     style_of,
 )
-from xbench.results.allreduce import AllReduceResult, bus_factor
+from xbench.results.allreduce import TITLES, AllReduceResult, bus_factor
 from xbench.results.summary import Row
 
 
@@ -265,7 +266,7 @@ def _busbw_points(group: Sequence[AllReduceResult]) -> Points:
     """Bus bandwidth (GB/s) at the median time, with the median's 95 % interval (the one the
     table prints; nan, no bar, where too few windows gave none)."""
     def gbps(r: AllReduceResult, seconds: float) -> float:
-        return r.nbytes * bus_factor(r.devices) / seconds / 1e9 if seconds > 0 else math.inf
+        return r.nbytes * bus_factor(r.devices, r.collective) / seconds / 1e9 if seconds > 0 else math.inf
 
     def bound(r: AllReduceResult, end: int) -> float:
         return math.nan if r.median_ci is None else gbps(r, r.median_ci[end])
@@ -274,17 +275,18 @@ def _busbw_points(group: Sequence[AllReduceResult]) -> Points:
                   [bound(r, 1) for r in group], [bound(r, 0) for r in group])
 
 
-def busbw_figure(results: Sequence[AllReduceResult]):
-    """All-reduce bus bandwidth against message size, one line per backend and device count,
-    with the interval of the time behind it."""
+def busbw_figure(results: Sequence[AllReduceResult], collective: str = ALL_REDUCE):
+    """One collective's bus bandwidth (all-reduce unless named) against message size, one line
+    per backend and device count, with the interval of the time behind it."""
     groups: dict[Key, list[AllReduceResult]] = {}
     for r in results:
-        if r.devices > 1:
+        if r.devices > 1 and r.collective == collective:
             groups.setdefault((r.label, r.devices), []).append(r)
     if not groups:
         return None
     series = {key: _busbw_points(sorted(group, key=lambda r: r.nbytes)) for key, group in sorted(groups.items())}
-    fig, ax = new_figure("All-reduce bus bandwidth", "message size per device (bytes)", "busbw (GB/s, median time)")
+    size = "message size per device (bytes)" if collective == ALL_REDUCE else "size, nccl-tests' (bytes)"
+    fig, ax = new_figure(f"{TITLES[collective].capitalize()} bus bandwidth", size, "busbw (GB/s, median time)")
     _size_axis(ax, [r.nbytes for group in groups.values() for r in group])
     log_y_axis(ax, *axis_limits(all_values(series), log=True, estimates=all_estimates(series)), lambda v: f"{v:g}")
     style = style_of([k[0] for k in series], [k[1] for k in series], DEVICE_DASHES)

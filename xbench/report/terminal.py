@@ -14,7 +14,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from xbench.contract import PLAIN
+from xbench.contract import ALL_GATHER, ALL_REDUCE, PLAIN
+from xbench.models.memory import COMPUTE_BYTES
+from xbench.models.traffic import step_traffic
 from xbench.report.bottom_line import ModelBottomLine
 from xbench.report.words import (
     INTERVAL_HEADER,
@@ -53,13 +55,23 @@ Busbw = Mapping[tuple[str, int, int], float]  # (backend, devices, bytes) -> bus
 
 
 def busbw_by_size(allreduce_records: Sequence[AllReduceRecord]) -> dict[tuple[str, int, int], float]:
-    return {(r.backend, r.devices, r.nbytes): r.busbw for r in ok_results(allreduce_records)}
+    return {(r.backend, r.devices, r.nbytes): r.busbw for r in ok_results(allreduce_records)
+            if r.collective == ALL_REDUCE}
 
 
 ALLREDUCE_HEADERS = ("backend", "devices on", "dev", "size", "time µs", "95% CI µs", "algbw GB/s", "busbw GB/s")
 ALLREDUCE_NOTE = ("time: median per operation over one worker's windows, outliers removed; 95% CI: distribution-free "
                   "interval of that median (order statistics; -: under 6 windows); algbw = bytes / time; "
                   "busbw = algbw × 2(n−1)/n (nccl-tests)")
+
+
+def collective_note(collective: str) -> str:
+    """ALLREDUCE_NOTE for `collective`: nccl-tests' size and busbw factor of that collective."""
+    if collective == ALL_REDUCE:
+        return ALLREDUCE_NOTE
+    size = "the gathered output" if collective == ALL_GATHER else "the input on each device"
+    return ALLREDUCE_NOTE.replace("bytes / time; busbw = algbw × 2(n−1)/n",
+                                  f"size / time, the size being {size}; busbw = algbw × (n−1)/n")
 
 
 def allreduce_rows(records: Sequence[AllReduceRecord]) -> list[tuple[str, ...]]:
@@ -310,6 +322,10 @@ def _fastest_table(model: str, rows: list[Row]) -> Table | None:
 BREAKDOWN_NOTE = ("compute ms: the same step without the gradient all-reduce; comm ms: exposed communication "
                   "= step ms - compute ms (negative: within noise); comm %: of the step; busbw: the backend's "
                   "own all-reduce of the gradient's bytes (xbench allreduce)")
+TRAFFIC_NOTE = ("moved/step: one step's collectives in nccl-tests' sizes, from the parameters: AR, the float32 "
+                "gradients all-reduced (replicated programs); sharded programs: AG, the parameters all-gathered in "
+                "the compute dtype for the forward and again for the backward (resharded after the forward), RS, "
+                "the float32 gradients reduce-scattered; each device sends 2(n−1)/n of AR, (n−1)/n of AG and RS")
 TELEMETRY_NOTE = ("GPU util %: NVML's own samples of the timed windows, averaged over devices and replicates "
                   "(where it kept none, an untimed second of training after them); mem GiB: the framework's own "
                   "peak counter (its scope, trial or worker process, is in the record), else NVML's peak 'used'; "
@@ -334,17 +350,17 @@ def cost_columns(rows: Sequence[Row], busbw: Busbw) -> CostColumns | None:
     if not (breakdown or telemetry):
         return None
     headers = ["backend", "dev", "batch", "step ms"]
-    headers += ["compute ms", "comm ms", "comm %", "busbw GB/s"] if breakdown else []
+    headers += ["compute ms", "comm ms", "comm %", "busbw GB/s", "moved/step"] if breakdown else []
     headers += ["GPU util %", "mem GiB", "est. GiB", "mJ/sample"] if telemetry else []
     cells = []
     for row in full_rows(rows):
         if row.throughput is None:
             continue
         line = [row.label, str(row.devices), str(row.global_batch), f"{row.step_ms:.3f}"]
-        line += [*_breakdown_cells(row), _busbw_cell(row, busbw)] if breakdown else []
+        line += [*_breakdown_cells(row), _busbw_cell(row, busbw), traffic_cell(row)] if breakdown else []
         line += _telemetry_cells(row) if telemetry else []
         cells.append(tuple(line))
-    notes = (BREAKDOWN_NOTE,) * breakdown + (TELEMETRY_NOTE,) * telemetry
+    notes = (BREAKDOWN_NOTE, TRAFFIC_NOTE) * breakdown + (TELEMETRY_NOTE,) * telemetry
     return CostColumns(tuple(headers), tuple(cells), notes)
 
 
@@ -385,6 +401,21 @@ def _telemetry_cells(row: Row) -> list[str]:
     estimated = row.memory_estimate_gib
     return ["" if util is None else f"{util:.0f}", "" if mem is None else f"{mem:.2f}",
             "" if estimated is None else f"{estimated:.2f}", "" if energy is None else f"{energy:.3g}"]
+
+
+def traffic_cell(row: Row) -> str:
+    """What one step of a multi-device row moves (`xbench.models.traffic`), e.g. "AR 7.7 MiB"
+    or "AG 2×3.9 MiB + RS 7.7 MiB"; "" on one device or where the model or precision is unknown."""
+    if row.devices < 2 or not row.params or row.precision not in COMPUTE_BYTES:
+        return ""
+    moved = step_traffic(row.params, row.precision, row.sharded, row.devices)
+    if not row.sharded:
+        return f"AR {_mib(moved.all_reduce)}"
+    return f"AG {moved.gathers}×{_mib(moved.all_gather // moved.gathers)} + RS {_mib(moved.reduce_scatter)}"
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.3g} MiB"
 
 
 def _busbw_cell(row: Row, busbw: Busbw) -> str:

@@ -1,7 +1,11 @@
-"""The all-reduce microbenchmark: each backend's own collective on float32 buffers.
+"""The collectives microbenchmark: each backend's own all-reduce (and all-gather,
+reduce-scatter) on float32 buffers.
 
-Bandwidths follow nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n, the rate each
-link must carry in a ring all-reduce, comparable across device counts (0 on one device).
+Sizes and bandwidths follow nccl-tests (its doc/PERFORMANCE.md): the size is the whole buffer
+(all-reduce's buffer on each device, all-gather's output, reduce-scatter's input), algbw =
+size / time, and busbw = algbw × 2(n-1)/n for all-reduce, × (n-1)/n for all-gather and
+reduce-scatter: the rate each link must carry in a ring, comparable across device counts (0
+on one device).
 The time is the median per operation over one worker's windows; its interval is the
 distribution-free interval of that median (`stats.median_interval`), not of the mean.
 """
@@ -13,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xbench import stats
-from xbench.contract import backend_label
+from xbench.contract import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, backend_label
 from xbench.results.records import AllReduceRecord
 
 _UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
@@ -41,8 +45,32 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes:,} B"
 
 
-def bus_factor(devices: int) -> float:
-    return 2 * (devices - 1) / devices
+# Per collective: nccl-tests' program, its redop column, and the name a reader knows it by.
+NCCL_PROGRAMS = {ALL_REDUCE: "all_reduce_perf", ALL_GATHER: "all_gather_perf", REDUCE_SCATTER: "reduce_scatter_perf"}
+REDOPS = {ALL_REDUCE: "sum", ALL_GATHER: "none", REDUCE_SCATTER: "sum"}
+TITLES = {ALL_REDUCE: "all-reduce", ALL_GATHER: "all-gather", REDUCE_SCATTER: "reduce-scatter"}
+
+
+def bus_factor(devices: int, collective: str = ALL_REDUCE) -> float:
+    """busbw / algbw: 2(n-1)/n for an all-reduce, (n-1)/n for an all-gather or a
+    reduce-scatter, each of which is half an all-reduce's traffic."""
+    share = (devices - 1) / devices
+    return 2 * share if collective == ALL_REDUCE else share
+
+
+def collective_size(collective: str, nbytes: int, devices: int) -> int:
+    """The size timed for `nbytes` asked: an all-gather or reduce-scatter moves whole float32
+    elements per device, so its size falls to a multiple of 4 × devices (as nccl-tests
+    rounds its count), at least one element each."""
+    if collective == ALL_REDUCE:
+        return nbytes
+    return max(nbytes // (4 * devices), 1) * 4 * devices
+
+
+def element_count(collective: str, nbytes: int, devices: int) -> int:
+    """nccl-tests' count column: the buffer's elements for an all-reduce, each device's share
+    for an all-gather (what it sends) or a reduce-scatter (what it receives)."""
+    return nbytes // 4 if collective == ALL_REDUCE else nbytes // 4 // devices
 
 
 @dataclass(frozen=True)
@@ -53,6 +81,7 @@ class AllReduceResult:
     time: stats.Summary  # seconds per all-reduce, outliers removed
     launcher: str = "subprocess"
     median_ci: tuple[float, float] | None = None  # 95% interval of time.median; None: too few windows
+    collective: str = ALL_REDUCE
 
     @property
     def label(self) -> str:
@@ -65,7 +94,7 @@ class AllReduceResult:
 
     @property
     def busbw(self) -> float:
-        return self.algbw * bus_factor(self.devices)
+        return self.algbw * bus_factor(self.devices, self.collective)
 
 
 def result_from_record(record: AllReduceRecord) -> AllReduceResult:
@@ -77,7 +106,12 @@ def result_from_record(record: AllReduceRecord) -> AllReduceResult:
     kept, removed = stats.remove_outliers(per_op)
     # The interval is of the median printed, so it is taken over the same windows.
     return AllReduceResult(record["backend"], record["devices"], record["nbytes"], stats.describe(kept, removed),
-                           record.get("launcher", "subprocess"), stats.median_interval(kept))
+                           record.get("launcher", "subprocess"), stats.median_interval(kept), collective_of(record))
+
+
+def collective_of(record: AllReduceRecord) -> str:
+    """A record's collective ("allreduce" for records written before there were others)."""
+    return record.get("collective", ALL_REDUCE)
 
 
 def ok_results(records: Sequence[AllReduceRecord]) -> list[AllReduceResult]:

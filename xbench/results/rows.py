@@ -78,6 +78,7 @@ class Row:
     links: str = ""  # the GPU-to-GPU links where P2P was off (`xbench.results.links.short`); "": the machine's own
     busy: tuple[float, int] | None = None  # the run's host load and cores where other programs competed (`busy_host`)
     memory_estimate_gib: float | None = None  # per device, estimated before launching (`xbench.results.fit`)
+    sharded: bool = False  # parameters, gradients and Adam state split over the devices (as the memory check knew)
 
     @property
     def trial_id(self) -> str:

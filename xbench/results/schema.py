@@ -312,6 +312,7 @@ class AllReduceRecord(_AllReduceRecordBase, total=False):
 
     schema: int
     launcher: str  # absent before spmd: "subprocess"
+    collective: str  # one of contract.COLLECTIVES; absent before all-gather and reduce-scatter: "allreduce"
 
 
 class Resumption(TypedDict):

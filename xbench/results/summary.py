@@ -174,6 +174,7 @@ def _row(records: Sequence[Record]) -> Row:
         peak=_device_peak(records, trial["precision"]),
         precision=trial["precision"],
         memory_estimate_gib=estimate_gib(records),
+        sharded=any(r["memory"]["sharded"] for r in records if r.get("memory")),
         **_model_facts(trial["model"]),
     )
     if not measured:

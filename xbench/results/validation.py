@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from xbench.contract import AS_WRITTEN, DATA_PARALLEL
+from xbench.contract import ALL_REDUCE, AS_WRITTEN, COLLECTIVES, DATA_PARALLEL
 from xbench.errors import XbenchError, brief
 from xbench.results.schema import ALLREDUCE_FILE, SCHEMA_VERSION, STATUSES
 
@@ -122,6 +122,8 @@ def _allreduce_problem(record: Mapping[str, Any]) -> str | None:
             return f"lacks {key}"
         if not ok(record[key]):
             return f"has {key} {brief(record[key])}"
+    if record.get("collective", ALL_REDUCE) not in COLLECTIVES:
+        return f"has collective {brief(record['collective'])}"
     if record["status"] == "ok":
         return _timing_problem(record.get("timing"))
     return None

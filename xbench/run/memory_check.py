@@ -9,12 +9,13 @@ devices (otherwise never checked: their memory is the host's, shared by all of t
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from xbench.contract import Trial
-from xbench.errors import XbenchError
+from xbench.errors import XbenchError, brief
 from xbench.models.memory import GiB
 from xbench.results.fit import MemoryCheck, check
 from xbench.run.plan import Lineup
@@ -25,21 +26,31 @@ MEMORY_VARIABLE = "XBENCH_DEVICE_MEMORY_GIB"
 def device_memory_bytes(device_info: Mapping[str, Any] | None, environment: Mapping[str, Any]) -> int | None:
     """One device's memory for the check: `MEMORY_VARIABLE` where set, else the smallest GPU's
     total for a backend on real GPUs, else None (not checked)."""
-    given = os.environ.get(MEMORY_VARIABLE, "").strip()
-    if given:
-        try:
-            gib = float(given)
-        except ValueError:
-            gib = -1.0
-        if not gib > 0:
-            raise XbenchError(f"{MEMORY_VARIABLE}={given!r} is not a positive number of GiB; set it to e.g. 16, "
-                              "or unset it to check against the GPUs' own memory")
-        return int(gib * GiB)
+    given = pretended_memory_bytes()
+    if given is not None:
+        return given
     if device_info is None or device_info.get("simulated", True) or device_info.get("platform") != "gpu":
         return None
     totals = [_mib(gpu.get("memory.total")) for gpu in environment.get("gpus") or []]
     known = [mib for mib in totals if mib]
     return min(known) * 2**20 if known else None
+
+
+def pretended_memory_bytes() -> int | None:
+    """`MEMORY_VARIABLE` in bytes, or None where it is unset; a one-line XbenchError for a
+    value that is not a positive, finite number of GiB. `ready_backends` asks first, so that a
+    typo stops the run before any worker starts rather than when timing begins."""
+    given = os.environ.get(MEMORY_VARIABLE, "").strip()
+    if not given:
+        return None
+    try:
+        gib = float(given)
+    except ValueError:
+        gib = math.nan
+    if not 0 < gib < math.inf:
+        raise XbenchError(f"{MEMORY_VARIABLE}={brief(given)} is not a positive number of GiB; set it to e.g. 16, "
+                          "or unset it to check against the GPUs' own memory")
+    return int(gib * GiB)
 
 
 def _mib(text: Any) -> int | None:

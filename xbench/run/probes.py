@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +29,19 @@ def describe(target: str, platform: str, log_path: Path,
 
 def allreduce_events(target: str, devices: int, platform: str, sizes: list[int], options: dict[str, Any],
                      log_path: Path, timeout_s: float, launcher: str = "subprocess",
-                     launch: Launch | None = None, startup_timeout_s: float = STARTUP_TIMEOUT_S
-                     ) -> list[dict[str, Any]]:
-    """Run the all-reduce microbenchmark in one job; one result per size, with the fields of
-    an `AllReduce` event (status ok, failed, or why the job could not run it). With spmd,
-    member 0's events carry the gathered timing, and the first size any rank fails ends the
-    job (the ranks' collectives no longer match)."""
-    job = Job(target, devices, platform, mode="allreduce", sizes=tuple(sizes), options=options)
+                     launch: Launch | None = None, startup_timeout_s: float = STARTUP_TIMEOUT_S,
+                     collectives: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Run the collectives microbenchmark in one job; one result per size, with the fields of
+    an `AllReduce` event (status ok, failed, or why the job could not run it). `collectives`
+    names each size's collective (none: all all-reduces). With spmd, member 0's events carry
+    the gathered timing, and the first size any rank fails ends the job (the ranks'
+    collectives no longer match)."""
+    job = Job(target, devices, platform, mode="allreduce", sizes=tuple(sizes), options=options,
+              collectives=tuple(collectives))
     jobs = spmd_jobs(job, devices, launch or Launch("spmd"), 0) if launcher == "spmd" else [(job, {})]
     gang = Gang.start(jobs, log_path, label=f"all-reduce {target} on {devices}")
     try:
-        return _AllReduceReader(gang, sizes, timeout_s, startup_timeout_s).read()
+        return _AllReduceReader(gang, job.collective_sizes(), timeout_s, startup_timeout_s).read()
     finally:
         gang.stop()
 
@@ -48,9 +51,9 @@ class _AllReduceReader:
 
     GRACE_S = 10.0  # after a rank fails: time for member 0 to report the sizes before it
 
-    def __init__(self, gang: Gang, sizes: list[int], timeout_s: float, startup_timeout_s: float) -> None:
-        self.gang, self.sizes, self.timeout_s, self.startup_timeout_s = gang, sizes, timeout_s, startup_timeout_s
-        self.order = {n: i for i, n in enumerate(sizes)}
+    def __init__(self, gang: Gang, items: list[tuple[str, int]], timeout_s: float, startup_timeout_s: float) -> None:
+        self.gang, self.items, self.timeout_s, self.startup_timeout_s = gang, items, timeout_s, startup_timeout_s
+        self.order = {item: i for i, item in enumerate(items)}  # (collective, size) -> its place in the job
         self.results: list[dict[str, Any]] = []
         self.finished: set[int] = set()  # members that said "done" (and may exit before member 0)
         self.failure: dict[str, Any] | None = None  # the first size a rank failed (spmd)
@@ -74,13 +77,13 @@ class _AllReduceReader:
                 return self._rest_failed(who + unreadable(event))
             if isinstance(event, (Unavailable, SetupFailed)):
                 status = "skipped" if isinstance(event, Unavailable) else "failed"
-                return [_size_result(n, status, who + event.reason) for n in self.sizes]
+                return [_size_result(c, n, status, who + event.reason) for c, n in self.items]
             if isinstance(event, AllReduce) and event.status != "ok" and self.gang.spmd and self.failure is None:
-                self.failure = _size_result(event.nbytes, event.status, who + str(event.reason))
+                self.failure = _size_result(event.collective, event.nbytes, event.status, who + str(event.reason))
                 self.failed_rank = self.gang.ranks[index]
                 deadline.at = min(deadline.at, time.monotonic() + self.GRACE_S)
             elif isinstance(event, AllReduce) and index == 0:
-                if self.failure is not None and self.order[event.nbytes] >= self.order[self.failure["nbytes"]]:
+                if self.failure is not None and self.order[_key(event)] >= self.order[_key(self.failure)]:
                     return self._after_failure(self.failure)
                 self.results.append(dataclasses.asdict(event))
             elif isinstance(event, Done):
@@ -89,14 +92,23 @@ class _AllReduceReader:
                     return self._after_failure(self.failure) if self.failure is not None else self.results
 
     def _after_failure(self, failed: dict[str, Any]) -> list[dict[str, Any]]:
-        self.results = [r for r in self.results if r["nbytes"] != failed["nbytes"]] + [failed]
-        return self._rest_failed(f"not run: rank {self.failed_rank}: failed at {failed['nbytes']} bytes")
+        self.results = [r for r in self.results if _key(r) != _key(failed)] + [failed]
+        at = f"{failed['nbytes']} bytes" + ("" if failed["collective"] == "allreduce" else f" ({failed['collective']})")
+        return self._rest_failed(f"not run: rank {self.failed_rank}: failed at {at}")
 
     def _rest_failed(self, why: str) -> list[dict[str, Any]]:
-        done = {r["nbytes"] for r in self.results}
-        return self.results + [_size_result(n, "failed", why) for n in self.sizes if n not in done]
+        done = {_key(r) for r in self.results}
+        return self.results + [_size_result(c, n, "failed", why) for c, n in self.items if (c, n) not in done]
 
 
-def _size_result(nbytes: int, status: str, reason: str, timing: dict[str, Any] | None = None) -> dict[str, Any]:
+def _key(result: AllReduce | dict[str, Any]) -> tuple[str, int]:
+    """(collective, size): what orders a job's results."""
+    if isinstance(result, AllReduce):
+        return result.collective, result.nbytes
+    return result["collective"], result["nbytes"]
+
+
+def _size_result(collective: str, nbytes: int, status: str, reason: str,
+                 timing: dict[str, Any] | None = None) -> dict[str, Any]:
     """One size's result, as an `AllReduce` event has it (the launcher adds "skipped")."""
-    return {"nbytes": nbytes, "status": status, "reason": reason, "timing": timing}
+    return {"nbytes": nbytes, "status": status, "reason": reason, "timing": timing, "collective": collective}

@@ -16,6 +16,7 @@ from xbench.errors import BackendError, XbenchError
 from xbench.experiment import ALL_VARIANTS, Spec, resolve_protocol
 from xbench.run import launcher, probes
 from xbench.run.cluster import Launch
+from xbench.run.memory_check import pretended_memory_bytes
 from xbench.run.plan import AS_WRITTEN_VARIANT, Lineup
 from xbench.run.registry import BackendEntry, discover, resolve
 
@@ -156,6 +157,7 @@ def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True, launc
     """The spec's backends, their options and launchers checked and their devices found
     (describe logs go to `log_dir`); one-line errors for anything the user must change."""
     launch = launch or Launch()
+    pretended_memory_bytes()  # read before any worker starts: a bad value is input to change
     entries = resolve(spec.backends)
     check_options(spec, entries)
     lineups = choose_lineups(spec, entries)

@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from xbench.contract import (
+    ALL_REDUCE,
     AllReduceCapable,
     Backend,
     CompilesQuickly,
     DeviceInfo,
     DeviceUnavailable,
     ForgetsTrials,
+    GathersAndScatters,
     Process,
     ReportsMemory,
     SpmdCapable,
@@ -315,35 +317,45 @@ def _verification(arrays_dir: Path, save: bool, shard_counts: tuple[int, ...] = 
 
 
 def run_allreduces(backend: Backend, job: Job, emit: Emit, ranks: Ranks) -> None:
-    """Time the backend's all-reduce at each of the job's sizes."""
-    for nbytes in job.sizes:
-        status = run_allreduce(backend, nbytes, job.options, emit, ranks)
+    """Time the backend's collective at each of the job's sizes."""
+    for collective, nbytes in job.collective_sizes():
+        status = run_allreduce(backend, nbytes, job.options, emit, ranks, collective)
         if status != "ok" and ranks.gather is not None:
             break  # the other ranks' collectives would no longer match this one's
 
 
-def run_allreduce(backend: Backend, nbytes: int, options: dict[str, Any], emit: Emit, ranks: Ranks) -> str:
-    """Time the backend's all-reduce of an `nbytes` float32 buffer per device; returns the
-    status it reported."""
+def run_allreduce(backend: Backend, nbytes: int, options: dict[str, Any], emit: Emit, ranks: Ranks,
+                  collective: str = ALL_REDUCE) -> str:
+    """Time the backend's `collective` of `nbytes` (nccl-tests' size: the all-reduce's buffer
+    on each device); returns the status it reported."""
     protocol = window_protocol(nbytes)
     try:
-        if not isinstance(backend, AllReduceCapable):
-            raise Unsupported(f"backend {backend.name!r} has no allreduce_prepare/allreduce_run")
-        prepared = backend.allreduce_prepare(nbytes, options)
+        steps = _collective_steps(backend, collective)
+        prepared = steps.prepare(nbytes, options)
         # Every rank runs the same windows: a rank that stopped early on its own would leave
-        # the others waiting in an all-reduce until the framework's timeout.
-        result = measure(_AllReduceSteps(backend), prepared, protocol, agree=ranks.agree,
-                         all_stop=ranks.any_stop)
+        # the others waiting in a collective until the framework's timeout.
+        result = measure(steps, prepared, protocol, agree=ranks.agree, all_stop=ranks.any_stop)
         timing = ranks.timing(result)
     except Unsupported as err:
-        emit(AllReduce(nbytes, "unsupported", reason=str(err)))
+        emit(AllReduce(nbytes, "unsupported", reason=str(err), collective=collective))
         return "unsupported"
     except Exception as err:
         traceback.print_exc()
-        emit(AllReduce(nbytes, "failed", reason=_one_line(err)))
+        emit(AllReduce(nbytes, "failed", reason=_one_line(err), collective=collective))
         return "failed"
-    emit(AllReduce(nbytes, "ok", timing=timing))
+    emit(AllReduce(nbytes, "ok", timing=timing, collective=collective))
     return "ok"
+
+
+def _collective_steps(backend: Backend, collective: str) -> _AllReduceSteps | _CollectiveSteps:
+    """The backend's `collective` as the steps `measure` times; Unsupported where it has none."""
+    if collective == ALL_REDUCE:
+        if not isinstance(backend, AllReduceCapable):
+            raise Unsupported(f"backend {backend.name!r} has no allreduce_prepare/allreduce_run")
+        return _AllReduceSteps(backend)
+    if not isinstance(backend, GathersAndScatters):
+        raise Unsupported(f"backend {backend.name!r} has no collective_prepare/collective_run")
+    return _CollectiveSteps(backend, collective)
 
 
 class _AllReduceSteps:
@@ -352,8 +364,24 @@ class _AllReduceSteps:
     def __init__(self, backend: AllReduceCapable) -> None:
         self.backend = backend
 
+    def prepare(self, nbytes: int, options: dict[str, Any]) -> Any:
+        return self.backend.allreduce_prepare(nbytes, options)
+
     def run(self, prepared: Any, steps: int) -> None:
         self.backend.allreduce_run(prepared, steps)
+
+
+class _CollectiveSteps:
+    """Presents all-gathers or reduce-scatters as the steps `measure` times."""
+
+    def __init__(self, backend: GathersAndScatters, collective: str) -> None:
+        self.backend, self.collective = backend, collective
+
+    def prepare(self, nbytes: int, options: dict[str, Any]) -> Any:
+        return self.backend.collective_prepare(self.collective, nbytes, options)
+
+    def run(self, prepared: Any, steps: int) -> None:
+        self.backend.collective_run(prepared, steps)
 
 
 def _die_with_parent() -> None:

@@ -30,6 +30,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.support.children import child_log, child_main, run_children
+from xbench.contract import ALL_GATHER, REDUCE_SCATTER
 
 CHILD_TIMEOUT_S = 180  # for all jobs; a hang in a collective fails the test instead of blocking CI
 STEPS = 10
@@ -143,6 +144,10 @@ def _torch_child(backend, job: dict, trials: dict, out: dict) -> dict:
         buffer = backend.allreduce_prepare(64, {})
         backend.allreduce_run(buffer, 3)
         out["allreduce"] = buffer.buffer.numpy().copy()
+        for collective in (ALL_GATHER, REDUCE_SCATTER):  # 64 bytes in all: 8 float32 per rank's share
+            prepared = backend.collective_prepare(collective, 64, {})
+            backend.collective_run(prepared, 2)
+            out[collective] = prepared.output.numpy().copy()
     return out
 
 
@@ -340,6 +345,8 @@ def test_device_info_and_collectives(runs):
     assert rank1["device"].device_names == ("cpu:1 cpu",) and rank1["device"].details["rank"] == 1
     assert rank0["gathered"] == rank1["gathered"] == [[0.0, 0.5], [1.0, 0.5]]
     assert rank0["allreduce"].shape == (16,) and np.all(rank0["allreduce"] == 2.0 ** 3)  # 3 sums of 2 ranks
+    assert rank0[ALL_GATHER].shape == (16,) and np.all(rank0[ALL_GATHER] == 1.0)  # both ranks' shares
+    assert rank1[REDUCE_SCATTER].shape == (8,) and np.all(rank1[REDUCE_SCATTER] == 2.0)  # its share, summed
     assert one["memory"] is None  # no peak counter on CPU
     if one["gpu_refusal"] is not None:  # a machine without CUDA
         assert one["gpu_refusal"].startswith("torch finds no CUDA device"), one["gpu_refusal"]
