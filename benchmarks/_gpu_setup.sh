@@ -10,3 +10,32 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index . >"$out/run
   || { tail -20 "$out/run/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,power.limit --format=csv >"$out/run/gpu.csv"
 python3 -m pip list 2>/dev/null | grep -iE '^(jax|jaxlib|flax|optax|torch|triton|numpy|scipy) ' >"$out/run/versions.txt"
+
+# Steps of a call (the scripts that keep runs on the machine's disk, `$keep`, share these):
+keep=/tmp/xbench-keep
+pending=0  # set where something is left for the next call to the same warm machine
+
+step() {  # step NAME TIMEOUT COMMAND...: stdout to NAME.txt, stderr to NAME.err, with exit and wall time
+  local name=$1 limit=$2 start=$SECONDS
+  shift 2
+  timeout -s INT "$limit" "$@" >"$out/run/$name.txt" 2>"$out/run/$name.err"
+  last_exit=$?
+  echo "exit $last_exit wall $((SECONDS - start)) s" >>"$out/run/$name.err"
+  echo "== $name: $(tail -1 "$out/run/$name.err")"
+}
+
+run_or_resume() {  # run_or_resume NAME COMPARE-ARGS...: in the time this call has left (570 s in all)
+  local name=$1 dir=$keep/$1 limit=$((570 - SECONDS))
+  shift
+  mkdir -p "$keep"
+  [ -f "$dir.exit" ] && [ "$(cat "$dir.exit")" = 0 ] && return
+  [ "$limit" -lt 60 ] && { echo "== $name: not started, ${limit} s left"; pending=1; return; }
+  if [ -f "$dir.exit" ]; then
+    step "$name-resumed" "$limit" xbench compare --resume "$dir"
+  else
+    step "$name" "$limit" xbench compare "$@" --out "$dir"
+  fi
+  echo "$last_exit" >"$dir.exit"
+  [ "$last_exit" = 0 ] || pending=1
+  rm -rf "$out/run/$name" && cp -r "$dir" "$out/run/$name"
+}

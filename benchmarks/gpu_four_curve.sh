@@ -21,32 +21,9 @@
 set -uo pipefail
 part=${1:?part a, b, c or d}
 source "$(dirname "$0")/_gpu_setup.sh"
-keep=/tmp/xbench-keep
 export NCCL_NVLS_ENABLE=0 COLUMNS=120  # NVLink multicast off (the device notes); a 120-column terminal
 
-step() {  # step NAME TIMEOUT COMMAND...: stdout to NAME.txt, stderr to NAME.err, with exit and wall time
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  timeout -s INT "$limit" "$@" >"$out/run/$name.txt" 2>"$out/run/$name.err"
-  last_exit=$?
-  echo "exit $last_exit wall $((SECONDS - start)) s" >>"$out/run/$name.err"
-  echo "== $name: $(tail -1 "$out/run/$name.err")"
-}
 
-run_or_resume() {  # run_or_resume NAME COMPARE-ARGS...: in the time this call has left (570 s in all)
-  local name=$1 dir=$keep/$1 limit=$((570 - SECONDS))
-  shift
-  mkdir -p "$keep"
-  [ -f "$dir.exit" ] && [ "$(cat "$dir.exit")" = 0 ] && return
-  [ "$limit" -lt 60 ] && { echo "== $name: not started, ${limit} s left"; return; }
-  if [ -f "$dir.exit" ]; then
-    step "$name-resumed" "$limit" xbench compare --resume "$dir"
-  else
-    step "$name" "$limit" xbench compare "$@" --out "$dir"
-  fi
-  echo "$last_exit" >"$dir.exit"
-  rm -rf "$out/run/$name" && cp -r "$dir" "$out/run/$name"
-}
 
 case $part in
 a)

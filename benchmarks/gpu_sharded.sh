@@ -31,18 +31,9 @@
 #   bash benchmarks/gpu_sharded.sh
 set -uo pipefail
 source "$(dirname "$0")/_gpu_setup.sh"
-keep=/tmp/xbench-keep
 export NCCL_NVLS_ENABLE=0 COLUMNS=120  # NVLink multicast off (the device notes); a 120-column terminal
 mkdir -p "$keep"
 
-step() {  # step NAME TIMEOUT COMMAND...: stdout to NAME.txt, stderr to NAME.err, with exit and wall time
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  timeout -s INT "$limit" "$@" >"$out/run/$name.txt" 2>"$out/run/$name.err"
-  last_exit=$?
-  echo "exit $last_exit wall $((SECONDS - start)) s" >>"$out/run/$name.err"
-  echo "== $name: $(tail -1 "$out/run/$name.err")"
-}
 
 once() {  # once NAME TIMEOUT COMMAND...: a step run in one call only, when its timeout fits what is left
   local name=$1 limit=$2
@@ -55,22 +46,7 @@ once() {  # once NAME TIMEOUT COMMAND...: a step run in one call only, when its 
   cp -r "$keep/$name" "$out/run/" 2>/dev/null
 }
 
-run_or_resume() {  # run_or_resume NAME COMPARE-ARGS...: in the time this call has left (570 s in all)
-  local name=$1 dir=$keep/$1 limit=$((570 - SECONDS))
-  shift
-  [ -f "$dir.exit" ] && [ "$(cat "$dir.exit")" = 0 ] && return
-  [ "$limit" -lt 60 ] && { echo "== $name: not started, ${limit} s left"; pending=1; return; }
-  if [ -f "$dir.exit" ]; then
-    step "$name-resumed" "$limit" xbench compare --resume "$dir"
-  else
-    step "$name" "$limit" xbench compare "$@" --out "$dir"
-  fi
-  echo "$last_exit" >"$dir.exit"
-  [ "$last_exit" = 0 ] || pending=1
-  rm -rf "$out/run/$name" && cp -r "$dir" "$out/run/$name"
-}
 
-pending=0
 [ -f "$keep/env.txt" ] || timeout 30 sh -c 'nvidia-smi topo -m; xbench env' >"$keep/env.txt" 2>&1
 cp "$keep/env.txt" "$out/run/"
 for framework in torch jax; do
