@@ -84,7 +84,17 @@ def torch_training_loop(ctx: LoopContext, model, forward) -> tuple[Callable[[int
     autocast = (functools.partial(torch.autocast, ctx.device.type, dtype=torch.bfloat16)
                 if ctx.precision == "bf16" else nullcontext)
     xs, ys = torch_data(ctx)
-    batches, cuda = xs.shape[0], ctx.device.type == "cuda"
+    run, last_loss = steps_loop(forward, optimizer, xs, ys, ctx.device, autocast)
+    return run, fused, last_loss
+
+
+def steps_loop(forward, optimizer, xs, ys, device, autocast=nullcontext) -> tuple[Callable[[int], None], Callable]:
+    """run(steps): forward (the loss) under `autocast`, backward, Adam, zero_grad(set_to_none=True)
+    over the resident batches `xs[i]`, `ys[i]` (a Python int index), then one device sync;
+    and last_loss()."""
+    import torch
+
+    batches, cuda = xs.shape[0], device.type == "cuda"
     counter, last = [0], [None]
 
     def run(steps: int) -> None:
@@ -99,9 +109,9 @@ def torch_training_loop(ctx: LoopContext, model, forward) -> tuple[Callable[[int
             step += 1
         counter[0], last[0] = step, loss.detach()  # keeping the loss costs no sync
         if cuda:
-            torch.cuda.synchronize(ctx.device)
+            torch.cuda.synchronize(device)
 
-    return run, fused, lambda: float(last[0])
+    return run, lambda: float(last[0])
 
 
 def torch_data(ctx: LoopContext):

@@ -14,6 +14,7 @@ from datetime import timedelta
 from _expert_config import Loop, LoopContext, Unavailable
 from _expert_torch import (
     gpt_place,
+    steps_loop,
     torch_adam,
     torch_compile_unavailable,
     torch_gpt_class,
@@ -90,23 +91,8 @@ def fsdp_training_loop(ctx: LoopContext, model, rank: int, world: int) -> tuple[
 
     optimizer, fused = torch_adam(model.parameters(), ctx.learning_rate)
     xs, ys = (torch.from_numpy(a[rank]).to(ctx.device).long() for a in ctx.work.shards(ctx.batch, world))
-    batches, cuda = xs.shape[0], ctx.device.type == "cuda"
-    counter, last = [0], [torch.zeros(())]
-
-    def run(steps: int) -> None:
-        step = counter[0]
-        for _ in range(steps):
-            i = step % batches
-            loss = model(xs[i], ys[i])
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-        counter[0], last[0] = step, loss.detach()  # keeping the loss costs no sync
-        if cuda:
-            torch.cuda.synchronize(ctx.device)
-
-    return run, fused, lambda: float(last[0])
+    run, last_loss = steps_loop(model, optimizer, xs, ys, ctx.device)
+    return run, fused, last_loss
 
 
 def peak_bytes(device) -> list[int] | None:
