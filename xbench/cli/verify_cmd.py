@@ -33,7 +33,7 @@ from xbench.run.cluster import resolve_launch
 from xbench.run.environment import host_environment
 from xbench.run.readiness import ready_backends
 from xbench.run.verification import verify as run_verification
-from xbench.run.verify_phase import parallel_verification
+from xbench.run.verify_phase import gpus_to_spread, parallel_verification
 
 
 def verify(
@@ -81,7 +81,8 @@ def verify(
         with watching_verification(err, "running each backend's reference steps") as progress:
             result = run_verification(spec, entries, spec.devices, Path(tmp), environment, progress,
                                       launch=launch, launchers=ready.launchers, lineups=ready.lineups,
-                                      startup_timeout_s=startup, parallel=parallel_verification(ready.devices))
+                                      startup_timeout_s=startup, parallel=parallel_verification(ready.devices),
+                                      spread=gpus_to_spread(ready.devices))
     console = data_console()
     console.print(checks_table(result.checks))
     err.print(verify_caption(spec, entries[0].name))

@@ -73,6 +73,7 @@ class Context:
     env: dict[str, str] = field(default_factory=dict)  # extra environment of every worker
     cancel: threading.Event = field(default_factory=threading.Event)  # set: start no more workers
     fork_servers: ForkServers | None = None  # set: workers forked from a pre-imported server (xbench.run.zygote)
+    spread_gpus: tuple[str, ...] = ()  # set (work not timed only): each job's GPUs start at its own one of these
 
 
 def run_groups(groups: list[Group], ctx: Context, parallel: int = 1) -> list[Record]:
@@ -125,10 +126,25 @@ def start_gang(group: Group, trials: list[Trial], ctx: Context, job_index: int =
               trials=tuple(trials), arrays_dir=ctx.arrays_dir,
               shard_counts=ctx.shard_counts if ctx.arrays_dir is not None else ())
     label = f"{group.backend} on {group.devices} device(s), replicate {trials[0].replicate}"
+    untimed = ctx.arrays_dir is not None  # a timed job's devices are the first GPUs, as the user's are
+    shared = {**ctx.env, **spread_environment(ctx.spread_gpus if untimed else (), job_index)}
     if group.launcher != "spmd":
-        return Gang.start([(job, dict(ctx.env))], ctx.run_dir / LOG_FILE, label, ctx.fork_servers)
-    jobs = [(rank_job, {**ctx.env, **env}) for rank_job, env in spmd_jobs(job, group.devices, ctx.launch, job_index)]
+        return Gang.start([(job, shared)], ctx.run_dir / LOG_FILE, label, ctx.fork_servers)
+    jobs = [(rank_job, {**shared, **env}) for rank_job, env in spmd_jobs(job, group.devices, ctx.launch, job_index)]
     return Gang.start(jobs, ctx.run_dir / LOG_FILE, f"{label}, spmd", ctx.fork_servers)
+
+
+VISIBLE_GPUS = "CUDA_VISIBLE_DEVICES"
+
+
+def spread_environment(gpus: tuple[str, ...], job_index: int) -> dict[str, str]:
+    """The GPUs a job sees, in an order that starts at its own one of `gpus` (job by job in
+    turn): jobs that run side by side (verification) put their first device, where a job
+    of one device runs, on different GPUs instead of all on the first. Nothing without `gpus`."""
+    if not gpus:
+        return {}
+    start = job_index % len(gpus)
+    return {VISIBLE_GPUS: ",".join(gpus[start:] + gpus[:start])}
 
 
 def spmd_jobs(job: Job, world: int, launch: Launch, job_index: int) -> list[tuple[Job, dict[str, str]]]:

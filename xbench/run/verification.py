@@ -98,19 +98,20 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
            log_dir: Path | None = None, launch: Launch | None = None,
            launchers: Mapping[str, str] | None = None, parallel: int = 1,
            lineups: Mapping[str, Lineup] | None = None,
-           startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> Verification:
+           startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S, spread: tuple[str, ...] = ()) -> Verification:
     """Run every backend's reference steps on 1 and each of `devices` devices, then check.
 
     Arrays go to `work_dir` (tens of MB for large models: use a temporary directory);
     worker output goes to `log_dir`/workers.log (default `work_dir`). Up to `parallel` worker
-    processes run at once (nothing here is timed); `progress` hears of each."""
+    processes run at once (nothing here is timed), each job's devices starting at its own one
+    of the GPUs `spread` (`launcher.spread_environment`); `progress` hears of each."""
     names = [e.name for e in entries]
     trials = verification_trials(spec, names, devices, launchers, lineups)
     records: list[Record] = []
     ctx = launcher.Context(run_id="verify", run_dir=log_dir or work_dir, environment=environment,
                            write=records.append, arrays_dir=Path(work_dir),
                            shard_counts=tuple(sorted({n for n in devices if n > 1})),
-                           launch=launch or Launch(), startup_timeout_s=startup_timeout_s)
+                           launch=launch or Launch(), startup_timeout_s=startup_timeout_s, spread_gpus=spread)
     if progress is not None:
         progress.planned(trials)
         ctx.listener = progress

@@ -15,6 +15,7 @@ from xbench.results.checks import verification_precision
 from xbench.results.full_size import sizes_checked
 from xbench.results.records import RECORDS_FILE, iter_records, read_run, write_json
 from xbench.run.comparison import Comparison, Observer
+from xbench.run.launcher import VISIBLE_GPUS
 from xbench.run.verification import Progress as VerificationProgress
 from xbench.run.verification import Verification, checks_as_dicts, verify
 
@@ -30,6 +31,7 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any],
         result = verify(comparison.spec, comparison.entries, comparison.spec.devices, Path(tmp),
                         environment, progress, log_dir=comparison.run_dir, launch=comparison.launch,
                         launchers=comparison.launchers, parallel=parallel_verification(comparison.devices),
+                        spread=gpus_to_spread(comparison.devices),
                         lineups=comparison.lineups, startup_timeout_s=comparison.startup_timeout_s)
     write_json(comparison.run_dir / VERIFY_FILE, {
         "checks": checks_as_dicts(result.checks),
@@ -58,6 +60,18 @@ def parallel_verification(devices: Mapping[str, Mapping[str, Any]]) -> int:
     if any(info["simulated"] for info in devices.values()):
         return max(1, min(2, cores))
     return max(1, min(8, cores // 4))
+
+
+def gpus_to_spread(devices: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...]:
+    """The GPUs verification's side-by-side jobs start on in turn: those this process sees
+    (the user's CUDA_VISIBLE_DEVICES, else as many as the backends found), where there are
+    real GPUs and more than one; else none (simulated devices, one GPU, CPUs)."""
+    gpus = [info for info in devices.values() if info.get("platform") == "gpu" and not info.get("simulated")]
+    count = max((int(info.get("available", 0)) for info in gpus), default=0)
+    if count < 2:
+        return ()
+    visible = [g.strip() for g in os.environ.get(VISIBLE_GPUS, "").split(",") if g.strip()]
+    return tuple(visible[:count]) if visible else tuple(str(i) for i in range(count))
 
 
 def unverified(reason: str) -> dict[str, Any]:

@@ -29,6 +29,11 @@ LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GRO
                     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
 
 
+# What may differ between the workers of one fork server: the launch variables, and the GPUs
+# a worker sees (set before the worker's framework touches CUDA; the server never does).
+PER_WORKER = frozenset((*LAUNCH_VARIABLES, "CUDA_VISIBLE_DEVICES"))
+
+
 def worker_environment() -> dict[str, str]:
     """xbench's own environment for a worker, less what only xbench's launcher may set: the
     launch variables and the run's compilation cache (a run without one has none)."""
@@ -58,7 +63,7 @@ class Worker:
         full = {**worker_environment(), **env}
         process: subprocess.Popen | ForkedProcess | None = None
         if servers is not None:
-            process = servers.fork(job.target, full, frozenset(LAUNCH_VARIABLES), log)
+            process = servers.fork(job.target, full, PER_WORKER, log)
         if process is None:
             process = subprocess.Popen(WORKER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                        env=full, start_new_session=True)
