@@ -15,11 +15,14 @@ compare: $(VENV)/.installed-all
 	$(BIN)/xbench compare $(ARGS)
 
 # Lint and types first (seconds), then the tests: unit/ (fast), process/ and backends/ (start
-# worker processes and frameworks); the slowest tests are listed at the end.
+# worker processes and frameworks), in TEST_WORKERS pytest-xdist workers: much of a test's time
+# is spent waiting (process start-up, timeouts, ranks that wait for each other), so two workers
+# finish well before one on 2 cores. The slowest tests are listed at the end.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 # The inner loop: lint, types and tests/unit, which start no process and import no framework
 # (tests/unit/conftest.py holds them to it): well under a minute.

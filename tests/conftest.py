@@ -47,6 +47,19 @@ def planned_replicates_only():
         os.environ[TIME_BUDGET_VARIABLE] = saved
 
 
+@pytest.fixture(autouse=True, scope="session")
+def piped_width():
+    """The CLI writes as when piped (`xbench.cli.consoles`: PIPED_WIDTH columns), whatever
+    $COLUMNS the shell exported or a pytest-xdist worker inherited (80 there), which would wrap
+    the tables tests read; a test that wants a width sets it."""
+    import os
+
+    saved = os.environ.pop("COLUMNS", None)
+    yield
+    if saved is not None:
+        os.environ["COLUMNS"] = saved
+
+
 @pytest.fixture
 def fake_backends(monkeypatch):
     """The installed backends plus test fakes; workers can import `tests.support.fakes`."""
@@ -69,6 +82,27 @@ def run_cli(capsys):
         return code, captured.out, captured.err
 
     return run
+
+
+# Under `pytest -n` (pytest-xdist, as `make test` runs it, with `--dist loadgroup`) each module
+# runs in one worker, so that its module fixture (a real run, children that train) runs once;
+# modules that share something one process holds run in one worker too: jax fixes its
+# simulated device count at its first operation in a process (tests/backends/jax/cpu_devices.py),
+# and a session fixture runs once per worker that asks for it.
+SHARED_PROCESS = {
+    "backends/jax/": "jax in-process",
+    "process/test_backends_real.py": "real_run", "process/test_report.py": "real_run",
+    "process/test_remat_verify.py": "transformer variants", "process/test_fsdp_verify.py": "transformer variants",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if not item.path.is_relative_to(ROOT / "tests"):
+            continue
+        where = item.path.relative_to(ROOT / "tests").as_posix()
+        group = next((g for prefix, g in SHARED_PROCESS.items() if where.startswith(prefix)), where)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 TINY = ("--batch-sizes", "16", "--repeats", "3", "--steps", "2", "--warmup-steps", "0")

@@ -4,6 +4,8 @@ One small comparison serves several checks: identical work across frameworks, th
 policy each backend applied, and a real 2-device trial per backend.
 """
 
+import json
+
 import pytest
 
 from tests.conftest import TINY
@@ -27,6 +29,17 @@ def test_every_trial_ran(fp32_run):
         f"{b}/{m}/d{d}/b16{program}/r{k}" for b in ("tf", "jax") for m in ("medium", "large") for d in (1, 2)
         for program in programs[d] for k in (0, 1))
     assert all(r["status"] == "ok" for r in records), [r["reason"] for r in records]
+
+
+def test_tf_and_jax_pass_verification_on_one_and_two_devices(real_run):
+    """The run's verification (what `xbench verify --backends tf jax --devices 2` checks, with
+    the same plan and checks): every check passed, across devices and across frameworks."""
+    _, out = real_run
+    saved = json.loads((out / "verify.json").read_text())
+    subjects = {" ".join(c["subject"].split()) for c in saved["checks"]}
+    assert {"medium: tf d2 vs tf d1", "large: jax d2 vs jax d1", "large: jax d1 vs tf d1"} <= subjects
+    assert [c["subject"] for c in saved["checks"] if not c["passed"]] == []
+    assert saved["failed_backends"] == [] and saved["problems"] == {}
 
 
 def test_identical_work_across_frameworks(fp32_run):
@@ -67,11 +80,15 @@ def test_jax_steadies_the_cpu_scheduler(fp32_run):
         assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in flags
 
 
+# The runs below skip verification: it runs in strict precision and one step per call whatever
+# the run's --precision and --steps-per-call, so it would repeat real_run's.
+
+
 def test_tf32_policy_is_applied(tmp_path):
     from xbench.cli.main import main
 
     code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "--devices", "1",
-                 "--precision", "tf32", *TINY, "--out", str(tmp_path / "run")])
+                 "--precision", "tf32", "--no-verify", *TINY, "--out", str(tmp_path / "run")])
     records = {r["trial"]["backend"]: r for r in read_records(tmp_path / "run")}
     assert code == 0
     assert records["jax"]["backend"]["precision"]["jax_default_matmul_precision"] == "tensorfloat32"
@@ -84,7 +101,7 @@ def test_fused_steps_per_call(tmp_path):
 
     code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "--devices", "2",
                  "--batch-sizes", "16", "--repeats", "2", "--steps", "4", "--warmup-steps", "2",
-                 "--steps-per-call", "2", "--samples", "64", "--out", str(tmp_path / "run")])
+                 "--steps-per-call", "2", "--samples", "64", "--no-verify", "--out", str(tmp_path / "run")])
     records = read_records(tmp_path / "run")
     assert code == 0 and len(records) == 4  # 2 backends x 2 replicates
     assert all(r["status"] == "ok" and r["trial"]["protocol"]["steps_per_call"] == 2 for r in records)

@@ -1,6 +1,7 @@
 """`xbench verify` of the activation-checkpointing variants (`jax:remat`, `torch:remat`) against
 the programs without them, through the CLI, its workers (torch over gloo, one process per rank)
-and the real checks: transformer-tiny on 1 and 2 devices. (The plain program, tf:remat and the
+and the real checks: transformer-tiny on 1 and 2 devices, in the verify the fsdp variants share
+(tests/process/conftest.py). (The plain program, tf:remat and the
 refusals: tests/backends/*/test_remat_*.py.)"""
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ pytest.importorskip("torch")
 
 
 @pytest.mark.slow
-def test_the_remat_variants_verify_against_the_programs_without_them(run_cli, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "240")  # one line per check: no subject wrapped inside its cell
-    code, out, err = run_cli("verify", "--backends", "jax", "torch", "--variants", "jax:remat", "torch:remat",
-                             "--single-device", "data-parallel", "--model", "transformer-tiny", "--devices", "2")
+def test_the_remat_variants_verify_against_the_programs_without_them(transformer_variants_verified):
+    code, out, err = transformer_variants_verified
     flat = " ".join(out.split())
     assert code == 0, out + err
     for subject in ("transformer-tiny: jax+remat d1 vs jax d1", "transformer-tiny: torch+remat d1 vs jax d1",

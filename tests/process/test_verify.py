@@ -260,16 +260,6 @@ def test_a_wide_relu_mlp_whose_rounding_is_amplified_passes_with_its_floor(run_c
 
 
 @pytest.mark.slow
-def test_tf_and_jax_pass_on_two_devices(run_cli):
-    code, out, err = run_cli("verify", "--backends", "tf", "jax", "--devices", "2")
-    assert code == 0, out + err
-    flat = " ".join(out.split())
-    for subject in ("medium: tf d2 vs tf d1", "large: jax d2 vs jax d1", "large: jax d1 vs tf d1"):
-        assert subject in flat
-    assert "FAIL" not in out and "checks passed" in err
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("broken, failing", [
     # No all-reduce: the applied gradient is one shard's, replicas drift, training diverges.
     ("jax-noreduce", {"gradients: N devices = 1 device", "replicas hold the same weights",
