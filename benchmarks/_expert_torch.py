@@ -261,7 +261,9 @@ def torch_sdpa_note(ctx: LoopContext, heads: int, head_width: int, context: int)
     return f"attention: F.scaled_dot_product_attention(is_causal=True), {choice}"
 
 
-def torch_gpt2(ctx: LoopContext, compiled: bool) -> Loop:
+def torch_gpt2_built(ctx: LoopContext, compiled: bool):
+    """The nanoGPT-style model on the device with the core's weights loaded, and its parameter
+    count; Unavailable where `compiled` is asked and torch.compile cannot run here."""
     import torch
 
     if compiled and (reason := torch_compile_unavailable(ctx.device)):
@@ -270,7 +272,14 @@ def torch_gpt2(ctx: LoopContext, compiled: bool) -> Loop:
     dims = ctx.work.model.shape
     with torch.device(ctx.device):
         model = torch_gpt_class()(dims["layers"], dims["heads"], dims["width"], dims["context"], dims["vocab"])
-    count = torch_load(model, ctx.work, gpt_place)
+    return model, torch_load(model, ctx.work, gpt_place)
+
+
+def torch_gpt2(ctx: LoopContext, compiled: bool) -> Loop:
+    import torch
+
+    model, count = torch_gpt2_built(ctx, compiled)
+    dims = ctx.work.model.shape
     model.train()
     forward = torch.compile(model) if compiled else model
     run, fused, last_loss = torch_training_loop(ctx, model, forward)

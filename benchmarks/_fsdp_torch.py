@@ -11,17 +11,8 @@ import os
 from collections.abc import Callable
 from datetime import timedelta
 
-from _expert_config import Loop, LoopContext, Unavailable
-from _expert_torch import (
-    gpt_place,
-    steps_loop,
-    torch_adam,
-    torch_compile_unavailable,
-    torch_gpt_class,
-    torch_load,
-    torch_set_precision,
-    torch_settings,
-)
+from _expert_config import Loop, LoopContext
+from _expert_torch import steps_loop, torch_adam, torch_gpt2_built, torch_settings
 
 TIMEOUT_S = 300.0  # a lost rank fails the job instead of hanging it
 
@@ -61,13 +52,7 @@ def torch_fsdp_gpt2(ctx: LoopContext, rank: int, world: int, compiled: bool) -> 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if compiled and (reason := torch_compile_unavailable(ctx.device)):
-        raise Unavailable(reason)
-    torch_set_precision(ctx.precision, cudnn_benchmark=False)
-    dims = ctx.work.model.shape
-    with torch.device(ctx.device):
-        model = torch_gpt_class()(dims["layers"], dims["heads"], dims["width"], dims["context"], dims["vocab"])
-    count = torch_load(model, ctx.work, gpt_place)
+    model, count = torch_gpt2_built(ctx, compiled)
     mesh = init_device_mesh(ctx.device.type, (world,))
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if ctx.precision == "bf16" else MixedPrecisionPolicy())
