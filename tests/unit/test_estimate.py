@@ -199,16 +199,3 @@ def test_dry_run_estimates_with_the_backends_declared_first_calls(capsys, monkey
     monkeypatch.setattr("xbench.run.compare.host_flops", lambda *a, **k: 2e11)
     assert main(["compare", "--backends", "jax", "torch", "--platform", "gpu", "--dry-run"]) == 0, capsys.readouterr()
     assert seen[-1].first_calls == {"jax": 7.5, "torch": 0.05}
-
-
-def test_other_programs_on_the_host_slow_every_cpu_figure_alike():
-    """With one core of two busy, a run's workers share the host: the same families-style
-    run took 1.6-2.1x its idle time, which the matmul probe (one core's fastest call) cannot see."""
-    assert est.host_slowdown(lambda: 0.0, cores=2) == 1.0
-    assert est.host_slowdown(lambda: 1.0, cores=2) == 1.5
-    assert est.host_slowdown(lambda: 6.0, cores=2) == est.MAX_SLOWDOWN == 2.0
-    idle = est.costs_for("cpu", 200e9)
-    busy = est.costs_for("cpu", 200e9, slowdown=1.5)
-    assert busy.flops == idle.flops / 1.5 and busy.start_s == idle.start_s * 1.5
-    assert busy.verify_run_s == idle.verify_run_s * 1.5 and busy.fixed_s == idle.fixed_s * 1.5
-    assert est.costs_for("gpu", slowdown=3.0) == est.costs_for("gpu")  # a GPU's figures are its own

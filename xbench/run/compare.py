@@ -39,7 +39,7 @@ from xbench.run.allreduce_phase import breakdown_allreduce
 from xbench.run.cluster import Launch
 from xbench.run.comparison import Comparison, Observer, claim_new_run_dir, new_run_id, planned_trials
 from xbench.run.environment import command_line, host_environment
-from xbench.run.estimate import Estimate, costs_for, estimate, host_flops, host_slowdown
+from xbench.run.estimate import Estimate, costs_for, estimate, host_flops
 from xbench.run.readiness import (
     check_options,
     check_spmd_devices,
@@ -83,7 +83,7 @@ def planned_cost(comparison: Comparison, no_verify: bool = False,
     is off (--no-verify, or across nodes, where it does not run)."""
     gpu = any(not info.get("simulated", True) for info in comparison.devices.values())
     costs = costs_for("gpu" if gpu else "cpu", None if gpu else host_flops(),
-                      {e.name: e.backend for e in comparison.entries}, host_slowdown())
+                      {e.name: e.backend for e in comparison.entries})
     verify = not no_verify and not comparison.launch.multi_node
     return estimate(comparison.spec, [e.name for e in comparison.entries], comparison.lineups, comparison.launchers,
                     costs, "gpu" if gpu else "cpu", comparison.breakdown, verify, done)
@@ -105,8 +105,7 @@ def dry_run(spec: Spec, launch: Launch | None = None, breakdown: bool = False,
     gpu = spec.platform == "gpu" or (spec.platform == "auto" and shutil.which("nvidia-smi") is not None)
     devices = {e.name: {"simulated": not gpu} for e in entries}
     spec = resolved(spec, devices, launch)
-    costs = costs_for("gpu" if gpu else "cpu", None if gpu else host_flops(), {e.name: e.backend for e in entries},
-                      host_slowdown())
+    costs = costs_for("gpu" if gpu else "cpu", None if gpu else host_flops(), {e.name: e.backend for e in entries})
     verify = not no_verify and not launch.multi_node
     return spec, estimate(spec, [e.name for e in entries], lineups, launchers, costs, "gpu" if gpu else "cpu",
                           breakdown, verify)

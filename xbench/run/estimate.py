@@ -225,43 +225,12 @@ def usable_cores() -> int:
     return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
-def costs_for(platform: str, measured_flops: float | None = None, backends: Mapping[str, object] | None = None,
-              slowdown: float = 1.0) -> Costs:
+def costs_for(platform: str, measured_flops: float | None = None, backends: Mapping[str, object] | None = None
+              ) -> Costs:
     """The platform's costs, with this host's measured speed for simulated CPU devices and
-    the first calls that `backends` (instances by name) declare for the platform; on CPUs,
-    every figure `slowdown` times slower (`host_slowdown`: other programs sharing the cores)."""
+    the first calls that `backends` (instances by name) declare for the platform."""
     costs = GPU_COSTS if platform == "gpu" else CPU_COSTS
     if platform != "gpu" and measured_flops is not None:
         costs = replace(costs, flops=measured_flops)
     declared = {name: first_call_of(backend, platform) for name, backend in (backends or {}).items()}
-    costs = replace(costs, first_calls={name: s for name, s in declared.items() if s is not None})
-    return costs if platform == "gpu" else slowed(costs, slowdown)
-
-
-def slowed(costs: Costs, factor: float) -> Costs:
-    """`costs` on a host `factor` times slower: arithmetic, starts, imports and compilation alike."""
-    if factor <= 1.0:
-        return costs
-    return replace(costs, flops=costs.flops / factor, start_s=costs.start_s * factor,
-                   import_s=costs.import_s * factor, first_call_s=costs.first_call_s * factor,
-                   per_array_s=costs.per_array_s * factor, step_overhead_s=costs.step_overhead_s * factor,
-                   fixed_s=costs.fixed_s * factor, verify_run_s=costs.verify_run_s * factor,
-                   first_calls={name: s * factor for name, s in costs.first_calls.items()})
-
-
-MAX_SLOWDOWN = 2.0
-
-
-def host_slowdown(load: Callable[[], float] | None = None, cores: int | None = None) -> float:
-    """How much slower a run of simulated devices goes for the other programs on this host: its
-    workers want every core (`usable_cores`), and the 1-minute load average says how many
-    others are busy already, so they share (load + cores) / cores: 1 on an idle host, at most
-    MAX_SLOWDOWN (a load average counts waiting processes too: at loads of 8-10 on 2 cores a
-    families-style run took 1.8-2.1x its idle time, not 5x). The matmul probe cannot see this:
-    one core's fastest call stays put under load."""
-    cores = cores or usable_cores()
-    try:
-        busy = (load or (lambda: os.getloadavg()[0]))()
-    except OSError:  # no load average on this system
-        return 1.0
-    return min(MAX_SLOWDOWN, max(1.0, (busy + cores) / cores))
+    return replace(costs, first_calls={name: s for name, s in declared.items() if s is not None})
