@@ -39,3 +39,14 @@ run_or_resume() {  # run_or_resume NAME COMPARE-ARGS...: in the time this call h
   [ "$last_exit" = 0 ] || pending=1
   rm -rf "$out/run/$name" && cp -r "$dir" "$out/run/$name"
 }
+
+once() {  # once NAME TIMEOUT COMMAND...: a step run in one call only, when its timeout fits what is left
+  local name=$1 limit=$2
+  shift 2
+  [ -f "$keep/$name.exit" ] && return
+  [ $((570 - SECONDS)) -lt "$limit" ] && { echo "== $name: not started, $((570 - SECONDS)) s left"; pending=1; return; }
+  step "$name" "$limit" "$@"
+  echo "$last_exit" >"$keep/$name.exit"
+  cp "$out/run/$name.txt" "$out/run/$name.err" "$keep/"  # the next call prints its lines again
+  cp -r "$keep/$name" "$out/run/" 2>/dev/null
+}

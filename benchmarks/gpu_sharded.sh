@@ -35,18 +35,6 @@ export NCCL_NVLS_ENABLE=0 COLUMNS=120  # NVLink multicast off (the device notes)
 mkdir -p "$keep"
 
 
-once() {  # once NAME TIMEOUT COMMAND...: a step run in one call only, when its timeout fits what is left
-  local name=$1 limit=$2
-  shift 2
-  [ -f "$keep/$name.exit" ] && return
-  [ $((570 - SECONDS)) -lt "$limit" ] && { echo "== $name: not started, $((570 - SECONDS)) s left"; pending=1; return; }
-  step "$name" "$limit" "$@"
-  echo "$last_exit" >"$keep/$name.exit"
-  cp "$out/run/$name.txt" "$out/run/$name.err" "$keep/"  # the next call prints its lines again
-  cp -r "$keep/$name" "$out/run/" 2>/dev/null
-}
-
-
 [ -f "$keep/env.txt" ] || timeout 30 sh -c 'nvidia-smi topo -m; xbench env' >"$keep/env.txt" 2>&1
 cp "$keep/env.txt" "$out/run/"
 for framework in torch jax; do
