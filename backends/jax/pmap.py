@@ -93,7 +93,7 @@ VARIANTS = (
     Variant(JNP, "the model in plain jax.numpy (the MLP through flax.linen's apply), no NNX"),
     Variant(FUNCTIONAL, "plain program: nnx.split once, jax.jit of a step that merges the model inside"),
     Variant(CUDNN, "cuDNN fused attention (implementation='cudnn') in the functional step; transformer, "
-                   "bf16, NVIDIA GPUs", precisions=("bf16",), families=("transformer",)),
+                   "bf16, NVIDIA GPUs", precisions=("bf16",), families=("transformer",), fused_attention=True),
     Variant("fused", f"{FUSED_STEPS} functional steps fused into one compiled call (lax.scan)",
             steps_per_call=FUSED_STEPS),
     sharding.variant("jax.jit with NamedSharding over the data axis; XLA all-gathers and reduce-scatters"),

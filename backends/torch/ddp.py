@@ -180,6 +180,7 @@ class TorchDdpBackend:
     # The plan's estimate of a trial's first call: eager torch compiles nothing (an MLP sweep's
     # first calls on one H200: about 0.006 s). CPUs: the estimate's own figure for every backend.
     first_call_s: ClassVar[Mapping[str, float]] = {"cpu": 0.6, "gpu": 0.05}
+    fused_attention: ClassVar[bool] = True  # F.scaled_dot_product_attention keeps no probabilities
 
     def __init__(self) -> None:
         self.process: Process | None = None

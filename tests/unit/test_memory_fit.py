@@ -60,6 +60,35 @@ def test_a_variant_that_recomputes_its_blocks_is_checked_with_fewer_activations(
     assert recomputed.recompute and not kept.recompute and recomputed.total < kept.total
 
 
+def test_a_fused_attention_kernel_is_checked_without_the_attention_probabilities():
+    """A backend declares whether its as-written attention is fused; its variants inherit
+    that unless they say otherwise (jax's cudnn), and the check follows the variant."""
+    from xbench.contract import Availability, Variant
+    from xbench.experiment import Spec
+    from xbench.run.memory_check import memory_checks
+    from xbench.run.readiness import choose_lineups
+    from xbench.run.registry import BackendEntry
+
+    class Fused:
+        fused_attention = True
+        variants = (Variant("compile", "compiled"), Variant("naive", "unfused", fused_attention=False))
+
+    class Unfused:
+        variants = (Variant("cudnn", "cuDNN attention", fused_attention=True),)
+
+    installed = Availability(installed=True)
+    entries = [BackendEntry("torch", "t:T", Fused(), installed), BackendEntry("jax", "j:J", Unfused(), installed)]
+    spec = Spec(models=(GPT2,), variants=("torch:compile", "torch:naive", "jax:cudnn"))
+    lineups = choose_lineups(spec, entries)
+    flags = {(name, v.name): v.fused_attention for name, lineup in lineups.items() for v in lineup.variants}
+    assert flags == {("torch", "as-written"): True, ("torch", "compile"): True, ("torch", "naive"): False,
+                     ("jax", "as-written"): False, ("jax", "cudnn"): True}
+    trials = [_trial(GPT2, 8, variant) for variant in ("as-written", "cudnn")]
+    found = memory_checks(trials, lineups, {"jax": {}}, {})
+    unfused, fused = (found[t.config_id].estimate for t in trials)
+    assert fused.activations < unfused.activations
+
+
 def _trial(model, global_batch: int, variant: str):
     from dataclasses import replace
 

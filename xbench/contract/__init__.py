@@ -53,8 +53,9 @@ process.world_size`; its shard of the global batch is `work.shards(...)[process.
 A backend lists the launchers it supports in `launchers` (first = preferred).
 
 Optional abilities. Beyond `Backend`, a backend may declare `programs`, `variants`,
-`families`, `launchers`, `fork_preload` and `first_call_s` (`DeclaresPrograms`, `DeclaresVariants`,
-`DeclaresFamilies`, `DeclaresLaunchers`, `DeclaresForkPreload`, `DeclaresFirstCall`) and have the methods of
+`families`, `launchers`, `fork_preload`, `first_call_s` and `fused_attention` (`DeclaresPrograms`,
+`DeclaresVariants`, `DeclaresFamilies`, `DeclaresLaunchers`, `DeclaresForkPreload`, `DeclaresFirstCall`,
+`DeclaresFusedAttention`) and have the methods of
 `SpmdCapable`, `Verifiable`, `ReportsShardLosses`, `AllReduceCapable`, `GathersAndScatters`, `ReportsMemory`,
 `ForgetsTrials`, `CompilesQuickly` and `ValidatesOptions`.
 Each is a runtime-checkable Protocol: the core asks `isinstance(backend, Verifiable)`, and
@@ -77,6 +78,7 @@ from xbench.contract.abilities import (
     DeclaresFamilies,
     DeclaresFirstCall,
     DeclaresForkPreload,
+    DeclaresFusedAttention,
     DeclaresLaunchers,
     DeclaresPrograms,
     DeclaresVariants,
@@ -90,6 +92,7 @@ from xbench.contract.abilities import (
     families_of,
     first_call_of,
     fork_preload_of,
+    fused_attention_of,
     launchers_of,
     missing_methods,
     programs_of,
@@ -134,11 +137,13 @@ from xbench.models.model_spec import ModelSpec
 __all__ = [
     "ADAM", "ALL_GATHER", "ALL_REDUCE", "AS_WRITTEN", "COLLECTIVES", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL",
     "LAUNCHERS", "PLAIN", "PROGRAMS", "Adam", "AllReduceCapable", "Availability", "Backend", "CompilesQuickly",
-    "DeclaresFamilies", "DeclaresFirstCall", "DeclaresForkPreload", "DeclaresLaunchers", "DeclaresPrograms",
+    "DeclaresFamilies", "DeclaresFirstCall", "DeclaresFusedAttention", "DeclaresForkPreload", "DeclaresLaunchers",
+    "DeclaresPrograms",
     "DeclaresVariants", "DeviceInfo", "DeviceUnavailable", "ForgetsTrials", "GathersAndScatters", "ModelSpec",
     "Param", "Prepared", "PreparedInfo", "Process", "REDUCE_SCATTER", "ReportsMemory", "ReportsShardLosses",
     "SpmdCapable", "TimingProtocol", "Trial", "Unsupported", "ValidatesOptions", "Variant", "Verifiable", "Work",
-    "backend_label", "backend_of_implementation", "cnn", "families_of", "first_call_of", "fork_preload_of",
+    "backend_label", "backend_of_implementation", "cnn", "families_of", "first_call_of", "fused_attention_of",
+    "fork_preload_of",
     "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of", "lstm", "missing_methods",
     "mlp", "probe_distributions", "programs_of", "replicate_id", "transformer", "trial_id", "variants_of",
 ]

@@ -63,6 +63,16 @@ class DeclaresForkPreload(Protocol):
 
 
 @runtime_checkable
+class DeclaresFusedAttention(Protocol):
+    """True where the as-written program's transformer attention is a fused kernel that keeps
+    no attention probabilities for the backward pass (torch's scaled_dot_product_attention),
+    which the memory estimate counts otherwise (`xbench.models.memory`); a variant may say
+    otherwise for itself (`Variant.fused_attention`). Without it: not fused."""
+
+    fused_attention: ClassVar[bool]
+
+
+@runtime_checkable
 class DeclaresFirstCall(Protocol):
     """A trial's typical first-call seconds (building the model, compiling, any kernel
     search) by platform ("cpu", "gpu"), for the plan's estimate of a run's wall time
@@ -222,6 +232,11 @@ def variants_of(backend: object) -> dict[str, Variant]:
     """A backend's named variants by name (without "as-written")."""
     declared = backend.variants if isinstance(backend, DeclaresVariants) else ()
     return {v.name: v for v in declared if isinstance(v, Variant)} if isinstance(declared, (tuple, list)) else {}
+
+
+def fused_attention_of(backend: object) -> bool:
+    """Whether the backend's as-written attention is fused (`DeclaresFusedAttention`)."""
+    return isinstance(backend, DeclaresFusedAttention) and backend.fused_attention is True
 
 
 def families_of(backend: object) -> tuple[str, ...]:

@@ -44,6 +44,10 @@ class Variant:
     # each block's activations recomputed in the backward pass (activation checkpointing): the
     # step keeps only every block's input, and one block's activations at a time
     recompute: bool = False
+    # its attention a fused kernel that keeps no heads x context^2 probabilities for the
+    # backward pass (FlashAttention, cuDNN's): the memory estimate's; None: as the backend's
+    # as-written program (`DeclaresFusedAttention`)
+    fused_attention: bool | None = None
 
 
 @dataclass(frozen=True)

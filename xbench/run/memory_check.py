@@ -73,7 +73,8 @@ def memory_checks(trials: Sequence[Trial], lineups: Mapping[str, Lineup],
         variant = variants.get((trial.backend, trial.variant))
         result = check(trial.model, trial.global_batch, trial.devices, trial.precision,
                        variant is not None and variant.sharded, capacity.get(trial.backend),
-                       recompute=variant is not None and variant.recompute)
+                       recompute=variant is not None and variant.recompute,
+                       fused_attention=variant is not None and variant.fused_attention is True)
         if result is not None:
             found[trial.config_id] = result
     return found

@@ -11,7 +11,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from xbench.contract import DATA_PARALLEL, PLAIN, ValidatesOptions, launchers_of, programs_of, variants_of
+from xbench.contract import (
+    DATA_PARALLEL,
+    PLAIN,
+    ValidatesOptions,
+    fused_attention_of,
+    launchers_of,
+    programs_of,
+    variants_of,
+)
 from xbench.errors import BackendError, XbenchError
 from xbench.experiment import ALL_VARIANTS, Spec, resolve_protocol
 from xbench.run import launcher, probes
@@ -107,8 +115,11 @@ def choose_lineups(spec: Spec, entries: Sequence[BackendEntry]) -> dict[str, Lin
     lineups = {}
     for name, entry in by_name.items():
         variants = variants_of(entry.backend)
-        chosen = tuple(variants[v] for v in dict.fromkeys(wanted[name]))
-        lineups[name] = Lineup((AS_WRITTEN_VARIANT, *chosen), single_device_programs(spec, entry))
+        fused = fused_attention_of(entry.backend)
+        chosen = tuple(v if v.fused_attention is not None else replace(v, fused_attention=fused)
+                       for v in (variants[w] for w in dict.fromkeys(wanted[name])))
+        as_written = replace(AS_WRITTEN_VARIANT, fused_attention=fused)
+        lineups[name] = Lineup((as_written, *chosen), single_device_programs(spec, entry))
     return lineups
 
 
