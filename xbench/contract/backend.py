@@ -44,6 +44,13 @@ class Variant:
     # each block's activations recomputed in the backward pass (activation checkpointing): the
     # step keeps only every block's input, and one block's activations at a time
     recompute: bool = False
+    # The as-written program's arithmetic: the same operations on the same values, so that
+    # only the rounding of the kernels that run them may differ (a compiler, CUDA graphs, steps
+    # fused into one call, recomputation, sharding); not another implementation of the model
+    # or another kernel for an operation (a fused attention). Verify then runs no float64
+    # referee of its own: its fp32 runs are held to its as-written program's rounding floor
+    # (`xbench.results.checks.FLOOR_FACTOR`).
+    same_formula: bool = False
 
 
 @dataclass(frozen=True)
