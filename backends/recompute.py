@@ -22,7 +22,8 @@ REMAT_FAMILIES = ("transformer",)
 def variant(how: str) -> Variant:
     """The `remat` Variant as a backend declares it, `how` saying with what."""
     return Variant(REMAT, f"activation checkpointing: each transformer block's activations recomputed in the "
-                          f"backward pass ({how})", families=REMAT_FAMILIES, recompute=True)
+                          f"backward pass ({how})", families=REMAT_FAMILIES, recompute=True,
+                   same_formula=True)  # the same operations on the same values, twice
 
 
 def refusal(family: str) -> str | None:

@@ -31,7 +31,9 @@ def variant(how: str, name: str = FSDP) -> Variant:
     """The `fsdp` Variant (or another sharded one, `name`) as a backend declares it, `how`
     saying with what."""
     return Variant(name, f"sharded data parallelism: parameters, gradients and Adam state split over the devices "
-                         f"({how})", families=FSDP_FAMILIES, sharded=True)
+                         f"({how})", families=FSDP_FAMILIES, sharded=True,
+                   # each device computes its share of the same formula, on 1 device all of it
+                   same_formula=True)
 
 
 NO_TWIN = ("fsdp has no compute-only twin: its parameters are gathered and its gradients reduce-scattered by the "

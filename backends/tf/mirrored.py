@@ -60,7 +60,7 @@ OPTIONS = {"cross_device_ops": CROSS_DEVICE_OPS}
 # trial.precision -> Keras global dtype policy. "fp64" (verify's CNN runs): float64 variables,
 # inputs, activations, BatchNorm statistics, losses, gradients, all-reduce and Adam state.
 KERAS_POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp64": "float64"}
-VARIANTS = (Variant("xla", "XLA: jit_compile=True on the per-replica forward and backward"),
+VARIANTS = (Variant("xla", "XLA: jit_compile=True on the per-replica forward and backward", same_formula=True),
             Variant(FSDP, "sharded data parallelism: unsupported, TensorFlow has no sharded data-parallel strategy",
                     families=FSDP_FAMILIES),
             recompute.variant("keras.remat around each block: tf.recompute_grad"))

@@ -96,11 +96,14 @@ PRECISION = {
 FSDP_COMPILE = "fsdp-compile"
 SHARDED = (sharding.FSDP, FSDP_COMPILE)
 VARIANTS = (
-    Variant("compile", "torch.compile of forward and loss, default mode; cudnn.benchmark, cnn channels-last"),
+    # Inductor's kernels compute the traced graph's operations (same_formula: only their rounding
+    # differs from eager's); cudnn.benchmark and channels-last pick kernels for the same convolutions.
+    Variant("compile", "torch.compile of forward and loss, default mode; cudnn.benchmark, cnn channels-last",
+            same_formula=True),
     # CUDA graphs are recorded on the first calls after compilation: more untimed warm-up.
-    Variant("cuda-graphs", "the same in mode='reduce-overhead': CUDA graphs", warmup_steps=3),
+    Variant("cuda-graphs", "the same in mode='reduce-overhead': CUDA graphs", warmup_steps=3, same_formula=True),
     Variant("channels-last", "eager, channels-last memory format and cudnn.benchmark (cnn only)",
-            families=("cnn",)),
+            families=("cnn",), same_formula=True),
     sharding.variant("FSDP2 fully_shard per block and at the root, bf16 through its MixedPrecisionPolicy"),
     # torchtitan's order: each block compiled in place, then sharded; embeddings, head and loss eager.
     sharding.variant("the same with each block torch.compile'd (default mode) before fully_shard", FSDP_COMPILE),

@@ -28,7 +28,7 @@ from xbench.run.cluster import Launch
 from xbench.run.comparison import Comparison, trial_count
 from xbench.run.estimate import plan_lines
 from xbench.run.resume import complete
-from xbench.run.verify_phase import saved_outcomes
+from xbench.run.verify_phase import verifies
 
 # The options --resume may come with: the rest would change the run's own spec.
 RESUME_ALLOWS = {"resume", "no_verify", "startup_timeout", "startup", "wide"}  # "wide": how tables print
@@ -89,8 +89,8 @@ def _run_locked(comparison: Comparison, no_verify: bool, resumed: bool, command:
     protocol = comparison.spec.protocol
     err.print(f"{protocol.replicates} replicate(s) per configuration (fresh worker processes), "
               f"in a shuffled order (order seed {protocol.order_seed})")
-    verified = resumed and saved_outcomes(comparison.run_dir, comparison.implementations) is not None
-    for line in plan_lines(compare.planned_cost(comparison, no_verify or verified, done), protocol.replicates or 1):
+    verifying = verifies(comparison.run_dir, comparison.implementations, no_verify, resumed)
+    for line in plan_lines(compare.planned_cost(comparison, not verifying, done), protocol.replicates or 1):
         err.print(escape(line))
     try:
         with ProgressObserver(err, trial_count(comparison, done), protocol.repeats) as observer:

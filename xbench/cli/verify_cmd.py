@@ -82,17 +82,19 @@ def verify(
             result = run_verification(spec, entries, spec.devices, Path(tmp), environment, progress,
                                       launch=launch, launchers=ready.launchers, lineups=ready.lineups,
                                       startup_timeout_s=startup, parallel=parallel_verification(ready.devices),
-                                      spread=gpus_to_spread(ready.devices))
+                                      spread=gpus_to_spread(ready.devices), device_info=ready.devices)
     console = data_console()
     console.print(checks_table(result.checks))
     err.print(verify_caption(spec, entries[0].name))
-    floors = floors_caption(result.floors, result.no_floor)
+    floors = floors_caption(result.floors, result.no_floor, result.floor_of)
     for caption in (floors, precision_floors_caption(result.precision_floors)):
         if caption:
             err.print(escape(caption))
     if result.shares_unchecked:
         err.print(f"[yellow]each device's share of the batch went unchecked[/] for {', '.join(result.shares_unchecked)}"
                   " (their backends report no shard_losses)")
+    for trial_id, why in result.not_probed.items():
+        err.print(f"[yellow]{trial_id}[/]: {escape(why)}")
     for trial_id, why in result.problems.items():
         err.print(f"[red]{trial_id}[/]: {escape(why)}")
     # A variant or plain program that cannot run on this platform (CUDA graphs on a CPU) is

@@ -43,6 +43,10 @@ then sets the trial's `protocol` accordingly. A variant that runs only in some p
 fused attention kernel that takes bf16 alone) lists them in `Variant.precisions`: `prepare`
 raises `Unsupported` for the others, and xbench verify checks it in the first of them,
 against its backend's float64 run with a tolerance from its backend's own rounding there.
+A variant that keeps the as-written program's arithmetic and changes only how it is run
+(compiled, captured in CUDA graphs, fused, recomputed, sharded) says so in
+`Variant.same_formula`: verify then checks its fp32 runs with its as-written program's float64
+run and rounding floor instead of running a float64 run of its own.
 
 Launchers. With the `subprocess` launcher (the default for a backend that does not say
 otherwise) one process drives all `devices` devices, as above. With the `spmd` launcher there

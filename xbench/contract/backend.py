@@ -48,6 +48,13 @@ class Variant:
     # backward pass (FlashAttention, cuDNN's): the memory estimate's; None: as the backend's
     # as-written program (`DeclaresFusedAttention`)
     fused_attention: bool | None = None
+    # The as-written program's arithmetic: the same operations on the same values, so that
+    # only the rounding of the kernels that run them may differ (a compiler, CUDA graphs, steps
+    # fused into one call, recomputation, sharding); not another implementation of the model
+    # or another kernel for an operation (a fused attention). Verify then runs no float64
+    # referee of its own: its fp32 runs are held to its as-written program's rounding floor
+    # (`xbench.results.checks.FLOOR_FACTOR`).
+    same_formula: bool = False
 
 
 @dataclass(frozen=True)

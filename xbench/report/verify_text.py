@@ -39,9 +39,11 @@ def format_tolerance(check: Any) -> str:
     return short if float(short) == check.tolerance else f"{check.tolerance:.1e}"
 
 
-def floors_caption(floors: Mapping[tuple[str, str], float], no_floor: Mapping[tuple[str, str], str]) -> str | None:
+def floors_caption(floors: Mapping[tuple[str, str], float], no_floor: Mapping[tuple[str, str], str],
+                   borrowed: Mapping[str, str] | None = None) -> str | None:
     """Each backend's rounding floor per model (its fp32 ten steps against its float64 ones),
-    which sets a ten-step tolerance where it is larger than the fixed one; None without any."""
+    which sets a ten-step tolerance where it is larger than the fixed one, and the programs
+    that use their as-written program's (`borrowed`); None without any."""
     per_model = {model: ", ".join(f"{name} {floor:.1e}" for (name, m), floor in sorted(floors.items()) if m == model)
                  for model in sorted({model for _, model in floors})}
     measured = "; ".join(f"{model}: {backends}" for model, backends in per_model.items())
@@ -49,6 +51,11 @@ def floors_caption(floors: Mapping[tuple[str, str], float], no_floor: Mapping[tu
              f"ten-step check have one (and float64 checks compared both), its tolerance is at least "
              f"{FLOOR_FACTOR:g} x their sum"] if floors else []
     parts += [f"{backend} has no floor for {model} ({why})" for (backend, model), why in sorted(no_floor.items())]
+    by_base: dict[str, list[str]] = {}
+    for name, base in sorted((borrowed or {}).items()):
+        by_base.setdefault(base, []).append(name)
+    parts += [f"{', '.join(names)} use {base}'s float64 run and floor (the same formula: no float64 run of their own)"
+              for base, names in by_base.items()]
     return "; ".join(parts) + "." if parts else None
 
 

@@ -54,6 +54,7 @@ FULL_SIZE_TOLERANCES = {"fp64": 1e-6, "fp32": 1e-3, "tf32": 1e-2, "bf16": 0.25, 
 SHARD_TOLERANCES = {"fp64": FLOAT64_TOLERANCES["gradients"], "fp32": TOLERANCES["gradients"], "tf32": 1e-3,
                     "bf16": 1e-2, "fp16": 1e-2}
 
+NOT_PROBED = "full size not probed"  # the reason of a probe left out before it ran (it would not fit)
 FULL_SIZE = "full size: "  # the start checks' names, so prefixed
 SHARES = "each device's share"  # its slice's loss on N devices = the slice's on 1
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from xbench.contract import Trial, backend_of_implementation
 from xbench.experiment import Spec
+from xbench.models.memory import GiB
 from xbench.results.checks import (
     Check,
     Key,
@@ -25,14 +26,15 @@ from xbench.results.checks import (
     run_checks,
     verification_precision,
 )
-from xbench.results.fit import out_of_memory
-from xbench.results.full_size import full_size_checks, is_full_size, shard_checks, unreported_shares
+from xbench.results.fit import MemoryCheck, out_of_memory
+from xbench.results.full_size import NOT_PROBED, full_size_checks, is_full_size, shard_checks, unreported_shares
 from xbench.results.records import Record
 from xbench.run import launcher
 from xbench.run.cluster import Launch
+from xbench.run.memory_check import memory_checks
 from xbench.run.plan import Lineup, group_trials
 from xbench.run.registry import BackendEntry
-from xbench.run.verify_plan import is_low_precision, verification_trials
+from xbench.run.verify_plan import borrowed_floors, is_low_precision, verification_trials
 from xbench.wire import Reference, load_reference
 
 MISSING = "missing"  # the status of a planned trial that left no record
@@ -68,6 +70,11 @@ class Verification:
     # trial id -> what decided which kernels its run used (`PreparedInfo.settings`): a
     # verification worker may compile differently from a timed one (`CompilesQuickly`)
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # implementation -> the as-written program whose float64 run and floor stand for its own
+    # (a variant of the same formula, `verify_plan.borrowed_floors`)
+    floor_of: dict[str, str] = field(default_factory=dict)
+    # trial id of a full-size probe not run -> why (`unfit_probes`: it would not fit)
+    not_probed: dict[str, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> set[str]:
@@ -98,25 +105,65 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
            log_dir: Path | None = None, launch: Launch | None = None,
            launchers: Mapping[str, str] | None = None, parallel: int = 1,
            lineups: Mapping[str, Lineup] | None = None,
-           startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S, spread: tuple[str, ...] = ()) -> Verification:
+           startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S, spread: tuple[str, ...] = (),
+           device_info: Mapping[str, Mapping[str, Any]] | None = None) -> Verification:
     """Run every backend's reference steps on 1 and each of `devices` devices, then check.
 
     Arrays go to `work_dir` (tens of MB for large models: use a temporary directory);
     worker output goes to `log_dir`/workers.log (default `work_dir`). Up to `parallel` worker
     processes run at once (nothing here is timed), each job's devices starting at its own one
-    of the GPUs `spread` (`launcher.spread_environment`); `progress` hears of each."""
+    of the GPUs `spread` (`launcher.spread_environment`); `progress` hears of each. A full-size
+    probe whose estimated memory does not fit its backend's devices (`device_info`, see
+    `unfit_probes`) is not run."""
     names = [e.name for e in entries]
     trials = verification_trials(spec, names, devices, launchers, lineups)
+    unfit = unfit_probes(trials, lineups or {}, device_info or {}, environment)
+    to_run = [t for t in trials if t.id not in unfit]
+    held = memory_parallel(memory_checks(to_run, lineups or {}, device_info or {}, environment), max(1, len(spread)))
+    parallel = min(parallel, held or parallel)
     records: list[Record] = []
     ctx = launcher.Context(run_id="verify", run_dir=log_dir or work_dir, environment=environment,
                            write=records.append, arrays_dir=Path(work_dir),
                            shard_counts=tuple(sorted({n for n in devices if n > 1})),
                            launch=launch or Launch(), startup_timeout_s=startup_timeout_s, spread_gpus=spread)
+    records += [launcher.skipped_record(t, ctx, unfit[t.id]) for t in trials if t.id in unfit]
     if progress is not None:
-        progress.planned(trials)
+        progress.planned(to_run)
         ctx.listener = progress
-    launcher.run_groups(group_trials(trials, {e.name: e.target for e in entries}), ctx, parallel)
-    return verdict(spec, names, trials, records)
+    launcher.run_groups(group_trials(to_run, {e.name: e.target for e in entries}), ctx, parallel)
+    return replace(verdict(spec, names, trials, records), not_probed=unfit)
+
+
+# What a worker holds on its GPU besides the estimate of its step (CUDA context, kernels,
+# the allocator's slack), for `memory_parallel`: about a GiB for torch's and XLA's contexts.
+WORKER_CONTEXT_BYTES = GiB
+
+
+def memory_parallel(checks: Mapping[str, MemoryCheck], gpus: int) -> int | None:
+    """How many verification workers the devices' memory holds at once, were each to hold
+    the largest run's estimate (`checks`) and `WORKER_CONTEXT_BYTES`, over `gpus` GPUs; None
+    where the memory is not known. Side by side, workers that each fit would otherwise run
+    out of memory together, which reads as a model too large to verify."""
+    known = [check for check in checks.values() if check.usable_bytes is not None]
+    if not known:
+        return None
+    usable = min(check.usable_bytes or 0 for check in known)
+    largest = max(check.estimate.total for check in known) + WORKER_CONTEXT_BYTES
+    return max(1, usable // largest * gpus)
+
+
+def unfit_probes(trials: Sequence[Trial], lineups: Mapping[str, Lineup], devices: Mapping[str, Mapping[str, Any]],
+                 environment: Mapping[str, Any]) -> dict[str, str]:
+    """Trial id -> why, for each full-size probe whose estimated memory per device passes its
+    backend's device memory (`memory_check.device_memory_bytes`: the GPUs', or
+    XBENCH_DEVICE_MEMORY_GIB): its worker would build the full model's weights only to run out
+    of memory (on the host first, for a simulated device), and timing skips the model there
+    too. The probe is the full model at a few samples per device: what does not fit at that
+    batch fits at none."""
+    probes = [t for t in trials if is_full_size({"replicate": t.replicate})]
+    checks = memory_checks(probes, lineups, devices, environment)
+    return {t.id: f"{NOT_PROBED}: {check.reason}" for t in probes
+            if (check := checks.get(t.config_id)) is not None and not check.fits}
 
 
 def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: Sequence[Record]
@@ -132,8 +179,10 @@ def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: 
     float64 = {m.name for m in spec.models if verification_precision(m) == "fp64"}
     floors, rejected = rounding_floors(runs.refs, runs.referees)
     float64_checks = referee_checks({key: runs.referees[key] for key in floors}, reference)
+    borrowed = borrowed_floors(trials)
+    held, compared = _with_borrowed(floors, compared_in_float64(float64_checks), borrowed)
     checks = run_checks(runs.refs, reference_backend=reference, per_device_statistics=per_device,
-                        float64=float64, floors=floors, compared=compared_in_float64(float64_checks))
+                        float64=float64, floors=held, compared=compared)
     # A low-precision program shares its backend's model code: where the backend's own program
     # failed a check, the float64 run it would be measured against is no yardstick.
     failing = failed_backends(checks + float64_checks)
@@ -162,7 +211,16 @@ def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: 
     no_floor = {key: why for key, why in {**runs.no_referee, **rejected}.items() if key[0] not in runs.unverifiable}
     return Verification(tuple(checks), problems, frozenset(owners.values()), unverifiable, owners, floors, no_floor,
                         low_floors, tuple(sorted(unreported_shares({**runs.refs, **runs.probes}))),
-                        kernel_settings(records))
+                        kernel_settings(records), {key[0]: base[0] for key, base in borrowed.items()})
+
+
+def _with_borrowed(floors: Mapping[tuple[str, str], float], compared: Collection[tuple[str, str]],
+                   borrowed: Mapping[tuple[str, str], tuple[str, str]]
+                   ) -> tuple[dict[tuple[str, str], float], set[tuple[str, str]]]:
+    """The floors and float64-compared programs with each borrower (`borrowed_floors`) standing
+    where its as-written program stands: its floor if it has one, compared if it was."""
+    held = {**floors, **{key: floors[base] for key, base in borrowed.items() if base in floors}}
+    return held, {*compared, *(key for key, base in borrowed.items() if base in compared)}
 
 
 def kernel_settings(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
@@ -318,6 +376,9 @@ def _sort_probe(runs: _Runs, trial: Trial, record: Mapping[str, Any], reason: st
     runs.probe_precisions[key] = trial.precision
     if record["status"] == "ok":
         runs.probes[key] = load_reference(Path(record["arrays"]))
+    elif str(record.get("reason") or "").startswith(NOT_PROBED):
+        runs.too_large.setdefault(trial.implementation, f"{trial.model.name} on {trial.devices} device(s): "
+                                  f"{record['reason']}")
     elif record["status"] in ("skipped", "unsupported"):
         return
     elif out_of_memory(reason):

@@ -32,16 +32,19 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any],
                         environment, progress, log_dir=comparison.run_dir, launch=comparison.launch,
                         launchers=comparison.launchers, parallel=parallel_verification(comparison.devices),
                         spread=gpus_to_spread(comparison.devices),
-                        lineups=comparison.lineups, startup_timeout_s=comparison.startup_timeout_s)
+                        lineups=comparison.lineups, startup_timeout_s=comparison.startup_timeout_s,
+                        device_info=comparison.devices)
     write_json(comparison.run_dir / VERIFY_FILE, {
         "checks": checks_as_dicts(result.checks),
         "problems": result.problems,
         "failed_backends": sorted(result.failed),
         "rounding_floors": [{"backend": b, "model": m, "floor": f} for (b, m), f in sorted(result.floors.items())],
         "no_floor": [{"backend": b, "model": m, "why": why} for (b, m), why in sorted(result.no_floor.items())],
+        "floor_of": result.floor_of,  # a variant of the same formula -> the program whose float64 run stands for it
         "precision_floors": [{"backend": b, "model": m, "precision": p, "gradients": start, "training": steps}
                              for (b, m, p), (start, steps) in sorted(result.precision_floors.items())],
         "unverifiable": result.unverifiable,
+        "not_probed": result.not_probed,
         "shares_unchecked": list(result.shares_unchecked),
         "sizes_checked": [sizes_checked(m, comparison.spec.devices, verification_precision(m))
                           for m in comparison.spec.models],
@@ -51,15 +54,24 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any],
     return result
 
 
+GPU_WORKERS_PER_GPU = 8  # verification workers that may share one GPU (see parallel_verification)
+
+
 def parallel_verification(devices: Mapping[str, Mapping[str, Any]]) -> int:
     """Worker processes that may verify at once: verification is not timed, so the backends and
-    device counts run side by side, a few per core (most of a verification worker's time is
-    the framework's import and compilation). Simulated CPU devices share the host's cores,
-    so there at most one per core: their collectives wait for each other, and deadlock."""
+    device counts run side by side, one per two cores (most of a verification worker's time is
+    the framework's import and compilation, on the host, a few threads each), and at most
+    `GPU_WORKERS_PER_GPU` per GPU: on one H200, GPT-2 small and ResNet-50 workers held 26 GiB
+    four at a time and at most 12.6 GiB alone, so eight stay within a GPU's memory;
+    `verification.verify` lowers it further where the largest run's estimated memory says so.
+    Simulated CPU devices share the host's cores, so there at most one per core: their
+    collectives wait for each other, and deadlock."""
     cores = os.cpu_count() or 1
     if any(info["simulated"] for info in devices.values()):
         return max(1, min(2, cores))
-    return max(1, min(8, cores // 4))
+    gpus = max((int(info.get("available", 1)) for info in devices.values()
+                if info.get("platform") == "gpu"), default=1)
+    return max(1, min(GPU_WORKERS_PER_GPU * max(1, gpus), cores // 2))
 
 
 def gpus_to_spread(devices: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...]:
@@ -96,6 +108,15 @@ def started_without_verify(run_dir: Path) -> bool:
     if not (run_dir / RECORDS_FILE).exists():
         return False
     return any(r.get("verification") == unverified("--no-verify") for r in iter_records(run_dir / RECORDS_FILE))
+
+
+def verifies(run_dir: Path, implementations: Collection[str], no_verify: bool, resumed: bool) -> bool:
+    """Whether a run verifies before timing: not with --no-verify, and a resumed run not when
+    its start was --no-verify (its rest is not verified either) or its start's verification
+    finished (`saved_outcomes`: not repeated)."""
+    if no_verify:
+        return False
+    return not resumed or not (started_without_verify(run_dir) or saved_outcomes(run_dir, implementations) is not None)
 
 
 def saved_outcomes(run_dir: Path, implementations: Collection[str]) -> dict[str, dict[str, Any]] | None:

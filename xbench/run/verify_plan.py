@@ -3,7 +3,7 @@ float64 referees, and the low-precision reference runs (see `xbench.results.chec
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, TimingProtocol, Trial, Variant
@@ -15,6 +15,7 @@ from xbench.results.checks import (
     REFEREE_REPLICATE,
     VERIFY_BATCHES,
     VERIFY_STEPS,
+    is_referee,
     verification_model,
     verification_precision,
 )
@@ -54,7 +55,9 @@ def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[i
                 if builds(variant, model)
             ]
     trials += _as_written_for_low_precision(trials, protocol)
-    return trials + referee_trials(trials) + precision_reference_trials(trials) + probe_trials(trials, full)
+    same = {(backend, v.name) for backend in backends
+            for v in (lineups or {}).get(backend, Lineup()).variants if v.same_formula}
+    return trials + referee_trials(trials, same) + precision_reference_trials(trials) + probe_trials(trials, full)
 
 
 def probe_trials(trials: Sequence[Trial], full: Mapping[ModelSpec, ModelSpec | None]) -> list[Trial]:
@@ -105,12 +108,41 @@ def _as_written_for_low_precision(trials: Sequence[Trial], protocol: TimingProto
     return list(added.values())
 
 
-def referee_trials(trials: Sequence[Trial]) -> list[Trial]:
+def referee_trials(trials: Sequence[Trial], same_formula: Collection[tuple[str, str]] = ()) -> list[Trial]:
     """For each program and variant on 1 device, of each model verified in fp32: the same
     trial in float64, whose distance from the fp32 run is the program's rounding floor (see
-    FLOOR_FACTOR). A program that cannot run float64 just has no floor."""
-    return [replace(t, precision=REFEREE_PRECISION, replicate=REFEREE_REPLICATE) for t in trials
+    FLOOR_FACTOR). A program that cannot run float64 just has no floor. A variant in
+    `same_formula` ((backend, variant): `Variant.same_formula`) gets none where its as-written
+    program gets one: it borrows that one's floor (`borrowed_floors`)."""
+    fp32 = [t for t in trials
             if t.devices == 1 and t.precision == "fp32" and verification_precision(t.model) == "fp32"]
+    own = {_as_written(t).id for t in fp32 if t.variant == AS_WRITTEN}
+    return [replace(t, precision=REFEREE_PRECISION, replicate=REFEREE_REPLICATE) for t in fp32
+            if (t.backend, t.variant) not in same_formula or _as_written(t).id not in own]
+
+
+def borrowed_floors(trials: Sequence[Trial]) -> dict[tuple[str, str], tuple[str, str]]:
+    """(implementation, model) of each program planned in fp32 on 1 device without a float64
+    referee of its own (`referee_trials`: a variant of the same formula) -> that of its
+    as-written program, whose referee's floor and float64 checks stand for it. Dropping a
+    variant's referee so loses one check: its float64 ten steps against its backend's at
+    FLOAT64_TOLERANCES, i.e. a formula slip smaller than its fp32 ten-step tolerance; its fp32
+    initial gradients are still held to the fixed tolerance, its ten steps to its as-written
+    program's floor (FLOOR_FACTOR)."""
+    refereed = {replace(t, precision="fp32", replicate=0).id for t in trials if is_referee(_stored(t))}
+    return {(t.implementation, t.model.name): (_as_written(t).implementation, t.model.name) for t in trials
+            if t.devices == 1 and t.replicate == 0 and t.precision == "fp32" and t.variant != AS_WRITTEN
+            and verification_precision(t.model) == "fp32" and t.id not in refereed
+            and _as_written(t).id in refereed}
+
+
+def _as_written(trial: Trial) -> Trial:
+    """The same trial of the backend's as-written program (same program, protocol aside)."""
+    return replace(trial, variant=AS_WRITTEN)
+
+
+def _stored(trial: Trial) -> dict[str, object]:
+    return {"precision": trial.precision, "replicate": trial.replicate}
 
 
 def precision_reference_trials(trials: Sequence[Trial]) -> list[Trial]:
