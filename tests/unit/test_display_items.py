@@ -186,6 +186,18 @@ def test_a_machine_that_moved_during_the_run_is_said_in_its_bottom_line():
     assert bottom_line(rows, controls)[0].sentences[0] == said
 
 
+def test_a_run_that_timed_nothing_does_not_say_the_machine_moved():
+    """Where every row did not fit, no replicate was timed early or late: the movement of the
+    machine concerns nothing the run printed."""
+    controls = [{"when": "before", "host_loop_s": [0.0111, 0.012], "matmul_s": [0.0015, 0.0016]},
+                {"when": "after", "host_loop_s": [0.0091, 0.0093], "matmul_s": [0.0015, 0.0016]}]
+    unfit = {**record("slow", 1, 64, 0, 0.01), "status": "skipped",
+             "reason": "does not fit: needs ~245 GiB per device, has 140 GiB"}
+    [found] = bottom_line(rows_from_records([unfit]), controls)
+    assert found.sentences[0].startswith("Nothing fit in device memory")
+    assert not any("moved" in s for s in found.sentences)
+
+
 def test_the_report_says_the_machine_moved_from_the_runs_own_controls(tmp_path):
     import json
 

@@ -78,8 +78,9 @@ def bottom_line(rows: Sequence[Row], controls: Sequence[Mapping[str, Any]] = ())
     for model in dict.fromkeys(row.model for row in rows):
         measured = [r for r in full_rows(rows) if r.model == model and r.throughput is not None]
         fit = fit_sentence([r for r in full_rows(rows) if r.model == model])
-        if measured or fit:
-            said = ([moved] if moved else []) + ([fit] if fit else []) + (_sentences(measured) if measured else [])
+        if measured or fit:  # the machine's movement matters only to rows that were timed
+            said = ([moved] if moved and measured else []) + ([fit] if fit else []) + (
+                _sentences(measured) if measured else [])
             found.append(ModelBottomLine(model, tuple(said)))
     return found
 
