@@ -135,3 +135,23 @@ def test_a_model_too_large_to_probe_leaves_its_program_unverified_with_a_one_lin
     why = result.outcome("jax")
     assert why["status"] == "unverifiable" and "\n" not in why["reason"]
     assert why["reason"].startswith("gpt2-small is too large to verify on 1 device(s) here: failed: RESOURCE_EXHAUSTED")
+
+
+def test_summaries_are_the_norm_sum_and_two_fixed_sign_projections_chunk_for_chunk():
+    """Summaries taken a chunk at a time equal those of the whole tensor: the norm, the sum,
+    and the projections on signs that depend only on the tensor's index (not on the chunks)."""
+    from xbench.worker import capture
+
+    g = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    whole = summarize([g, g])
+    assert whole[0, 0] == pytest.approx(np.linalg.norm(g.astype(np.float64)))
+    assert whole[0, 1] == pytest.approx(g.astype(np.float64).sum())
+    assert whole[0, 2] != whole[1, 2]  # another tensor, other signs
+    signs = capture._signs(capture._sign_stream(0, 1), g.size)
+    assert set(np.unique(signs)) == {-1.0, 1.0} and whole[0, 2] == pytest.approx(g.astype(np.float64) @ signs)
+    chunked = capture.SUMMARY_CHUNK
+    try:
+        capture.SUMMARY_CHUNK = 64
+        np.testing.assert_allclose(summarize([g, g]), whole, rtol=1e-12)
+    finally:
+        capture.SUMMARY_CHUNK = chunked

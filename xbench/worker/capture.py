@@ -20,6 +20,7 @@ from xbench.wire import Reference
 # writing or comparing 124 M-parameter arrays.
 SUMMARY_COLUMNS = ("norm", "sum", "projection 1", "projection 2")
 MAX_SHARDS = 8  # a 1-device run reports its slice losses for every slice count up to this
+SUMMARY_CHUNK = 1 << 22  # values of a gradient summarised at once (32 MiB in float64; a multiple of 8)
 
 
 def reference_run(backend: Backend, prepared: Any, steps: int, trial: Trial | None = None,
@@ -62,14 +63,32 @@ def shard_losses(backend: Backend, prepared: Any, trial: Trial, wanted: tuple[in
 
 def summarize(gradients: list[Any]) -> np.ndarray:
     """One row of `SUMMARY_COLUMNS` per gradient tensor, in float64."""
-    rows = []
-    for index, gradient in enumerate(gradients):
-        g = np.asarray(gradient, np.float64).ravel()
-        rows.append([np.linalg.norm(g), g.sum(), *(g @ _signs(g.size, index, k) for k in (1, 2))])
+    rows = [_summary(np.asarray(gradient).ravel(), index) for index, gradient in enumerate(gradients)]
     return np.asarray(rows, np.float64).reshape(-1, len(SUMMARY_COLUMNS))
 
 
-def _signs(size: int, index: int, k: int) -> np.ndarray:
-    """The fixed random signs of tensor `index`'s k-th projection: every backend's worker
-    draws the same ones."""
-    return np.where(np.random.default_rng((index, k)).random(size) < 0.5, -1.0, 1.0)
+def _summary(g: np.ndarray, index: int) -> list[float]:
+    """Norm, sum and projections of one flattened tensor, a chunk at a time: a 1.5 B-parameter
+    model's gradient is never held in float64 whole, nor are its signs (one random bit each)."""
+    squares = total = 0.0
+    projections = [0.0, 0.0]
+    streams = [_sign_stream(index, k) for k in (1, 2)]
+    for start in range(0, g.size, SUMMARY_CHUNK):
+        part = g[start:start + SUMMARY_CHUNK].astype(np.float64)
+        squares += float(part @ part)
+        total += float(part.sum())
+        for j, stream in enumerate(streams):
+            projections[j] += float(part @ _signs(stream, part.size))
+    return [squares ** 0.5, total, *projections]
+
+
+def _sign_stream(index: int, k: int) -> np.random.Generator:
+    """The generator of tensor `index`'s k-th projection: every backend's worker draws the same
+    signs."""
+    return np.random.default_rng((index, k))
+
+
+def _signs(stream: np.random.Generator, size: int) -> np.ndarray:
+    """The next `size` signs (+1.0 or -1.0) of a projection's stream, one random bit each."""
+    bits = np.unpackbits(np.frombuffer(stream.bytes(-(-size // 8)), np.uint8))[:size]
+    return bits * 2.0 - 1.0
