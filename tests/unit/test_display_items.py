@@ -211,3 +211,16 @@ def test_the_report_says_the_machine_moved_from_the_runs_own_controls(tmp_path):
     records = [record(b, 1, 64, r, 1e-3) for b in ("fast", "slow") for r in range(3)]
     blocks = bottom_line_section(rows_from_records(records), read_controls(tmp_path))
     assert "The machine moved during the run" in to_markdown(blocks)
+
+
+def test_the_report_sets_the_verifications_wall_time_beside_the_timings(tmp_path):
+    import json
+
+    from xbench.report.pages import verification_cost
+
+    records = [{**record("fast", 1, 64, r, 1e-3), "started_at": f"2026-11-28T10:0{r}:00+00:00",
+                "finished_at": f"2026-11-28T10:0{r}:30+00:00"} for r in range(3)]
+    assert verification_cost(tmp_path, records) == ""  # no verify.json: a --no-verify run says nothing
+    (tmp_path / "verify.json").write_text(json.dumps({"wall_s": 95.0}))  # timing: 10:00:00 to 10:02:30
+    assert verification_cost(tmp_path, records) == "Verification took 2 min, timing 2 min."
+    assert verification_cost(tmp_path, []) == "Verification took 2 min."

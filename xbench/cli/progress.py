@@ -20,16 +20,9 @@ from rich.table import Column
 from rich.text import Text
 
 from xbench.contract import Trial
+from xbench.report.words import duration
 from xbench.results.records import Record
 from xbench.results.summary import throughput_samples
-
-
-def duration(seconds: float) -> str:
-    """Seconds as people say them: "41 s", "3 min", "1 h 05 min"."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    minutes = round(seconds / 60)
-    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def trial_label(trial: Trial) -> str:

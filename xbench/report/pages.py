@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,6 +24,7 @@ from xbench.report.words import (
     NUMERIC_COLUMNS,
     READING_NOTES,
     busy_text,
+    duration,
     fastest_cells,
     fastest_headers,
     model_facts,
@@ -110,7 +113,7 @@ def build_report(records: Sequence[Record], run: RunInfo | None,
     blocks += incomplete_section(run, run_dir)
     blocks += bottom_line_section(rows, read_controls(run_dir) if run_dir is not None else ())
     blocks += environment_section(records)
-    blocks += verification_section(records)
+    blocks += verification_section(records, run_dir)
     busbw = busbw_by_size(allreduce)
     for model in _models(rows):
         blocks += model_section(model, [r for r in rows if r.model == model], images.get(model, []), busbw)
@@ -186,7 +189,7 @@ def environment_section(records: Sequence[Record]) -> list[Block]:
     return [Heading("Environment"), Bullets(tuple(items))]
 
 
-def verification_section(records: Sequence[Record]) -> list[Block]:
+def verification_section(records: Sequence[Record], run_dir: Path | None = None) -> list[Block]:
     outcome: dict[str, VerificationOutcome] = {}
     for record in records:  # a record without one (xbench verify's own) says "unknown"
         trial = record["trial"]
@@ -199,10 +202,29 @@ def verification_section(records: Sequence[Record]) -> list[Block]:
                   "skipped": result.get("reason", ""),
                   "unverifiable": result.get("reason", "")}.get(status, "; ".join(result.get("failed", [])))
         items.append(f"`{backend}`: {status}" + (f" — {detail}" if detail else ""))
+    cost = verification_cost(run_dir, records)
     return [Heading("Identical work"),
             Paragraph("Before timing, xbench checks that each backend starts from the same weights, computes "
-                      "the same gradients on 1 and N devices, and trains the same way (details in verify.json)."),
+                      "the same gradients on 1 and N devices, and trains the same way (details in verify.json)."
+                      + (f" {cost}" if cost else "")),
             Bullets(tuple(items))]
+
+
+def verification_cost(run_dir: Path | None, records: Sequence[Record]) -> str:
+    """The verification's wall time (verify.json's) beside the timing's (from the first timed
+    trial's start to the last one's end), or "" where verify.json does not say."""
+    try:
+        wall = json.loads((run_dir / "verify.json").read_text(encoding="utf-8"))["wall_s"] if run_dir else None
+    except (OSError, ValueError, KeyError, TypeError):
+        wall = None
+    if not isinstance(wall, (int, float)):
+        return ""
+    stamps = [(r["started_at"], r["finished_at"]) for r in records if r.get("started_at") and r.get("finished_at")]
+    said = f"Verification took {duration(wall)}"
+    if not stamps:
+        return said + "."
+    timing = (datetime.fromisoformat(max(f for _, f in stamps)) - datetime.fromisoformat(min(s for s, _ in stamps)))
+    return said + f", timing {duration(timing.total_seconds())}."
 
 
 def model_section(model: str, rows: Sequence[Row], images: Sequence[Image], busbw: Busbw) -> list[Block]:

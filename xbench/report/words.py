@@ -32,6 +32,14 @@ RESULT_HEADERS = ("backend", "dev", "batch", "samples/s", INTERVAL_HEADER, "step
 NUMERIC_COLUMNS = frozenset(range(1, 11)) | {12}
 
 
+def duration(seconds: float) -> str:
+    """Measured seconds as people say them: "41 s", "3 min", "1 h 05 min"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 def result_cells(row: Row, brief: bool = False) -> tuple[str, ...]:
     """A measured row's cells, in RESULT_HEADERS order; `brief`: the notes as short tags, for
     a terminal's narrow last column (the report says them in full)."""

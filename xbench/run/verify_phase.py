@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any],
     """Check identical work and real all-reduces for the backends and device counts about to
     be timed (`progress` hears of each reference run); writes verify.json. Arrays stay in a
     temporary directory."""
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
         result = verify(comparison.spec, comparison.entries, comparison.spec.devices, Path(tmp),
                         environment, progress, log_dir=comparison.run_dir, launch=comparison.launch,
@@ -50,6 +52,7 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any],
                           for m in comparison.spec.models],
         "outcomes": {name: result.outcome(name) for name in comparison.implementations},
         "kernel_settings": result.settings,
+        "wall_s": round(time.monotonic() - started, 1),  # the report sets it beside the timing's
     })
     return result
 
