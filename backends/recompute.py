@@ -8,6 +8,10 @@ nnx.remat over each block, torch.utils.checkpoint around each block). The arithm
 same operations on the same values, so verify holds it to the plain programs; what changes is
 the memory the step keeps (every block's input and one block's activations at a time,
 `xbench.models.memory`) and the time it takes (each block's forward runs twice).
+
+`fsdp-remat` is the sharded program (`xbench_backends.sharding`) with remat's blocks, as FSDP
+trainers run the largest models: declared by `xbench_backends.sharding.remat_variant`, named
+here so that whatever builds a block knows from one place whether to checkpoint it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from xbench.contract import Variant
 REMAT = "remat"
 # Per-block checkpointing is what is done for transformers; the other families have no blocks.
 REMAT_FAMILIES = ("transformer",)
+FSDP_REMAT = "fsdp-remat"
+RECOMPUTING = (REMAT, FSDP_REMAT)  # the variants whose blocks are checkpointed
 
 
 def variant(how: str) -> Variant:
@@ -26,9 +32,10 @@ def variant(how: str) -> Variant:
                    same_formula=True)  # the same operations on the same values, twice
 
 
-def refusal(family: str) -> str | None:
-    """Why `remat` does not apply to a model of `family`, or None."""
+def refusal(family: str, name: str = REMAT) -> str | None:
+    """Why `remat` (or `name`, another variant that checkpoints blocks) does not apply to a
+    model of `family`, or None."""
     if family in REMAT_FAMILIES:
         return None
-    return (f"{REMAT} checkpoints each transformer block; the {family} family has no blocks "
+    return (f"{name} checkpoints each transformer block; the {family} family has no blocks "
             f"(it runs on {', '.join(REMAT_FAMILIES)})")

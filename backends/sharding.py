@@ -15,16 +15,25 @@ with it.
 A parameter is divided along the largest of its dimensions that the device count divides
 (jax's NamedSharding needs an even split; torch's FSDP2 splits dimension 0 and pads an
 uneven last share). A model none of whose parameters can be divided so is refused.
+
+`fsdp-remat` (`remat_variant`) is `fsdp` with each transformer block's activations recomputed
+in the backward pass (`xbench_backends.recompute`): the state sharded and the activations
+checkpointed, which the largest models (GPT-3 6.7B, 13B) need together. It is refused where
+either part is (the plain program; a family without blocks), by the parts' own rules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from xbench.contract import Variant
+from xbench_backends import recompute
 
 FSDP = "fsdp"
 FSDP_FAMILIES = ("mlp", "transformer")
+FSDP_REMAT = recompute.FSDP_REMAT
+SHARDED = (FSDP, FSDP_REMAT)  # the variants that run the sharded program (a backend may add its own)
 
 
 def variant(how: str, name: str = FSDP) -> Variant:
@@ -34,6 +43,14 @@ def variant(how: str, name: str = FSDP) -> Variant:
                          f"({how})", families=FSDP_FAMILIES, sharded=True,
                    # each device computes its share of the same formula, on 1 device all of it
                    same_formula=True)
+
+
+def remat_variant(how_sharded: str, how_recomputed: str) -> Variant:
+    """`fsdp-remat`: the `fsdp` Variant with `remat`'s blocks, as a backend declares it, each
+    part described as its own variant says it (`how_*`: with what); transformer only, as remat."""
+    sharded, remat = variant(how_sharded, FSDP_REMAT), recompute.variant(how_recomputed)
+    return replace(sharded, description=f"{sharded.description}; and {remat.description}",
+                   families=remat.families, recompute=True)
 
 
 NO_TWIN = ("fsdp has no compute-only twin: its parameters are gathered and its gradients reduce-scattered by the "

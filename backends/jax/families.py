@@ -22,7 +22,7 @@ import numpy as np
 from xbench.contract import Trial, Work
 from xbench_backends.jax import cnn, lstm, mlp, nnx_cnn, nnx_lstm, nnx_mlp, nnx_transformer, transformer
 from xbench_backends.jax.layers import FLOAT64, in_precision
-from xbench_backends.recompute import REMAT
+from xbench_backends.recompute import RECOMPUTING
 from xbench_backends.recompute import refusal as remat_refusal
 
 JNP_MODELS: dict[str, ModuleType] = {"mlp": mlp, "transformer": transformer, "cnn": cnn, "lstm": lstm}
@@ -85,8 +85,8 @@ def refusal(trial: Trial, work: Work, device) -> str | None:
             return (f"the {nnx_transformer.CUDNN} variant runs attention through cuDNN; the "
                     f"{work.model.family} family has no attention")
         return nnx_transformer.cudnn_refusal(trial, work, device)
-    if trial.variant == REMAT:
-        return remat_refusal(work.model.family)
+    if trial.variant in RECOMPUTING:
+        return remat_refusal(work.model.family, trial.variant)
     return None
 
 

@@ -12,11 +12,11 @@ None (jax's choice: XLA's einsum-softmax-einsum on the GPUs measured) as written
 (cuDNN's fused kernel: bf16/fp16 on NVIDIA GPUs only) in the `cudnn` variant; written out
 in float64 for "fp64" (jax's softmaxes in float32 whatever the inputs).
 
-The `remat` variant calls each block through `nnx.remat` (a lifted `jax.checkpoint`,
-`prevent_cse=True`): the backward pass recomputes the block's forward from its input, the same
-operations on the same values. The blocks draw no random numbers (this decoder has no
-dropout); were they to, the key would be an input of the checkpointed function, so the
-recomputation would draw the same masks.
+The `remat` variant (and `fsdp-remat`, the sharded program's) calls each block through
+`nnx.remat` (a lifted `jax.checkpoint`, `prevent_cse=True`): the backward pass recomputes the
+block's forward from its input, the same operations on the same values. The blocks draw no
+random numbers (this decoder has no dropout); were they to, the key would be an input of the
+checkpointed function, so the recomputation would draw the same masks.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from xbench.contract import Trial, Work
 from xbench_backends.jax.layers import compute_dtype, parameter_dtype, softmax_cross_entropy
 from xbench_backends.jax.transformer import GELU_APPROXIMATE, LAYER_NORM_EPSILON, float64_attention
-from xbench_backends.recompute import REMAT
+from xbench_backends.recompute import RECOMPUTING
 
 CUDNN = "cudnn"  # the variant whose attention runs cuDNN's fused kernel
 # The attention every program computes; tests set a classic slip here and verify must see it.
@@ -50,7 +50,7 @@ def constructor(trial: Trial, work: Work, variant: str):
     def call(block, h):
         return block(h)
 
-    run_block = nnx.remat(call) if variant == REMAT else call
+    run_block = nnx.remat(call) if variant in RECOMPUTING else call
 
     def attention(q, k, v):
         if q.dtype == jnp.float64:
@@ -135,6 +135,6 @@ def notes(trial: Trial, work: Work, device, variant: str) -> tuple[str, ...]:
         kernel = attention_kernel(trial, work, device)
     remat = ((f"remat: each of the {work.model.shape['layers']} blocks called through nnx.remat "
               "(jax.checkpoint, prevent_cse=True): its activations recomputed from its input in the backward pass",)
-             if variant == REMAT else ())
+             if variant in RECOMPUTING else ())
     return (kernel, f"LayerNorm epsilon {LAYER_NORM_EPSILON} (nnx.LayerNorm), GELU "
                     f"{'tanh' if GELU_APPROXIMATE else 'erf'}; no dropout", *remat)

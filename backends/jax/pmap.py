@@ -15,7 +15,7 @@ only), the functional pattern under `jax.jit`, as Flax's performance guide advis
 `cudnn`, the functional program with cuDNN's fused attention (transformer, bf16, NVIDIA
 GPUs); `fused`, `FUSED_STEPS` functional steps per compiled call (lax.scan); `fsdp`
 (data-parallel program only), parameters and Adam state sharded over the devices (`sharded`);
-`remat` (transformer), each block under nnx.remat (`nnx_transformer`).
+`remat` (transformer), each block under nnx.remat (`nnx_transformer`); `fsdp-remat`, both.
 
 Two ways to start it: one process driving every device (`setup`), or one process per device
 (`setup_process`, the spmd launcher) joined by `jax.distributed.initialize`; the pmapped
@@ -89,6 +89,7 @@ SIMULATED_DEVICE_LIMIT = 8
 # µs) is spread thin; measured on an H200, 50 fused steps ran within 2-7 % across processes.
 FUSED_STEPS = 50
 FUNCTIONAL = "functional"
+SHARDED_HOW = "jax.jit with NamedSharding over the data axis; XLA all-gathers and reduce-scatters"
 VARIANTS = (
     Variant(JNP, "the model in plain jax.numpy (the MLP through flax.linen's apply), no NNX"),
     Variant(FUNCTIONAL, "plain program: nnx.split once, jax.jit of a step that merges the model inside"),
@@ -99,8 +100,9 @@ VARIANTS = (
     # run of its own (the plain program's step is built otherwise), so a slip shared with it shows there.
     Variant("fused", f"{FUSED_STEPS} functional steps fused into one compiled call (lax.scan)",
             steps_per_call=FUSED_STEPS, same_formula=True),
-    sharding.variant("jax.jit with NamedSharding over the data axis; XLA all-gathers and reduce-scatters"),
+    sharding.variant(SHARDED_HOW),
     recompute.variant("nnx.remat"),
+    sharding.remat_variant(SHARDED_HOW, "nnx.remat"),
 )
 
 
@@ -252,7 +254,7 @@ class JaxPmapBackend:
             if why:
                 raise Unsupported(why)  # before anything expensive: the core records the reason
             model = build(trial, work, self.devices[0])
-            if trial.variant == sharding.FSDP:
+            if trial.variant in sharding.SHARDED:
                 prepared = sharded.prepare(trial, work, model, self.devices, precision_info(trial), model.notes)
             elif trial.program != PLAIN:
                 prepared = self._prepare(trial, work, model)
@@ -269,8 +271,8 @@ class JaxPmapBackend:
         if trial.variant == FUNCTIONAL and trial.program != PLAIN:
             return ("the data-parallel program is functional as written (pmap takes the split state); "
                     f"{FUNCTIONAL} is a variant of the plain program")
-        if trial.variant == sharding.FSDP and trial.program == PLAIN:
-            return (f"{sharding.FSDP} shards the data-parallel program over its devices; the plain program has "
+        if trial.variant in sharding.SHARDED and trial.program == PLAIN:
+            return (f"{trial.variant} shards the data-parallel program over its devices; the plain program has "
                     "no devices to shard over")
         return None
 

@@ -14,6 +14,10 @@ the devices' shares. Dropout (the MLP's) draws one mask over the global batch pe
 `jax-auto` does (verify runs without dropout).
 
 On 1 device the mesh has one device and nothing is divided: the program's own 1-device run.
+`fsdp-remat` is this program over the model built with each block under nnx.remat
+(`nnx_transformer`): the backward pass recomputes each block's activations from its input;
+the parameters are gathered as in `fsdp` (whether a gathered parameter is kept for the
+backward pass or gathered again is XLA's choice in either).
 One process drives every device (the subprocess launcher); under spmd it is refused.
 """
 
@@ -54,8 +58,8 @@ def prepare(trial: Trial, work: Work, model: JaxModel, devices: list, precision:
     shapes = [tuple(p.shape) for p in work.parameters]
     why = sharding.refusal(shapes, n) or (None if trial.all_reduce else sharding.NO_TWIN)
     if jax.process_count() > 1:  # verification reads whole arrays and every device's copy from this process
-        why = why or ("jax:fsdp runs with one process driving every device (--launcher subprocess); its readback "
-                      "of gathered weights and gradients is not written for one process per device")
+        why = why or (f"jax:{trial.variant} runs with one process driving every device (--launcher subprocess); "
+                      "its readback of gathered weights and gradients is not written for one process per device")
     if why:
         raise Unsupported(why)
     mesh = jax.sharding.Mesh(np.array(devices), (AXIS,))

@@ -42,7 +42,7 @@ from xbench_backends.jax.steps import (
     train_steps,
 )
 from xbench_backends.recompute import REMAT
-from xbench_backends.sharding import FSDP
+from xbench_backends.sharding import FSDP, FSDP_REMAT
 
 
 @dataclass
@@ -73,7 +73,7 @@ class _MeshBackend(JaxPmapBackend):
     # `functional` is a variant of the plain program; these programs are functional as written.
     # `fsdp` is `jax`'s sharded program (jit with NamedShardings already): not a variant of these.
     # `remat` changes how a block is differentiated, not how the step is distributed: `jax`'s to time.
-    variants: ClassVar[tuple] = tuple(v for v in VARIANTS if v.name not in (FUNCTIONAL, FSDP, REMAT))
+    variants: ClassVar[tuple] = tuple(v for v in VARIANTS if v.name not in (FUNCTIONAL, FSDP, REMAT, FSDP_REMAT))
     runner: ClassVar[str] = ""  # how the step runs, for the notes
 
     def prepare(self, trial: Trial, work: Work) -> MeshPrepared:
