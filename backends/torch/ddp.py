@@ -14,7 +14,8 @@ Adam step stays eager. `channels-last` stays eager. `fsdp` (data-parallel progra
 the eager step under FSDP2 instead of DDP: parameters, gradients and Adam state sharded over
 the ranks (`fsdp`); `fsdp-compile` compiles each sharded unit in place before sharding it.
 `remat` (transformer) runs the eager step with each block under
-`torch.utils.checkpoint` (`transformer`). `compile`, `cuda-graphs` and `channels-last` turn on
+`torch.utils.checkpoint` (`transformer`); `fsdp-remat`, `fsdp` with each block checkpointed
+before it is sharded (`fsdp.checkpoint_units`). `compile`, `cuda-graphs` and `channels-last` turn on
 cuDNN's benchmark mode and lay out the cnn family (its weights, activations and images) channels-last; as
 written, neither. `channels-last` alone is refused for families without convolutions.
 
@@ -94,7 +95,8 @@ PRECISION = {
     "fp64": (False, False, "highest", None, "float64"),
 }
 FSDP_COMPILE = "fsdp-compile"
-SHARDED = (sharding.FSDP, FSDP_COMPILE)
+SHARDED = (*sharding.SHARDED, FSDP_COMPILE)
+FSDP_HOW = "FSDP2 fully_shard per block and at the root, bf16 through its MixedPrecisionPolicy"
 VARIANTS = (
     # Inductor's kernels compute the traced graph's operations (same_formula: only their rounding
     # differs from eager's); cudnn.benchmark and channels-last pick kernels for the same convolutions.
@@ -104,10 +106,13 @@ VARIANTS = (
     Variant("cuda-graphs", "the same in mode='reduce-overhead': CUDA graphs", warmup_steps=3, same_formula=True),
     Variant("channels-last", "eager, channels-last memory format and cudnn.benchmark (cnn only)",
             families=("cnn",), same_formula=True),
-    sharding.variant("FSDP2 fully_shard per block and at the root, bf16 through its MixedPrecisionPolicy"),
+    sharding.variant(FSDP_HOW),
     # torchtitan's order: each block compiled in place, then sharded; embeddings, head and loss eager.
     sharding.variant("the same with each block torch.compile'd (default mode) before fully_shard", FSDP_COMPILE),
     recompute.variant("torch.utils.checkpoint, use_reentrant=False"),
+    # torchtitan's order: each block wrapped in checkpoint_wrapper, then sharded.
+    sharding.remat_variant(FSDP_HOW, "checkpoint_wrapper (torch.utils.checkpoint, use_reentrant=False) around "
+                                     "each block before fully_shard"),
 )
 
 
@@ -131,6 +136,7 @@ TUNINGS = {
     sharding.FSDP: Tuning(),  # eager, as written; the program differs (`fsdp`), not the tuning
     FSDP_COMPILE: Tuning(compile_units="default"),
     recompute.REMAT: Tuning(checkpoint_blocks=True),  # eager, as written, but for how blocks are differentiated
+    sharding.FSDP_REMAT: Tuning(checkpoint_blocks=True),  # fsdp's program, remat's blocks
 }
 # What the compiled variants compile (settings["compiled_region"]): the TrainingLoss module.
 COMPILED_REGION = "forward and loss"
@@ -277,7 +283,7 @@ class TorchDdpBackend:
             reason = model_families.channels_last_unsupported(trial.model.family)
             if reason:
                 raise Unsupported(reason)  # before torch is even imported
-        if tuning.checkpoint_blocks and (reason := recompute.refusal(trial.model.family)):
+        if tuning.checkpoint_blocks and (reason := recompute.refusal(trial.model.family, trial.variant)):
             raise Unsupported(reason)
         fsdp = trial.variant in SHARDED
         reason = fsdp_module().refusal(trial, work, self._process().world_size) if fsdp else None
@@ -321,7 +327,7 @@ class TorchDdpBackend:
         built = model_families.build(work, device, compute_dtype, param_dtype, channels_last=channels_last)
         model = built.model
         canonical = built.canonical
-        remat_notes = (model_families.checkpoint_blocks(model),) if tuning.checkpoint_blocks else ()
+        remat_notes = (_checkpoint_blocks(model, fsdp),) if tuning.checkpoint_blocks else ()
         if fsdp:  # sharded before the optimizer is built, so that Adam holds the shards
             canonical = fsdp_module().shard(model, built.canonical, device, process.world_size, compute_dtype,
                                             tuning.compile_units)
@@ -541,6 +547,13 @@ def fsdp_module():
     from xbench_backends.torch import fsdp
 
     return fsdp
+
+
+def _checkpoint_blocks(model, sharded: bool) -> str:
+    """Each block of a built transformer checkpointed, as `remat` does it (a flag the model's
+    forward reads) or, to be sharded next, as FSDP trainers do it (`fsdp.checkpoint_units`);
+    what it did, for the notes."""
+    return fsdp_module().checkpoint_units(model) if sharded else model_families.checkpoint_blocks(model)
 
 
 def _forward_backward(p: TorchPrepared):

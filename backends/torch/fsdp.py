@@ -15,6 +15,15 @@ rank the mesh has one device and nothing is divided: the program's own 1-device 
 What the verification reads is gathered: weights and gradients (`DTensor.full_tensor`, an
 all-gather of the shares) in the core's canonical order and layout, by parameter name, since
 `fully_shard` replaces each parameter with a sharded one of the same name.
+
+`fsdp-remat` wraps each block in torch's `checkpoint_wrapper` (non-reentrant
+`torch.utils.checkpoint`) before sharding it, torchtitan's order (`apply_ac`, then
+`apply_fsdp`): each unit is then a checkpointed block, FSDP2's hooks are on the wrapper, so
+its all-gather runs before the checkpointed forward, not inside it, and in the backward pass
+FSDP2's pre-backward hook gathers the unit's parameters once, for the recomputation and the
+gradient alike. (The other order, `remat`'s checkpoint around the sharded block's call, runs
+the unit's forward hooks again in the recomputation, which FSDP2 tolerates but torchtitan does
+not write.) The wrapper keeps the parameters' names (it strips its own prefix).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ SUM_SHARD_GRADIENTS = False
 def refusal(trial: Trial, work: Work, world: int) -> str | None:
     """Why `torch:fsdp` cannot run the trial, or None; checked before torch builds anything."""
     if trial.program != DATA_PARALLEL:
-        return f"{sharding.FSDP} shards the data-parallel program over its ranks; the plain program has none"
+        return f"{trial.variant} shards the data-parallel program over its ranks; the plain program has none"
     if not trial.all_reduce:
         return sharding.NO_TWIN
     return sharding.refusal([tuple(p.shape) for p in work.parameters], world)
@@ -79,6 +88,20 @@ def units(model) -> list[Any]:
     if blocks is not None:
         return list(blocks)
     return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def checkpoint_units(model) -> str:
+    """`fsdp-remat`: each block of a built transformer replaced, in place, by itself under
+    torch's checkpoint_wrapper, before `shard` (see the module's note on the order); what it
+    did, for the notes."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    blocks = model.blocks
+    for index, block in enumerate(blocks):
+        blocks[index] = checkpoint_wrapper(block, CheckpointImpl.NO_REENTRANT, preserve_rng_state=True)
+    return (f"remat: each of the {len(blocks)} blocks wrapped in checkpoint_wrapper(NO_REENTRANT: "
+            "torch.utils.checkpoint.checkpoint(use_reentrant=False), preserve_rng_state=True) before fully_shard, "
+            "torchtitan's order: its activations recomputed from its input in the backward pass")
 
 
 def compile_note(model, mode: str) -> str:
