@@ -13,9 +13,9 @@ The plain program (`trial.program == "plain"`) is what a user writes for one dev
 strategy: the same model, Adam and step, called directly. The `xla` variant compiles each
 replica's forward and backward with `tf.function(jit_compile=True)`, in either program. The
 `fsdp` variant (sharded data parallelism, as `jax` and `torch` have it) is declared so that it
-is asked of TensorFlow too, and refused with the reason (`FSDP_REASON`). The `remat` variant
-(transformer) recomputes each block in the backward pass through `keras.remat`, in either
-program.
+is asked of TensorFlow too, and refused with the reason (`FSDP_REASON`), as is `fsdp-remat`
+(the same, its blocks recomputed). The `remat` variant (transformer) recomputes each block in
+the backward pass through `keras.remat`, in either program.
 
 The models (`mlp`, `transformer`, `cnn`, `lstm`), their per-example losses and the mapping of
 their variables to the core's canonical parameters are in `models`; the step programs here
@@ -51,7 +51,7 @@ from xbench.contract import (
     probe_distributions,
 )
 from xbench_backends import recompute
-from xbench_backends.sharding import FSDP, FSDP_FAMILIES
+from xbench_backends.sharding import FSDP, FSDP_FAMILIES, FSDP_REMAT, SHARDED
 from xbench_backends.tf.models import FAMILIES, Built, build
 
 SIMULATED_DEVICE_LIMIT = 8
@@ -63,7 +63,9 @@ KERAS_POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16"
 VARIANTS = (Variant("xla", "XLA: jit_compile=True on the per-replica forward and backward", same_formula=True),
             Variant(FSDP, "sharded data parallelism: unsupported, TensorFlow has no sharded data-parallel strategy",
                     families=FSDP_FAMILIES),
-            recompute.variant("keras.remat around each block: tf.recompute_grad"))
+            recompute.variant("keras.remat around each block: tf.recompute_grad"),
+            Variant(FSDP_REMAT, "fsdp with each transformer block recomputed: unsupported, as fsdp",
+                    families=recompute.REMAT_FAMILIES))
 # Checked in TensorFlow 2.21 and Keras 3.15: nothing in tf.distribute shards a data-parallel
 # program's variables over its own replicas (ZeRO/FSDP); what comes closest is not one.
 FSDP_REASON = ("TensorFlow has no sharded data-parallel strategy: MirroredStrategy and MultiWorkerMirroredStrategy "
@@ -216,7 +218,7 @@ class TfMirroredBackend:
         return [[float(v) for v in row] for row in strategy.gather(local, axis=0).numpy()]
 
     def prepare(self, trial: Trial, work: Work) -> TfPrepared:
-        if trial.variant == FSDP:
+        if trial.variant in SHARDED:
             raise Unsupported(FSDP_REASON)  # before TensorFlow is even imported
         jit_compile = _jit_compile(trial.variant)  # refuses an unknown one before touching TensorFlow
         remat = trial.variant == recompute.REMAT
