@@ -73,6 +73,7 @@ class _MeshBackend(JaxPmapBackend):
     # `functional` is a variant of the plain program; these programs are functional as written.
     # `fsdp` is `jax`'s sharded program (jit with NamedShardings already): not a variant of these.
     # `remat` changes how a block is differentiated, not how the step is distributed: `jax`'s to time.
+    # `fsdp-remat` is both: `jax`'s.
     variants: ClassVar[tuple] = tuple(v for v in VARIANTS if v.name not in (FUNCTIONAL, FSDP, REMAT, FSDP_REMAT))
     runner: ClassVar[str] = ""  # how the step runs, for the notes
 

@@ -29,13 +29,14 @@ def captured_main(*args: str, env: dict[str, str] | None = None) -> tuple[int, s
 
 @pytest.fixture(scope="session")
 def transformer_variants_verified():
-    """One `xbench verify` of jax and torch with their remat and fsdp variants, transformer-tiny
+    """One `xbench verify` of jax and torch with their remat, fsdp and fsdp-remat variants, transformer-tiny
     on 1 and 2 devices: (exit code, stdout, stderr). The variants share the programs they are
-    checked against (each backend's own on 1 and 2 devices and its float64 referee), which two
-    separate verifies ran twice."""
+    checked against (each backend's own on 1 and 2 devices and its float64 referee), which
+    separate verifies would run once each."""
     pytest.importorskip("jax")
     pytest.importorskip("torch")
     return captured_main("verify", "--backends", "jax", "torch",
-                         "--variants", "jax:remat", "torch:remat", "jax:fsdp", "torch:fsdp",
+                         "--variants", "jax:remat", "torch:remat", "jax:fsdp", "torch:fsdp", "jax:fsdp-remat",
+                         "torch:fsdp-remat",
                          "--single-device", "data-parallel", "--model", "transformer-tiny", "--devices", "2",
                          env={"COLUMNS": "240"})  # one line per check: no subject wrapped inside its cell

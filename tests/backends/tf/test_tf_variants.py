@@ -108,7 +108,7 @@ def test_programs_and_variants_are_declared():
 
     backend = TfMirroredBackend()
     assert programs_of(backend) == ("data-parallel", "plain")
-    assert list(variants_of(backend)) == ["xla", "fsdp", "remat"]
+    assert list(variants_of(backend)) == ["xla", "fsdp", "remat", "fsdp-remat"]
     assert "jit_compile" in variants_of(backend)["xla"].description
 
 
@@ -156,7 +156,8 @@ def test_program_and_variant_are_recorded(runs):
 @pytest.mark.slow
 def test_unknown_variant_is_refused(runs):
     for devices in RUNS:
-        assert runs[devices]["refusal"] == "unknown variant 'fused' of tf; known: as-written, xla, fsdp, remat"
+        assert runs[devices]["refusal"] == ("unknown variant 'fused' of tf; known: as-written, xla, fsdp, remat, "
+                                            "fsdp-remat")
 
 
 if __name__ == "__main__":

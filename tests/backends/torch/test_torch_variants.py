@@ -129,7 +129,7 @@ def test_programs_and_variants_are_declared():
     backend = TorchDdpBackend()
     assert programs_of(backend) == (DATA_PARALLEL, PLAIN)
     variants = variants_of(backend)
-    assert list(variants) == ["compile", "cuda-graphs", "channels-last", "fsdp", "fsdp-compile", "remat"]
+    assert list(variants) == ["compile", "cuda-graphs", "channels-last", "fsdp", "fsdp-compile", "remat", "fsdp-remat"]
     assert variants["fsdp-compile"].sharded and variants["fsdp-compile"].families == variants["fsdp"].families
     assert variants["cuda-graphs"].warmup_steps == 3 and variants["compile"].warmup_steps is None
     assert variants["channels-last"].warmup_steps is None
