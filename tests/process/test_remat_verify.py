@@ -20,7 +20,8 @@ def test_the_remat_variants_verify_against_the_programs_without_them(transformer
     for subject in ("transformer-tiny: jax+remat d1 vs jax d1", "transformer-tiny: torch+remat d1 vs jax d1",
                     "transformer-tiny: jax+remat d2 vs jax+remat d1",
                     "transformer-tiny: torch+remat d2 vs torch+remat d1",
-                    "transformer-tiny: torch+remat d2 vs jax d1", "transformer-tiny: jax+remat d2: replicas 1.. vs 0",
-                    "transformer-tiny: torch+remat d1 vs torch d1, float64"):
+                    "transformer-tiny: torch+remat d2 vs jax d1", "transformer-tiny: jax+remat d2: replicas 1.. vs 0"):
         assert subject in flat, subject
+    # the same formula: held to the program's own float64 run and floor, not a run of its own
+    assert "torch+remat use torch's float64 run and floor" in " ".join(err.split())
     assert "FAIL" not in out and "checks passed" in err
