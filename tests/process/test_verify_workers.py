@@ -90,3 +90,25 @@ def test_a_run_killed_in_a_shared_worker_fails_its_program_and_the_rest_go_on_in
         assert (tmp_path / "arrays" / f"{trial_id.replace('/', '_')}.npz").exists(), trial_id
         assert first in result.problems.get(trial_id, first), result.problems[trial_id]
 
+
+@pytest.mark.parametrize("devices, workers", [(1, 1), (2, 2)])
+def test_a_failed_trial_ends_an_spmd_worker_only_where_other_ranks_may_wait_on_it(
+        run_cli, fake_backends, tmp_path, devices, workers):
+    """The one rank of a 1-device spmd job goes on after a failure (verification's shared
+    workers meet many: each variant a backend refuses on this platform), as a subprocess worker
+    does; the ranks of a 2-device job start afresh."""
+    from tests.conftest import order_seed_starting_with
+    from xbench.results.records import read_records
+
+    first = order_seed_starting_with(f"numpy-spmd/medium/d{devices}/b16/spmd/r0", "numpy-spmd", [16, 32], [devices],
+                                     "spmd")
+    code, _, err = run_cli("compare", "--backends", "numpy-spmd", "--model", "medium", "--steps", "2",
+                           "--warmup-steps", "0", "--no-verify", "--devices", str(devices), "--batch-sizes", "16,32",
+                           "--order-seed", first, "--option", "numpy-spmd.fail_batch=16",
+                           "--out", str(tmp_path / "run"))
+    assert (tmp_path / "run" / "records.jsonl").exists(), err
+    statuses = [(r["trial_id"], r["status"]) for r in read_records(tmp_path / "run") if r["trial"]["replicate"] == 0]
+    assert code == 1 and [status for _, status in statuses] == ["failed", "ok"], statuses
+    starts = [line for line in (tmp_path / "run" / "workers.log").read_text().splitlines()
+              if line.startswith(f"=== numpy-spmd on {devices} device(s), replicate 0") and "worker pid(s)" in line]
+    assert len(starts) == workers, starts

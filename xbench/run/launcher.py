@@ -266,9 +266,12 @@ class Gang:
         for trial in trials:
             record = self._trial_record(trial, ready["device_info"], ctx)
             # A failed rank may leave the others inside a collective: start afresh, as after
-            # anything that stopped the gang (a timeout, an event it could not read).
+            # anything that stopped the gang (a timeout, an event it could not read). The one
+            # rank of a 1-device job has no others (an spmd job's devices are its ranks, on
+            # every node): it goes on, as a subprocess worker does.
             status = record["status"]
-            ended = status in ("timeout", "crashed") or self.stopped or (self.spmd and status != "ok")
+            collective = self.spmd and trial.devices > 1
+            ended = status in ("timeout", "crashed") or self.stopped or (collective and status != "ok")
             if ctx.arrays_dir is None:
                 record = fit_or_not(record)
             if self.process is not None:
