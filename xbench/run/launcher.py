@@ -33,7 +33,7 @@ from xbench.results.records import ProcessFacts, Record
 from xbench.run.bounds import STARTUP_OPTION, TRIAL_OPTION, Deadline
 from xbench.run.cluster import Launch, job_ports
 from xbench.run.plan import Group
-from xbench.run.worker_process import Arrival, Worker
+from xbench.run.worker_process import PER_WORKER, Arrival, Worker, worker_environment
 from xbench.run.zygote import ForkedProcess, ForkServers
 from xbench.wire import Done, Job, Ready, Result, SetupFailed, Start, Unavailable, Window, WireError
 from xbench.wire import utc_now as _now
@@ -99,6 +99,14 @@ def run_groups(groups: list[Group], ctx: Context, parallel: int = 1) -> list[Rec
     return records
 
 
+def start_fork_servers(groups: list[Group], ctx: Context) -> None:
+    """Start the fork servers of the groups' backends now, from this thread, when `run_groups`
+    will run them side by side from threads of its own, which start none (`ForkServers.fork`):
+    else every worker would import its framework from scratch."""
+    if ctx.fork_servers is not None:
+        ctx.fork_servers.start([group.target for group in groups], {**worker_environment(), **ctx.env}, PER_WORKER)
+
+
 def run_group(group: Group, ctx: Context) -> list[Record]:
     records: list[Record] = []
     pending = list(group.trials)
@@ -125,8 +133,10 @@ def start_gang(group: Group, trials: list[Trial], ctx: Context, job_index: int =
     job = Job(group.target, group.devices, trials[0].platform, mode="time" if ctx.arrays_dir is None else "verify",
               trials=tuple(trials), arrays_dir=ctx.arrays_dir,
               shard_counts=ctx.shard_counts if ctx.arrays_dir is not None else ())
-    label = f"{group.backend} on {group.devices} device(s), replicate {trials[0].replicate}"
     untimed = ctx.arrays_dir is not None  # a timed job's devices are the first GPUs, as the user's are
+    # A verification worker runs trials of several replicate numbers (`verification_groups`).
+    label = f"{group.backend} on {group.devices} device(s), " + (
+        f"{len(trials)} verification run(s)" if untimed else f"replicate {trials[0].replicate}")
     shared = {**ctx.env, **spread_environment(ctx.spread_gpus if untimed else (), job_index)}
     if group.launcher != "spmd":
         return Gang.start([(job, shared)], ctx.run_dir / LOG_FILE, label, ctx.fork_servers)
@@ -256,9 +266,12 @@ class Gang:
         for trial in trials:
             record = self._trial_record(trial, ready["device_info"], ctx)
             # A failed rank may leave the others inside a collective: start afresh, as after
-            # anything that stopped the gang (a timeout, an event it could not read).
+            # anything that stopped the gang (a timeout, an event it could not read). The one
+            # rank of a 1-device job has no others (an spmd job's devices are its ranks, on
+            # every node): it goes on, as a subprocess worker does.
             status = record["status"]
-            ended = status in ("timeout", "crashed") or self.stopped or (self.spmd and status != "ok")
+            collective = self.spmd and trial.devices > 1
+            ended = status in ("timeout", "crashed") or self.stopped or (collective and status != "ok")
             if ctx.arrays_dir is None:
                 record = fit_or_not(record)
             if self.process is not None:

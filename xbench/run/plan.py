@@ -42,7 +42,9 @@ def variant_protocol(protocol: TimingProtocol, variant: Variant) -> TimingProtoc
 
 @dataclass(frozen=True)
 class Group:
-    """Trials one worker process runs in turn: one backend, one device count, one replicate."""
+    """Trials one worker process runs in turn: one backend, device count and launcher; of one
+    replicate when timed (`group_trials`), of several in verification
+    (`verify_plan.verification_groups`)."""
 
     backend: str
     target: str  # the backend's entry-point value, imported by the worker

@@ -29,12 +29,12 @@ from xbench.results.checks import (
 from xbench.results.fit import MemoryCheck, out_of_memory
 from xbench.results.full_size import NOT_PROBED, full_size_checks, is_full_size, shard_checks, unreported_shares
 from xbench.results.records import Record
-from xbench.run import launcher
+from xbench.run import launcher, zygote
 from xbench.run.cluster import Launch
 from xbench.run.memory_check import memory_checks
-from xbench.run.plan import Lineup, group_trials
+from xbench.run.plan import Lineup
 from xbench.run.registry import BackendEntry
-from xbench.run.verify_plan import borrowed_floors, is_low_precision, verification_trials
+from xbench.run.verify_plan import borrowed_floors, is_low_precision, verification_groups, verification_trials
 from xbench.wire import Reference, load_reference
 
 MISSING = "missing"  # the status of a planned trial that left no record
@@ -111,8 +111,10 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
 
     Arrays go to `work_dir` (tens of MB for large models: use a temporary directory);
     worker output goes to `log_dir`/workers.log (default `work_dir`). Up to `parallel` worker
-    processes run at once (nothing here is timed), each job's devices starting at its own one
-    of the GPUs `spread` (`launcher.spread_environment`); `progress` hears of each. A full-size
+    processes run at once (nothing here is timed), several runs each (`verification_groups`),
+    forked from a server per backend that imported its framework once (`xbench.run.zygote`),
+    each job's devices starting at its own one of the GPUs `spread`
+    (`launcher.spread_environment`); `progress` hears of each run. A full-size
     probe whose estimated memory does not fit its backend's devices (`device_info`, see
     `unfit_probes`) is not run."""
     names = [e.name for e in entries]
@@ -122,15 +124,20 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     held = memory_parallel(memory_checks(to_run, lineups or {}, device_info or {}, environment), max(1, len(spread)))
     parallel = min(parallel, held or parallel)
     records: list[Record] = []
-    ctx = launcher.Context(run_id="verify", run_dir=log_dir or work_dir, environment=environment,
-                           write=records.append, arrays_dir=Path(work_dir),
-                           shard_counts=tuple(sorted({n for n in devices if n > 1})),
-                           launch=launch or Launch(), startup_timeout_s=startup_timeout_s, spread_gpus=spread)
-    records += [launcher.skipped_record(t, ctx, unfit[t.id]) for t in trials if t.id in unfit]
-    if progress is not None:
-        progress.planned(to_run)
-        ctx.listener = progress
-    launcher.run_groups(group_trials(to_run, {e.name: e.target for e in entries}), ctx, parallel)
+    run_dir = log_dir or work_dir
+    groups = verification_groups(to_run, {e.name: e.target for e in entries}, parallel)
+    with zygote.fork_servers(Path(run_dir) / launcher.LOG_FILE, startup_timeout_s) as servers:
+        ctx = launcher.Context(run_id="verify", run_dir=run_dir, environment=environment,
+                               write=records.append, arrays_dir=Path(work_dir),
+                               shard_counts=tuple(sorted({n for n in devices if n > 1})),
+                               launch=launch or Launch(), startup_timeout_s=startup_timeout_s, spread_gpus=spread,
+                               fork_servers=servers)
+        records += [launcher.skipped_record(t, ctx, unfit[t.id]) for t in trials if t.id in unfit]
+        if progress is not None:
+            progress.planned(to_run)
+            ctx.listener = progress
+        launcher.start_fork_servers(groups, ctx)
+        launcher.run_groups(groups, ctx, parallel)
     return replace(verdict(spec, names, trials, records), not_probed=unfit)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
+from math import ceil
 
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, TimingProtocol, Trial, Variant
 from xbench.experiment import Spec
@@ -20,7 +21,7 @@ from xbench.results.checks import (
     verification_precision,
 )
 from xbench.results.full_size import FULL_SIZE_REPLICATE, full_size_model
-from xbench.run.plan import Lineup
+from xbench.run.plan import Group, Lineup
 
 
 def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[int],
@@ -159,3 +160,40 @@ def precision_reference_trials(trials: Sequence[Trial]) -> list[Trial]:
                                           replicate=PRECISION_REFERENCE_REPLICATES[t.precision],
                                           protocol=replace(t.protocol, steps_per_call=1)))
     return list(found.values())
+
+
+# Verification's worker processes: at least this many per worker it runs at once (see
+# `verification_groups`).
+GROUPS_PER_SLOT = 2
+
+
+def verification_groups(trials: Sequence[Trial], targets: Mapping[str, str], parallel: int) -> list[Group]:
+    """The worker processes that run verification's `trials`, up to `parallel` at once; the
+    longest (most trials) first, so that the short ones fill the slots the long ones leave.
+
+    A worker's start (the framework's import, its device context) costs seconds, as much as
+    one of verification's small runs, so here every trial of one backend, device count and
+    launcher may share a worker, whatever its replicate number (fp32 run, float64 referee,
+    low-precision reference, full-size probe), variant, program, model or precision: each
+    backend sets every per-trial setting in `prepare` (precision flags, x64 mode scoped to the
+    trial's calls, dtype policies, tuning flags; its tests show an fp32 run after a float64 one
+    in the same process bit for bit unchanged), and the worker makes it forget each trial
+    (`xbench.worker.main.run_trials`). Timing keeps one replicate per process, for the
+    variation between processes it measures; nothing here is timed.
+
+    Each such backend's trials are dealt in turn to as few workers as keep `GROUPS_PER_SLOT`
+    workers per parallel slot: fewer workers would leave slots idle while the last, longest
+    ones finish; dealt in turn, so that the costly kinds (compiled variants, probes) spread
+    over them. A trial's position (`Group.positions`, which picks the GPU its job starts on,
+    `launcher.spread_environment`) is its worker's index in this order, plus a multiple of the
+    number of workers for later trials: the first workers start on the GPUs in turn."""
+    by_process: dict[tuple, list[Trial]] = {}
+    for trial in trials:
+        by_process.setdefault((trial.backend, trial.devices, trial.launcher), []).append(trial)
+    cap = max(1, ceil(len(trials) / (GROUPS_PER_SLOT * max(1, parallel))))
+    shares = [items[start::workers] for items in by_process.values()
+              for workers in [ceil(len(items) / cap)] for start in range(workers)]
+    shares.sort(key=len, reverse=True)  # stable: plan order among equals
+    return [Group(share[0].backend, targets[share[0].backend], share[0].devices, tuple(share), share[0].launcher,
+                  tuple(index + turn * len(shares) for turn in range(len(share))))
+            for index, share in enumerate(shares)]

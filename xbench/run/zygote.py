@@ -8,8 +8,10 @@ imported it takes milliseconds. Nothing else is shared: the server never touches
 and compiles nothing, so every replicate still pays (and shows the variation of) its own
 device set-up, compilation and autotuning.
 
-Used on Linux, for timing runs driven from the main thread (a server started by another
-thread would die with that thread: see `xbench.worker.main._die_with_parent`).
+Used on Linux, for timing and verification runs driven from the main thread (a server started
+by another thread would die with that thread: see `xbench.worker.main._die_with_parent`;
+verification, whose jobs run side by side from other threads, starts its servers beforehand:
+`ForkServers.start`).
 `XBENCH_WORKER_START=exec` turns it off; a server that fails to start falls back to plain
 worker processes, which then fail or succeed as they always did. A server that misses a bound
 (`xbench.run.bounds`: its import, a fork request, a worker's exit it must report) is ended
@@ -27,7 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -63,7 +65,10 @@ class ForkedProcess:
 class Server:
     """One fork server process and the thread that reads its messages."""
 
-    def __init__(self, target: str, env: Mapping[str, str], log: Path, ready_timeout_s: float) -> None:
+    def __init__(self, target: str, env: Mapping[str, str], log: Path, ready_timeout_s: float,
+                 wait: bool = True) -> None:
+        """Start the server; with `wait`, return once it is ready or has failed (`ready`),
+        else leave that to `await_ready` (servers started together import side by side)."""
         ours, theirs = socket.socketpair()
         try:
             with open(log, "ab") as stderr:
@@ -86,8 +91,15 @@ class Server:
         self.request_lock = threading.Lock()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        self.deadline = Deadline(ready_timeout_s, "its import", STARTUP_OPTION)
+        self.ready: str | None = "it is still starting"  # None once ready, else why it is not
+        if wait:
+            self.await_ready()
+
+    def await_ready(self) -> None:
+        """Wait for the server's first reply (`ready` says how it went); one that failed is ended."""
         try:
-            self.ready = self._first_reply(Deadline(ready_timeout_s, "its import", STARTUP_OPTION))
+            self.ready = self._first_reply(self.deadline)
         except BaseException:  # interrupted while the framework imports
             self.close()
             raise
@@ -234,7 +246,7 @@ class ForkServers:
         """A worker of backend `target` with environment `env`; the variables in `per_worker`
         differ between workers (a rank's), so the server is shared across them."""
         shared = {k: v for k, v in env.items() if k not in per_worker}
-        key = (target, tuple(sorted(shared.items())))
+        key = _key(target, shared)
         while True:
             with self.lock:
                 server = self._server(key, target, shared)
@@ -246,7 +258,22 @@ class ForkServers:
                 if not self._replaced(key, target, server, str(err)):
                     return None
 
-    def _server(self, key: tuple, target: str, shared: Mapping[str, str]) -> Server | None:
+    def start(self, targets: Sequence[str], env: Mapping[str, str], per_worker: frozenset[str]) -> None:
+        """Start the servers that `fork` will use for workers of `targets` with environment
+        `env` now, side by side, from this thread: the main thread, where a caller that forks
+        from other threads (`launcher.run_groups`' side-by-side jobs) must start them, since
+        `fork` starts none there."""
+        shared = {k: v for k, v in env.items() if k not in per_worker}
+        started = []
+        with self.lock:
+            for target in dict.fromkeys(targets):
+                if self.off is None and _key(target, shared) not in self.servers:
+                    server = self._server(_key(target, shared), target, shared, wait=False)
+                    started += [server] if server is not None else []
+        for server in started:
+            server.await_ready()
+
+    def _server(self, key: tuple, target: str, shared: Mapping[str, str], wait: bool = True) -> Server | None:
         """The server for `key`, started if need be; None where fork servers are off, or where
         it cannot be started from this thread."""
         if self.off is not None:
@@ -255,7 +282,7 @@ class ForkServers:
         if server is None:
             if threading.current_thread() is not threading.main_thread():
                 return None
-            server = self.servers[key] = Server(target, shared, self.log, self.ready_timeout_s)
+            server = self.servers[key] = Server(target, shared, self.log, self.ready_timeout_s, wait)
         return server
 
     def _replaced(self, key: tuple, target: str, server: Server, why: str) -> bool:
@@ -288,6 +315,11 @@ class ForkServers:
             servers, self.servers = list(self.servers.values()), {}
         for server in servers:
             server.close()
+
+
+def _key(target: str, shared: Mapping[str, str]) -> tuple:
+    """What tells servers apart: the backend, and the environment all its workers share."""
+    return target, tuple(sorted(shared.items()))
 
 
 def enabled() -> bool:
