@@ -82,7 +82,7 @@ def test_a_fused_attention_kernel_is_checked_without_the_attention_probabilities
     lineups = choose_lineups(spec, entries)
     flags = {(name, v.name): v.fused_attention for name, lineup in lineups.items() for v in lineup.variants}
     assert flags == {("torch", "as-written"): True, ("torch", "compile"): True, ("torch", "naive"): False,
-                     ("jax", "as-written"): False, ("jax", "cudnn"): True}
+                     ("jax", "as-written"): None, ("jax", "cudnn"): True}
     trials = [_trial(GPT2, 8, variant) for variant in ("as-written", "cudnn")]
     found = memory_checks(trials, lineups, {"jax": {}}, {})
     unfused, fused = (found[t.config_id].estimate for t in trials)

@@ -15,6 +15,7 @@ from xbench.contract import (
     DATA_PARALLEL,
     PLAIN,
     ValidatesOptions,
+    Variant,
     fused_attention_of,
     launchers_of,
     programs_of,
@@ -115,12 +116,19 @@ def choose_lineups(spec: Spec, entries: Sequence[BackendEntry]) -> dict[str, Lin
     lineups = {}
     for name, entry in by_name.items():
         variants = variants_of(entry.backend)
-        fused = fused_attention_of(entry.backend)
-        chosen = tuple(v if v.fused_attention is not None else replace(v, fused_attention=fused)
-                       for v in (variants[w] for w in dict.fromkeys(wanted[name])))
-        as_written = replace(AS_WRITTEN_VARIANT, fused_attention=fused)
-        lineups[name] = Lineup((as_written, *chosen), single_device_programs(spec, entry))
+        chosen = tuple(variants[w] for w in dict.fromkeys(wanted[name]))
+        lineups[name] = Lineup(with_fused_attention((AS_WRITTEN_VARIANT, *chosen), entry),
+                               single_device_programs(spec, entry))
     return lineups
+
+
+def with_fused_attention(variants: tuple[Variant, ...], entry: BackendEntry) -> tuple[Variant, ...]:
+    """The variants that leave attention to the as-written program (`fused_attention` None)
+    marked fused where the backend's as-written attention is (`fused_attention_of`); None
+    stays where it is not, and means not fused."""
+    if not fused_attention_of(entry.backend):
+        return variants
+    return tuple(replace(v, fused_attention=True) if v.fused_attention is None else v for v in variants)
 
 
 def single_device_programs(spec: Spec, entry: BackendEntry) -> tuple[str, ...]:
