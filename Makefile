@@ -14,14 +14,12 @@ TORCH  ?= torch==2.13.0
 compare: $(VENV)/.installed-all
 	$(BIN)/xbench compare $(ARGS)
 
-# Lint and types first (seconds), then the tests: unit/ (fast), process/ and backends/ (start
-# worker processes and frameworks), one after another; TEST_WORKERS=2 runs them in two
-# pytest-xdist workers instead (modules that share a process-wide thing stay together). On the
-# 2-core machine two workers finished tests/process in 835 s against 1,534 s (both busy), but a
-# whole fresh-clone suite in them had run 17 % of its tests after 17 minutes and failed one, so
-# one worker stays the default until that is understood.
-# The slowest tests are listed at the end.
-TEST_WORKERS ?= 1
+# Lint and types first (seconds), then the tests in two pytest-xdist workers (TEST_WORKERS=1: one
+# process; modules that share a process-wide thing stay in one worker, tests/conftest.py). The
+# slowest modules come first (tests/backends, then tests/process; tests/unit's 870 quick tests
+# fill in at the end), so the progress percentage lags the time. The slowest tests are listed
+# at the end.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
 	$(BIN)/mypy
