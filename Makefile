@@ -15,7 +15,10 @@ compare: $(VENV)/.installed-all
 	$(BIN)/xbench compare $(ARGS)
 
 # Lint and types first (seconds), then the tests in two pytest-xdist workers (TEST_WORKERS=1: one
-# process; modules that share a process-wide thing stay in one worker, tests/conftest.py). The
+# process), each module's tests in one worker, so that its module fixture (a real run, children
+# that train) runs once. --dist loadfile, not loadgroup: under pytest 9 pytest-xdist 3.8's
+# loadgroup no longer sees the groups (it renames node ids through an attribute pytest 9 does not
+# read) and spreads a module's tests over both workers, each running its fixtures. The
 # slowest modules come first (tests/backends, then tests/process; tests/unit's 870 quick tests
 # fill in at the end), so the progress percentage lags the time. The slowest tests are listed
 # at the end.
@@ -23,7 +26,7 @@ TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) \
+	$(BIN)/python -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) \
 		--durations=15 $(PYTEST_ARGS)
 
 # The inner loop: lint, types and tests/unit, which start no process and import no framework
