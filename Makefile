@@ -14,18 +14,19 @@ TORCH  ?= torch==2.13.0
 compare: $(VENV)/.installed-all
 	$(BIN)/xbench compare $(ARGS)
 
-# Lint and types first (seconds), then the tests: unit/ (fast), process/ and backends/ (start
-# worker processes and frameworks), one after another; TEST_WORKERS=2 runs them in two
-# pytest-xdist workers instead (modules that share a process-wide thing stay together). On the
-# 2-core machine two workers finished tests/process in 835 s against 1,534 s (both busy), but a
-# whole fresh-clone suite in them had run 17 % of its tests after 17 minutes and failed one, so
-# one worker stays the default until that is understood.
-# The slowest tests are listed at the end.
-TEST_WORKERS ?= 1
+# Lint and types first (seconds), then the tests in two pytest-xdist workers (TEST_WORKERS=1: one
+# process), each module's tests in one worker, so that its module fixture (a real run, children
+# that train) runs once. --dist loadfile, not loadgroup: under pytest 9 pytest-xdist 3.8's
+# loadgroup no longer sees the groups (it renames node ids through an attribute pytest 9 does not
+# read) and spreads a module's tests over both workers, each running its fixtures. The
+# slowest modules come first (tests/backends, then tests/process; tests/unit's 870 quick tests
+# fill in at the end), so the progress percentage lags the time. The slowest tests are listed
+# at the end.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) \
+	$(BIN)/python -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) \
 		--durations=15 $(PYTEST_ARGS)
 
 # The inner loop: lint, types and tests/unit, which start no process and import no framework

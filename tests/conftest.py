@@ -84,13 +84,15 @@ def run_cli(capsys):
     return run
 
 
-# Under `pytest -n` (pytest-xdist, as `make test` runs it, with `--dist loadgroup`) each module
-# runs in one worker, so that its module fixture (a real run, children that train) runs once;
-# modules that share something one process holds run in one worker too: jax fixes its
-# simulated device count at its first operation in a process (tests/backends/jax/cpu_devices.py),
-# and a session fixture runs once per worker that asks for it.
+# Under `pytest -n --dist loadgroup` (pytest-xdist) each module runs in one worker, so that its
+# module fixture (a real run, children that train) runs once, and modules that share a session
+# fixture run in one worker too, which runs it once. Under pytest 9 pytest-xdist 3.8 ignores
+# these groups, so `make test` runs `--dist loadfile` (a module per worker; a session fixture two
+# modules share may run in each worker). The jax
+# modules that run jax in the test process may go to either worker: each starts it with the same
+# simulated device count (tests/backends/jax/cpu_devices.py); as one group they kept one worker
+# busy for much of the suite.
 SHARED_PROCESS = {
-    "backends/jax/": "jax in-process",
     "process/test_backends_real.py": "real_run", "process/test_report.py": "real_run",
     "process/test_remat_verify.py": "transformer variants", "process/test_fsdp_verify.py": "transformer variants",
 }

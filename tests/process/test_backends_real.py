@@ -84,27 +84,25 @@ def test_jax_steadies_the_cpu_scheduler(fp32_run):
 # the run's --precision and --steps-per-call, so it would repeat real_run's.
 
 
-def test_tf32_policy_is_applied(tmp_path):
-    from xbench.cli.main import main
-
-    code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "--devices", "1",
-                 "--precision", "tf32", "--no-verify", *TINY, "--out", str(tmp_path / "run")])
-    records = {r["trial"]["backend"]: r for r in read_records(tmp_path / "run")}
-    assert code == 0
-    assert records["jax"]["backend"]["precision"]["jax_default_matmul_precision"] == "tensorfloat32"
-    assert records["tf"]["backend"]["precision"]["tensor_float_32_execution"] is True
-
-
-def test_fused_steps_per_call(tmp_path):
-    """Several steps inside one compiled call (lax.scan in jax, a tf.range loop in tf)."""
+def test_tf32_policy_and_fused_steps_per_call(tmp_path):
+    """The tf32 policy, and several steps inside one compiled call (lax.scan in jax, a tf.range
+    loop in tf), in one run: each its own run cost a start and compilation of both frameworks."""
     from xbench.cli.main import main
 
     code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "--devices", "2",
                  "--batch-sizes", "16", "--repeats", "2", "--steps", "4", "--warmup-steps", "2",
-                 "--steps-per-call", "2", "--samples", "64", "--no-verify", "--out", str(tmp_path / "run")])
+                 "--steps-per-call", "2", "--samples", "64", "--precision", "tf32", "--no-verify",
+                 "--out", str(tmp_path / "run")])
     records = read_records(tmp_path / "run")
     assert code == 0 and len(records) == 4  # 2 backends x 2 replicates
+    assert sorted(r["trial"]["backend"] for r in records) == ["jax", "jax", "tf", "tf"]
     assert all(r["status"] == "ok" and r["trial"]["protocol"]["steps_per_call"] == 2 for r in records)
+    for record in records:
+        precision = record["backend"]["precision"]
+        if record["trial"]["backend"] == "jax":
+            assert precision["jax_default_matmul_precision"] == "tensorfloat32"
+        else:
+            assert precision["tensor_float_32_execution"] is True
 
 
 def test_bf16_policy_is_applied(tmp_path):

@@ -94,14 +94,16 @@ def test_verify_passes_against_jax(plugin_env):
 def test_compare_times_it(plugin_env):
     env, tmp = plugin_env
     out = tmp / "run"
+    # Unverified: its verification against jax is test_verify_passes_against_jax's, which the
+    # compare would repeat (the same plan and checks).
     done = xbench(env, tmp, "compare", "--backends", NAME, "jax", "--devices", "1,2", "--model", "medium",
-                  *TINY, "--out", str(out))
+                  *TINY, "--no-verify", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     mine = [r for r in read_records(out) if r["trial"]["backend"] == NAME]
     assert sorted(r["trial_id"] for r in mine) == [f"{NAME}/medium/d{d}/b16/r{k}" for d in (1, 2) for k in (0, 1)]
     for record in mine:
         assert record["status"] == "ok", record["reason"]
-        assert record["verification"]["status"] == "passed"
+        assert record["verification"]["status"] == "skipped"
         assert len(record["timing"]["window_s"]) == 3
         assert record["backend"]["weights_hash"] == record["work"]["weights_hash"]
         assert record["backend"]["params"] == record["work"]["params"] == 54_403

@@ -23,11 +23,13 @@ STRICT = ("-W", "error")  # warnings are errors in children too
 def run_children(script: str | Path, jobs: dict[str, dict[str, Any]], tmp_path: Path, timeout_s: float,
                  env: dict[str, str] | None = None, python_flags: tuple[str, ...] = STRICT,
                  at_once: int | None = None) -> dict[str, Any]:
-    """Run every job, at most `at_once` at a time (default: the cores this process may use) and
-    the ranks of one gang (jobs with the same "gang") together, each within `timeout_s` of its
-    own start, so that a busy machine delays a job rather than failing it; a child that hangs
-    or fails fails the test with the end of its log, and none outlives this call."""
-    slots = at_once or len(os.sched_getaffinity(0))
+    """Run every job, at most `at_once` at a time (default: the cores this process may use,
+    shared with the other pytest-xdist workers, at least one) and the ranks of one gang (jobs
+    with the same "gang") together, each within `timeout_s` of its own start, so that a busy
+    machine delays a job rather than failing it; a child that hangs or fails fails the test with
+    the end of its log, and none outlives this call."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    slots = at_once or max(1, len(os.sched_getaffinity(0)) // workers)
     pending = _gangs(jobs)
     running: dict[str, tuple[subprocess.Popen, Any, float]] = {}
     started: list[tuple[subprocess.Popen, Any]] = []

@@ -1,5 +1,7 @@
 """The simulated CPU devices the jax backend tests share (jax fixes its device count at its
-first operation, so whichever test module starts jax first decides it for the process)."""
+first operation, so whichever test module starts jax first decides it for the process: each
+starts it with DEVICES, whatever it asks for, so that the modules may run in any order and
+in any pytest-xdist worker)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ def simulated_devices(count: int = DEVICES) -> list:
     enough of them; the test is skipped otherwise."""
     first = JaxPmapBackend()
     try:
-        first.setup(count, "cpu")
+        first.setup(max(count, DEVICES), "cpu")
+        first.devices = first.devices[:count]
     except RuntimeError:  # jax already started in this process: use its devices if enough
         import jax
 

@@ -82,8 +82,10 @@ def test_grad_without_pcast_fails_verification(shardmap_backends, run_cli):
 
 @pytest.mark.slow
 def test_compare_with_breakdown(shardmap_backends, run_cli, tmp_path):
+    # Unverified: test_verify_passes_against_pmap verifies both programs (against jax's too),
+    # which the compare would repeat.
     args = ("compare", "--backends", "jax-shardmap", "jax-auto", "--devices", "1,2", "--model", "medium", *TINY,
-            "--out", str(tmp_path / "run"), "--breakdown")
+            "--out", str(tmp_path / "run"), "--breakdown", "--no-verify")
     code, _, err = run_cli(*args)
     assert code == 0, err  # an unsupported compute-only twin is not a failure
     records = {r["trial_id"]: r for r in read_records(tmp_path / "run")}
@@ -94,7 +96,7 @@ def test_compare_with_breakdown(shardmap_backends, run_cli, tmp_path):
     assert all(r["status"] == "ok" for tid, r in records.items() if tid not in twins), records
     for twin in twins:
         assert records[twin]["status"] == "unsupported" and "inserts the gradient all-reduce" in records[twin]["reason"]
-    assert {r["verification"]["status"] for r in records.values()} == {"passed"}
+    assert {r["verification"]["status"] for r in records.values()} == {"skipped"}
     for record in records.values():
         if record["status"] == "ok":
             assert record["backend"]["weights_hash"] == record["work"]["weights_hash"]
