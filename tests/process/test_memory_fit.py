@@ -11,7 +11,7 @@ from xbench.run.memory_check import MEMORY_VARIABLE
 
 def test_a_configuration_the_estimate_says_cannot_fit_is_skipped_and_the_rest_measured(
         fake_backends, run_cli, tmp_path, monkeypatch):
-    # medium at global batch 1024: ~4.8 MB per device on 1 device, ~2.8 MB on 2; 3.2 MB here.
+    # medium at global batch 1024: ~4.5 MB per device on 1 device, ~2.6 MB on 2; 3.2 MB here.
     monkeypatch.setenv(MEMORY_VARIABLE, "0.003")
     code, out, err = run_cli("compare", "--backends", "numpy", *FAST, "--batch-sizes", "16,1024",
                              "--devices", "1,2", "--out", str(tmp_path / "run"))
@@ -19,14 +19,14 @@ def test_a_configuration_the_estimate_says_cannot_fit_is_skipped_and_the_rest_me
     records = records_of(tmp_path / "run")
     held = [records[f"numpy/medium/d1/b1024/r{r}"] for r in (0, 1)]
     assert all(r["status"] == "skipped" and r["devices"] is None for r in held)  # no worker started
-    assert held[0]["reason"].startswith("does not fit: needs ~0.00443 GiB per device, has 0.003 GiB (estimated")
-    assert held[0]["memory"] == {"estimate_bytes": 4757552, "capacity_bytes": 3221225, "sharded": False}
+    assert held[0]["reason"].startswith("does not fit: needs ~0.00423 GiB per device, has 0.003 GiB (estimated")
+    assert held[0]["memory"] == {"estimate_bytes": 4539940, "capacity_bytes": 3221225, "sharded": False}
     others = [r for trial_id, r in records.items() if "/d1/b1024/" not in trial_id]
     assert len(others) == 6 and all(r["status"] == "ok" for r in others)
-    assert records["numpy/medium/d2/b1024/r0"]["memory"]["estimate_bytes"] == 2814000
+    assert records["numpy/medium/d2/b1024/r0"]["memory"]["estimate_bytes"] == 2596388
     text = " ".join(out.split())
-    assert "does not fit" in text and "numpy/medium/d1/b1024: does not fit: needs ~0.00443 GiB per device" in text
-    assert "Did not fit in device memory: numpy on 1 device at batch 1,024 (needs ~0.00443 GiB per device, " \
+    assert "does not fit" in text and "numpy/medium/d1/b1024: does not fit: needs ~0.00423 GiB per device" in text
+    assert "Did not fit in device memory: numpy on 1 device at batch 1,024 (needs ~0.00423 GiB per device, " \
            "has 0.003 GiB). Fit: numpy (3 of 4 configurations); the fastest of them is numpy on" in text
 
 
