@@ -4,12 +4,16 @@ no number, and the remat programs pass verification against the program without 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from xbench.results.checks import run_checks
+from xbench.contract import DATA_PARALLEL, Trial
+from xbench.contract.timing import TimingProtocol
+from xbench.models.model_spec import ModelSpec
+from xbench.results.checks import VERIFY_STEPS, run_checks
 
 CHECKS = {"gradients: N devices = 1 device", "initial loss and gradients across backends",
           "10 steps: losses and final weights", "replicas hold the same weights"}
@@ -41,3 +45,13 @@ def child_runs(one: Mapping[Any, Any], two: Mapping[Any, Any]) -> dict[str, Any]
             "remat": one["remat", "data-parallel"]["reference"],
             "remat on N": two["remat", "data-parallel"]["reference"],
             "plain remat": one["remat", "plain"]["reference"]}
+
+
+def verification_trial(backend: str, model: ModelSpec, devices: int, batch: int, variant: str,
+                       program: str = DATA_PARALLEL) -> Trial:
+    """A trial as verify plans it (fp32, dropout's model, ten steps of one call each) for the
+    remat and fsdp backend tests that prepare programs in their own processes."""
+    protocol = TimingProtocol(warmup_steps=0, steps=VERIFY_STEPS, repeats=1, steps_per_call=1, trial_timeout_s=600)
+    return Trial(backend=backend, model=replace(model, batch_sizes=(batch,)), devices=devices, global_batch=batch,
+                 scaling="strong", precision="fp32", platform="cpu", learning_rate=1e-3, seed=0,
+                 samples=batch * VERIFY_STEPS, protocol=protocol, variant=variant, program=program)

@@ -5,12 +5,9 @@ program too; the blocks really checkpointed in the differentiated program; the M
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL, PLAIN, Trial, Unsupported
-from xbench.contract.timing import TimingProtocol
 from xbench.contract.work import build_work
 from xbench.models.model_spec import ModelSpec, preset_model
 from xbench.results.checks import VERIFY_STEPS, verification_batch, verification_model
@@ -21,7 +18,7 @@ pytest.importorskip("flax")
 pytest.importorskip("optax")
 
 from tests.backends.jax.cpu_devices import DEVICES, simulated_devices  # noqa: E402
-from tests.support.remat_checks import assert_remat_verifies, assert_same_loss_and_gradients  # noqa: E402
+from tests.support.remat_checks import assert_remat_verifies, assert_same_loss_and_gradients, verification_trial  # noqa: E402
 from xbench_backends.jax.pmap import JaxPmapBackend  # noqa: E402
 from xbench_backends.recompute import REMAT  # noqa: E402
 
@@ -41,11 +38,7 @@ def _backend(devices, count: int) -> JaxPmapBackend:
 
 
 def _trial(model: ModelSpec, devices: int, variant: str = REMAT, program: str = DATA_PARALLEL) -> Trial:
-    protocol = TimingProtocol(warmup_steps=0, steps=VERIFY_STEPS, repeats=1, steps_per_call=1, trial_timeout_s=600)
-    return Trial(backend="jax", model=replace(model, batch_sizes=(BATCH,)), devices=devices, global_batch=BATCH,
-                 scaling="strong", precision="fp32", platform="cpu", learning_rate=1e-3, seed=0,
-                 samples=BATCH * VERIFY_STEPS, protocol=protocol, options={}, launcher="subprocess",
-                 variant=variant, program=program)
+    return verification_trial("jax", model, devices, BATCH, variant, program)
 
 
 def _prepared(devices, count: int, variant: str = REMAT, program: str = DATA_PARALLEL):

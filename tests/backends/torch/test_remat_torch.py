@@ -16,7 +16,12 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.support.children import child_log, child_main, run_children
-from tests.support.remat_checks import assert_remat_verifies, assert_same_loss_and_gradients, child_runs
+from tests.support.remat_checks import (
+    assert_remat_verifies,
+    assert_same_loss_and_gradients,
+    child_runs,
+    verification_trial,
+)
 from xbench.results.checks import VERIFY_STEPS
 
 CHILD_TIMEOUT_S = 400  # a loaded 2-core machine; a hang fails the test instead of blocking CI
@@ -25,19 +30,12 @@ REMAT = "remat"
 
 
 def _trial(name: str, devices: int, variant: str, program: str = "data-parallel"):
-    from dataclasses import replace
-
-    from xbench.contract import Trial
-    from xbench.contract.timing import TimingProtocol
     from xbench.models.model_spec import preset_model
     from xbench.results.checks import verification_batch, verification_model
 
     batch = verification_batch([1, 2])
-    model = replace(verification_model(preset_model(name), [1, 2]), batch_sizes=(batch,))
-    return Trial(backend="torch", model=model, devices=devices, global_batch=batch, scaling="strong",
-                 precision="fp32", platform="cpu", learning_rate=1e-3, seed=0, samples=batch * VERIFY_STEPS,
-                 protocol=TimingProtocol(warmup_steps=0, steps=VERIFY_STEPS, repeats=1), variant=variant,
-                 program=program)
+    return verification_trial("torch", verification_model(preset_model(name), [1, 2]), devices, batch, variant,
+                              program)
 
 
 # -- what each child process does --------------------------------------------------------------
