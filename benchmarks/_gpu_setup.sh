@@ -24,16 +24,20 @@ step() {  # step NAME TIMEOUT COMMAND...: stdout to NAME.txt, stderr to NAME.err
   echo "== $name: $(tail -1 "$out/run/$name.err")"
 }
 
-run_or_resume() {  # run_or_resume NAME COMPARE-ARGS...: in the time this call has left (570 s in all)
-  local name=$1 dir=$keep/$1 limit=$((570 - SECONDS))
-  shift
+run_or_resume() {  # run_or_resume NAME COMPARE-ARGS...: an `xbench compare` that the next call finishes
+  resumable compare "$@"
+}
+
+resumable() {  # resumable compare|sweep NAME ARGS...: in the time this call has left (570 s in all)
+  local command=$1 name=$2 dir=$keep/$2 limit=$((570 - SECONDS))
+  shift 2
   mkdir -p "$keep"
   [ -f "$dir.exit" ] && [ "$(cat "$dir.exit")" = 0 ] && return
   [ "$limit" -lt 60 ] && { echo "== $name: not started, ${limit} s left"; pending=1; return; }
   if [ -f "$dir.exit" ]; then
-    step "$name-resumed" "$limit" xbench compare --resume "$dir"
+    step "$name-resumed" "$limit" xbench "$command" --resume "$dir"
   else
-    step "$name" "$limit" xbench compare "$@" --out "$dir"
+    step "$name" "$limit" xbench "$command" "$@" --out "$dir"
   fi
   echo "$last_exit" >"$dir.exit"
   [ "$last_exit" = 0 ] || pending=1
@@ -49,4 +53,20 @@ once() {  # once NAME TIMEOUT COMMAND...: a step run in one call only, when its 
   echo "$last_exit" >"$keep/$name.exit"
   cp "$out/run/$name.txt" "$out/run/$name.err" "$keep/"  # the next call prints its lines again
   cp -r "$keep/$name" "$out/run/" 2>/dev/null
+}
+
+sample_memory() {  # sample_memory NAME: each GPU's and every process's memory every 100 ms, in the background
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 >"$out/run/$1-gpu.csv" &
+  gpu_sampler=$!
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 100 >"$out/run/$1-apps.csv" &
+  apps_sampler=$!
+}
+
+memory_peaks() {  # memory_peaks NAME: stop the samplers, write NAME-memory.txt
+  kill "$gpu_sampler" "$apps_sampler" 2>/dev/null
+  {
+    awk -F', ' '{ if ($2 > peak[$1]) peak[$1] = $2 } END { for (g in peak) printf "gpu%s peak %.1f GiB (all processes)\n", g, peak[g] / 1024 }' "$out/run/$1-gpu.csv"
+    awk -F', ' '$2 ~ /^[0-9]+$/ { if ($2 > peak) peak = $2 } END { printf "largest single process %.1f GiB\n", peak / 1024 }' "$out/run/$1-apps.csv"
+  } >"$out/run/$1-memory.txt"
+  gzip -f "$out/run/$1-gpu.csv" "$out/run/$1-apps.csv"
 }

@@ -29,22 +29,6 @@ source "$(dirname "$0")/_gpu_setup.sh"
 export COLUMNS=120
 mkdir -p "$keep"
 
-sample_memory() {  # sample_memory NAME: the GPU's and every process's memory every 100 ms, in the background
-  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 >"$out/run/$1-gpu.csv" &
-  gpu_sampler=$!
-  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 100 >"$out/run/$1-apps.csv" &
-  apps_sampler=$!
-}
-
-memory_peaks() {  # memory_peaks NAME: stop the samplers, write NAME-memory.txt
-  kill "$gpu_sampler" "$apps_sampler" 2>/dev/null
-  {
-    awk -F', ' '{ if ($2 > peak[$1]) peak[$1] = $2 } END { for (g in peak) printf "gpu%s peak %.1f GiB (all processes)\n", g, peak[g] / 1024 }' "$out/run/$1-gpu.csv"
-    awk -F', ' '$2 ~ /^[0-9]+$/ { if ($2 > peak) peak = $2 } END { printf "largest single process %.1f GiB\n", peak / 1024 }' "$out/run/$1-apps.csv"
-  } >"$out/run/$1-memory.txt"
-  gzip -f "$out/run/$1-gpu.csv" "$out/run/$1-apps.csv"
-}
-
 [ -f "$keep/env.txt" ] || timeout 30 sh -c 'nvidia-smi; xbench env' >"$keep/env.txt" 2>&1
 cp "$keep/env.txt" "$out/run/"
 if [ ! -f "$keep/verify-one.exit" ]; then

@@ -1,49 +1,71 @@
 #!/usr/bin/env bash
-# The seed study's question on two GPUs, with the machine's own links and with the seed's
-# topology (P2P off: NCCL stages GPU-to-GPU traffic through host memory), in one call of at
-# most 9 minutes: the all-reduce busbw of jax and torch with P2P on and off side by side, then
-# the break-even sweeps (MLPs of 1 M and 10 M parameters, around the seed's 10-20 M guess, at
-# per-device batches 256, 2048 and 16384 (12 configurations: the fit's 9 terms need 9), on
-# 1 and 2 GPUs), one step per backend and topology, each
-# under its own timeout (SIGINT: an interrupted sweep keeps its records, and
-# `xbench sweep --resume DIR` finishes it), so a step that runs long loses no other.
-# Everything it writes is packed into $OUT/results.tgz.
+# The seed study's question on two GPUs, with the machine's own links (NVLink) and with the
+# seed's topology (P2P off: NCCL stages GPU-to-GPU traffic through host memory), in calls of at
+# most 9.5 minutes sent to one warm machine: send the same command again until it says "all
+# done". Every run lives on the machine's disk; the next call finishes it (`--resume`).
 #
-#   step                                   timeout   expected
-#   nvidia-smi topo -m, xbench env            30 s      ~10 s
-#   xbench allreduce --p2p on off             75 s   ~40-60 s (2 backends x 2 topologies x 4 sizes)
-#   xbench sweep, jax, P2P on                100 s  ~70-90 s (48 trial replicates, the all-reduce, the fit)
-#   xbench sweep, jax, P2P off               100 s  ~70-90 s
-#   xbench sweep, torch, P2P on              100 s  ~70-90 s
-#   xbench sweep, torch, P2P off             100 s  ~70-90 s
-#   at most 505 s of steps, plus the install (~20 s): within 9 minutes.
+#   allreduce      xbench allreduce --p2p on off: jax's and torch's busbw, both topologies side by
+#                  side, with NCCL's own account of the transports each worker used
+#   verify         xbench verify --config configs/families.toml --model gpt2-small resnet50
+#                  --backends jax torch --devices 2 --variants all: wall time and each GPU's peak
+#                  memory (issue "Verified in a minute at any size"; its target: 2 minutes)
+#   mlp-p2p-on     xbench sweep of the MLP ladder 1 M, 4 M, 16 M, 64 M parameters x per-device
+#                  batches 256, 2,048, 16,384 on 1 and 2 GPUs, jax and torch, tf32, verification
+#                  on: the fit `xbench recommend` and the break-even answer from
+#   mlp-p2p-off    the same sweep with P2P off (the programs are those verified above; the switch
+#                  changes the links, not the arithmetic, so it runs --no-verify)
+#   transformer    xbench sweep --config configs/sweep-transformers.toml on 1 and 2 GPUs, bf16
+#   seed           configs/seed-study.toml on 1 and 2 GPUs: jax, jax-shardmap and torch
+#
+#   step           timeout          expected
+#   install, env     ~40 s
+#   allreduce        80 s           ~60 s (2 backends x 2 topologies x 4 sizes)
+#   verify          200 s           ~2 min
+#   mlp-p2p-on      what is left    ~6 min (192 trial replicates at ~1.5 s, the all-reduce, the fit)
+#   mlp-p2p-off     what is left    ~5 min
+#   transformer     what is left    ~10 min
+#   seed            what is left    ~5 min
+# Expect three calls.
+#   bash benchmarks/gpu_two.sh
 set -uo pipefail
 source "$(dirname "$0")/_gpu_setup.sh"
 # NVLink multicast stays off in both topologies (the device notes), so P2P is the one difference.
 export NCCL_NVLS_ENABLE=0 COLUMNS=120
-timeout 30 sh -c 'nvidia-smi topo -m; xbench env' >"$out/run/env.txt" 2>&1
+mkdir -p "$keep"
 
-# NCCL's own account of each worker's transports (INIT and ENV lines only, at start-up: the
-# timed windows are not touched): "via P2P/..." with P2P on, "via SHM/..." with it off.
-start=$SECONDS
-NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_DEBUG_FILE="$out/run/nccl.%h.%p.log" \
-  timeout -s INT 75 xbench allreduce --backends jax torch --devices 2 --sizes 4KiB 1MiB 64MiB 1GiB \
-  --p2p on off --json "$out/run/allreduce.json" >"$out/run/allreduce.txt" 2>"$out/run/allreduce.err"
-echo "exit $? wall $((SECONDS - start)) s" >>"$out/run/allreduce.err"
-grep -h " via " "$out/run"/nccl.*.log 2>/dev/null | sed 's/.*NCCL INFO //' | sort | uniq -c >"$out/run/nccl-transports.txt"
+[ -f "$keep/env.txt" ] || timeout 30 sh -c 'nvidia-smi topo -m; xbench env' >"$keep/env.txt" 2>&1
+cp "$keep/env.txt" "$out/run/"
 
-for backend in jax torch; do
-  for p2p in on off; do
-    name="sweep-$backend-p2p-$p2p"
-    start=$SECONDS
-    timeout -s INT 100 xbench sweep --backends "$backend" --params 1e6 1e7 --per-device-batch 256 2048 16384 \
-      --devices 1 2 --replicates 2 --window-budget 0.5 --no-verify --p2p "$p2p" --out "$out/run/$name" \
-      >"$out/run/$name.txt" 2>"$out/run/$name.err"
-    echo "exit $? wall $((SECONDS - start)) s" >>"$out/run/$name.err"
-  done
+# NCCL's INIT lines name each worker's transport: "via P2P/..." with P2P on, "via SHM/..." off.
+NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_DEBUG_FILE="$keep/nccl.%h.%p.log" \
+  once allreduce 80 xbench allreduce --backends jax torch --devices 2 --sizes 4KiB 1MiB 64MiB 1GiB \
+  --p2p on off --json "$keep/allreduce.json"
+if ls "$keep"/nccl.*.log >/dev/null 2>&1; then
+  grep -h " via " "$keep"/nccl.*.log | sed 's/.*NCCL INFO //; s/^\[[0-9]*\] //' | sort | uniq -c >"$keep/nccl-transports.txt"
+  rm -f "$keep"/nccl.*.log
+fi
+cp "$keep/allreduce.json" "$keep/nccl-transports.txt" "$out/run/" 2>/dev/null
+
+if [ ! -f "$keep/verify.exit" ]; then
+  sample_memory verify
+  once verify 200 xbench verify --config configs/families.toml --model gpt2-small resnet50 --backends jax torch \
+    --devices 2 --variants all
+  memory_peaks verify
+  cp "$out/run/verify-memory.txt" "$keep/"
+fi
+cp "$keep/verify-memory.txt" "$out/run/" 2>/dev/null
+
+ladder=(--backends jax torch --params 1e6 4e6 1.6e7 6.4e7 --per-device-batch 256 2048 16384 --devices 1 2
+  --precision tf32 --replicates 2 --window-budget 0.5 --time-budget 60)
+resumable sweep mlp-p2p-on "${ladder[@]}" --p2p on
+resumable sweep mlp-p2p-off "${ladder[@]}" --p2p off --no-verify
+resumable sweep transformer --config configs/sweep-transformers.toml --backends jax torch --devices 1 2 \
+  --precision bf16 --replicates 2 --time-budget 0
+resumable compare seed --config configs/seed-study.toml --backends jax jax-shardmap torch --devices 1 2 --time-budget 0
+
+for name in allreduce verify; do
+  [ -f "$keep/$name.txt" ] && { echo "== $name"; grep -v "^\[" "$keep/$name.err" | tail -6; tail -22 "$keep/$name.txt"; }
 done
-
-cat "$out/run/allreduce.txt" | grep -A20 "side by side"
-tail -2 "$out/run/allreduce.err"
-cat "$out/run/nccl-transports.txt" | head -12
-for f in "$out/run"/sweep-*.err; do echo "== $f"; grep -v "^\[" "$f" | tail -3; done
+cat "$keep/verify-memory.txt" "$keep/nccl-transports.txt" 2>/dev/null | head -12
+for f in "$out/run"/*.err; do echo "== $f"; grep -v "^\[" "$f" | tail -4; done
+[ "$pending" = 0 ] && echo "all done" || echo "send it again: steps left"

@@ -253,6 +253,8 @@ def test_sweep_spec_refuses_a_design_that_cannot_be_fitted():
                           "context": 32, "vocab": 256, "batch_sizes": [2, 4]}], "protocol": {"repeats": 3}}
     spec = sweep_spec(["jax"], [], [], [16, 64], [1, 2], "fp32", None, config=config)
     assert spec.models[0].batch_sizes == (2, 4) and spec.protocol.repeats == 3
+    # the plan's "cheaper: --time-budget 0" names an option the sweep has
+    assert sweep_spec(["jax"], [1e5], [], [16, 64], [1, 2], "fp32", None, time_budget_s=0).protocol.time_budget_s == 0
 
 
 def test_device_counts():

@@ -52,6 +52,10 @@ def sweep(
     window_budget: Annotated[Optional[float], typer.Option(
         metavar="SECONDS", help="Seconds of timed windows per replicate at most; shorter: a faster, noisier sweep "
                                 "(default 1).")] = None,
+    time_budget: Annotated[Optional[float], typer.Option(
+        metavar="SECONDS", help="Seconds of timing after which no further round of replicates starts for the "
+                                "configurations whose intervals are still wide (default as in `xbench compare`; 0: "
+                                "the planned replicates only).")] = None,
     out: Annotated[Optional[str], typer.Option(
         metavar="RUN_DIR", help="Run directory (default results/<timestamp>); the fit is written beside the "
                                 "records as fit.json.")] = None,
@@ -77,7 +81,7 @@ def sweep(
         models=presets, batch_sizes=_per_device_batches(per_device_batch, batch_sizes, platform),
         devices=integers(devices, "--devices") or _default_devices(),
         precision=value(precision) or "fp32", replicates=replicates, window_budget_s=window_budget, config=raw,
-        p2p=p2p_value(p2p))
+        p2p=p2p_value(p2p), time_budget_s=time_budget)
     err = status_console()
     with err.status("finding devices for each backend…"):
         comparison = compare.prepare(spec, run_dir_option(out), strict_devices=devices is not None, breakdown=True)

@@ -70,7 +70,7 @@ def preset_table(name: str, batch_sizes: Sequence[int]) -> dict[str, Any]:
 def sweep_spec(backends: Sequence[str], params: Sequence[float], models: Sequence[str], batch_sizes: Sequence[int],
                devices: Sequence[int], precision: str, replicates: int | None, seed: int = 0,
                window_budget_s: float | None = None, config: Mapping[str, Any] | None = None,
-               p2p: bool | None = None) -> Spec:
+               p2p: bool | None = None, time_budget_s: float | None = None) -> Spec:
     """The compare spec of a sweep: every model at every per-device batch, weak scaling. A
     config (a compare spec's raw tables) adds its [[models]] (keeping their batch sizes) and
     its [protocol], [data] and learning rate; the sweep's own settings win."""
@@ -84,7 +84,7 @@ def sweep_spec(backends: Sequence[str], params: Sequence[float], models: Sequenc
     if not tables:
         raise SpecError("nothing to sweep: give --params, --model or a --config with [[models]]")
     biggest = max(max(t.get("batch_sizes") or batch_sizes) for t in tables) * max(devices)
-    own = {"replicates": replicates, "window_budget_s": window_budget_s}
+    own = {"replicates": replicates, "window_budget_s": window_budget_s, "time_budget_s": time_budget_s}
     protocol = {**config.pop("protocol", {}), **{key: v for key, v in own.items() if v is not None}}
     raw: dict[str, Any] = {
         "learning_rate": SWEEP_LEARNING_RATE, **config, "models": tables, "backends": list(backends),
