@@ -36,13 +36,13 @@ FSDP_REMAT = recompute.FSDP_REMAT
 SHARDED = (FSDP, FSDP_REMAT)  # the variants that run the sharded program (a backend may add its own)
 
 
-def variant(how: str, name: str = FSDP) -> Variant:
+def variant(how: str, name: str = FSDP, first_call_per_array_s: float | None = None) -> Variant:
     """The `fsdp` Variant (or another sharded one, `name`) as a backend declares it, `how`
-    saying with what."""
+    saying with what (`first_call_per_array_s`: a compiling one's, `Variant`'s)."""
     return Variant(name, f"sharded data parallelism: parameters, gradients and Adam state split over the devices "
                          f"({how})", families=FSDP_FAMILIES, sharded=True,
                    # each device computes its share of the same formula, on 1 device all of it
-                   same_formula=True)
+                   same_formula=True, first_call_per_array_s=first_call_per_array_s)
 
 
 def remat_variant(how_sharded: str, how_recomputed: str) -> Variant:

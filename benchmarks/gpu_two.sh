@@ -17,15 +17,15 @@
 #   transformer    xbench sweep --config configs/sweep-transformers.toml on 1 and 2 GPUs, bf16
 #   seed           configs/seed-study.toml on 1 and 2 GPUs: jax, jax-shardmap and torch
 #
-#   step           timeout          expected
+#   step           timeout          measured on 2 x H200 (2026-11-28)
 #   install, env     ~40 s
-#   allreduce        80 s           ~60 s (2 backends x 2 topologies x 4 sizes)
-#   verify          200 s           ~2 min
-#   mlp-p2p-on      what is left    ~6 min (192 trial replicates at ~1.5 s, the all-reduce, the fit)
-#   mlp-p2p-off     what is left    ~5 min
-#   transformer     what is left    ~10 min
-#   seed            what is left    ~5 min
-# Expect three calls.
+#   allreduce        80 s           52 s
+#   verify          200 s           cut at 200 s (93 of 147 runs)
+#   mlp-p2p-on      what is left    703 s over two calls (verification 35 s, 192 trial replicates, the fit)
+#   mlp-p2p-off     what is left    579 s over two calls
+#   transformer     what is left    verification 89 s, then cut before its first trial (plan: ~40 min)
+#   seed            what is left    not reached
+# Three calls reached the transformer sweep; expect six or more for everything.
 #   bash benchmarks/gpu_two.sh
 set -uo pipefail
 source "$(dirname "$0")/_gpu_setup.sh"

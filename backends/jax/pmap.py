@@ -137,10 +137,12 @@ class JaxPmapBackend:
     families: ClassVar[tuple[str, ...]] = FAMILIES
     # Imported once by the fork server (xbench.run.zygote); none touches a device at import.
     fork_preload: ClassVar[tuple[str, ...]] = ("jax", "flax.nnx", "optax")
-    # The plan's estimate of a trial's first call. On GPUs XLA autotunes every matmul's kernel:
-    # an MLP sweep's first calls on one H200 took 7.6 s at the median (13.8 s at most). CPUs:
-    # the estimate's own figure for every backend.
-    first_call_s: ClassVar[Mapping[str, float]] = {"cpu": 0.6, "gpu": 7.5}
+    # The plan's estimate of a trial's first call: a fixed part and one per parameter array (XLA
+    # compiles and autotunes each layer's kernels). Medians on H200s (2026-11-28): 1.8-2.9 s for
+    # MLPs of 8 arrays, 12.4 s for GPT-2 small's pmap step (148), 15.7 s for ResNet-50 (161),
+    # 35-49 s for gpt2-xl (580). CPUs: the estimate's own figures for every backend.
+    first_call_s: ClassVar[Mapping[str, float]] = {"cpu": 0.6, "gpu": 2.0}
+    first_call_per_array_s: ClassVar[Mapping[str, float]] = {"gpu": 0.08}
 
     def __init__(self) -> None:
         self.devices: list[Any] = []

@@ -145,8 +145,28 @@ def test_dry_run_with_bad_input_prints_the_runs_own_one_line_error(bad, capsys):
 class Declares:
     """A backend's declared first calls (`DeclaresFirstCall`), by platform."""
 
-    def __init__(self, **seconds) -> None:
+    def __init__(self, per_array=None, **seconds) -> None:
         self.first_call_s = seconds
+        if per_array is not None:
+            self.first_call_per_array_s = per_array
+
+
+def test_per_array_first_calls_come_from_the_backend_and_its_compiling_variants():
+    from xbench.contract import Variant
+    from xbench.run.plan import Lineup
+
+    costs = est.costs_for("gpu", None, {"torch": Declares(per_array={"gpu": 0.002}, gpu=0.05), "tf": object()})
+    assert costs.per_arrays == {"torch": 0.002}
+    eager = replace(trial(1), backend="torch")
+    compiled = replace(eager, variant="compile")
+    assert est.compile_seconds(eager, costs) == pytest.approx(0.05 + 8 * 0.002)  # the medium MLP: 8 arrays
+    lineup = Lineup(variants=(Variant("compile", "traced", first_call_per_array_s=0.2),))
+    with_compile = est.with_variants(costs, {"torch": lineup}, "gpu")
+    assert est.compile_seconds(compiled, with_compile) == pytest.approx(0.05 + 8 * 0.2)
+    assert est.compile_seconds(eager, with_compile) == pytest.approx(0.05 + 8 * 0.002)
+    assert est.with_variants(costs, {"torch": lineup}, "cpu") is costs  # measured on GPUs only
+    undeclared = est.compile_seconds(replace(trial(1), backend="tf"), costs)
+    assert undeclared == pytest.approx(4.0 + 8 * est.GPU_COSTS.per_array_s)
 
 
 def test_a_backends_declared_first_call_replaces_the_platforms():
@@ -198,4 +218,5 @@ def test_dry_run_estimates_with_the_backends_declared_first_calls(capsys, monkey
     monkeypatch.setattr("xbench.run.compare.costs_for", spy)
     monkeypatch.setattr("xbench.run.compare.host_flops", lambda *a, **k: 2e11)
     assert main(["compare", "--backends", "jax", "torch", "--platform", "gpu", "--dry-run"]) == 0, capsys.readouterr()
-    assert seen[-1].first_calls == {"jax": 7.5, "torch": 0.05}
+    assert seen[-1].first_calls == {"jax": 2.0, "torch": 0.05}
+    assert seen[-1].per_arrays == {"jax": 0.08, "torch": 0.002}

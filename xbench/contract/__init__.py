@@ -95,6 +95,7 @@ from xbench.contract.abilities import (
     Verifiable,
     families_of,
     first_call_of,
+    first_call_per_array_of,
     fork_preload_of,
     fused_attention_of,
     launchers_of,
@@ -146,8 +147,8 @@ __all__ = [
     "DeclaresVariants", "DeviceInfo", "DeviceUnavailable", "ForgetsTrials", "GathersAndScatters", "ModelSpec",
     "Param", "Prepared", "PreparedInfo", "Process", "REDUCE_SCATTER", "ReportsMemory", "ReportsShardLosses",
     "SpmdCapable", "TimingProtocol", "Trial", "Unsupported", "ValidatesOptions", "Variant", "Verifiable", "Work",
-    "backend_label", "backend_of_implementation", "cnn", "families_of", "first_call_of", "fused_attention_of",
-    "fork_preload_of",
+    "backend_label", "backend_of_implementation", "cnn", "families_of", "first_call_of", "first_call_per_array_of",
+    "fused_attention_of", "fork_preload_of",
     "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of", "lstm", "missing_methods",
     "mlp", "probe_distributions", "programs_of", "replicate_id", "transformer", "trial_id", "variants_of",
 ]

@@ -77,7 +77,9 @@ class DeclaresFirstCall(Protocol):
     """A trial's typical first-call seconds (building the model, compiling, any kernel
     search) by platform ("cpu", "gpu"), for the plan's estimate of a run's wall time
     (`xbench.run.estimate`); a platform it leaves out gets the estimate's own figure. A hint,
-    never a measurement: records keep each trial's real first call."""
+    never a measurement: records keep each trial's real first call. It may also declare
+    `first_call_per_array_s` (by platform): the seconds each parameter array adds (a compiler
+    that autotunes every layer's kernels), in place of the estimate's own figure."""
 
     first_call_s: ClassVar[Mapping[str, float]]
 
@@ -259,6 +261,17 @@ def first_call_of(backend: object, platform: str) -> float | None:
     """The first-call seconds a backend declares for `platform`, or None where it declares
     none (or a value that is not a positive, finite number)."""
     declared = backend.first_call_s if isinstance(backend, DeclaresFirstCall) else None
+    return _positive_seconds(declared, platform)
+
+
+def first_call_per_array_of(backend: object, platform: str) -> float | None:
+    """The first-call seconds per parameter array a backend declares for `platform`
+    (`DeclaresFirstCall`), or None."""
+    declared = getattr(backend, "first_call_per_array_s", None) if isinstance(backend, DeclaresFirstCall) else None
+    return _positive_seconds(declared, platform)
+
+
+def _positive_seconds(declared: object, platform: str) -> float | None:
     seconds = declared.get(platform) if isinstance(declared, Mapping) else None
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
         return None

@@ -55,6 +55,9 @@ class Variant:
     # referee of its own: its fp32 runs are held to its as-written program's rounding floor
     # (`xbench.results.checks.FLOOR_FACTOR`).
     same_formula: bool = False
+    # A compiling variant's first-call seconds per parameter array on GPUs (torch.compile traces
+    # and compiles each layer), for the plan's estimate; None: its backend's figure.
+    first_call_per_array_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from xbench.contract import Trial, first_call_of
+from xbench.contract import Trial, first_call_of, first_call_per_array_of
 from xbench.contract.timing import TimingProtocol
 from xbench.experiment import Spec
 from xbench.run.adaptive import adaptive
@@ -49,9 +49,15 @@ class Costs:
     # backend -> its own `first_call_s` where it declares one (`DeclaresFirstCall`): compilation
     # differs between frameworks far more than between models (on a GPU, jax autotunes its kernels)
     first_calls: Mapping[str, float] = field(default_factory=dict)
+    # backend, or (backend, variant) -> its own seconds per parameter array, where declared
+    # (eager torch compiles no layer; torch.compile every one)
+    per_arrays: Mapping[str | tuple[str, str], float] = field(default_factory=dict)
 
     def first_call(self, backend: str) -> float:
         return self.first_calls.get(backend, self.first_call_s)
+
+    def per_array(self, backend: str, variant: str) -> float:
+        return self.per_arrays.get((backend, variant), self.per_arrays.get(backend, self.per_array_s))
 
 
 CPU_COSTS = Costs(flops=200e9, shared_host=True, start_s=1.0, import_s=4.0, first_call_s=0.6, per_array_s=0.1,
@@ -112,7 +118,8 @@ def trial_seconds(trial: Trial, costs: Costs, efficiency: float) -> float:
 
 def compile_seconds(trial: Trial, costs: Costs) -> float:
     """A trial's first call: its backend's fixed part and a part per parameter array of its model."""
-    return costs.first_call(trial.backend) + costs.per_array_s * len(trial.model.kind.parameters(trial.model.shape))
+    arrays = len(trial.model.kind.parameters(trial.model.shape))
+    return costs.first_call(trial.backend) + costs.per_array(trial.backend, trial.variant) * arrays
 
 
 def timing_seconds(trials: Sequence[Trial], costs: Costs, efficiency: float) -> tuple[float, int]:
@@ -139,6 +146,7 @@ def estimate(spec: Spec, backends: Sequence[str], lineups: Mapping[str, Lineup],
     """The cost of running `spec` (its protocol resolved) for `backends` on `platform` ("cpu"
     or "gpu"), the trials in `done` (a resumed run's) left out."""
     efficiency = STEP_EFFICIENCY[platform]
+    costs = with_variants(costs, lineups, platform)
     trials = [t for t in plan_trials(spec, backends, breakdown, launchers, lineups) if t.id not in done]
     timing, processes = timing_seconds(trials, costs, efficiency)
     checks = verification_trials(spec, backends, spec.devices, launchers, lineups) if verify else []
@@ -153,6 +161,16 @@ def estimate(spec: Spec, backends: Sequence[str], lineups: Mapping[str, Lineup],
                     verify_s=verify_seconds(checks, costs), timing_s=timing,
                     timing_max_s=max(timing, ceiling),
                     per_configuration_s=per_configuration, time_budget_s=budget)
+
+
+def with_variants(costs: Costs, lineups: Mapping[str, Lineup], platform: str) -> Costs:
+    """`costs` with the per-array first calls the lineups' compiling variants declare (GPUs)."""
+    if platform != "gpu":
+        return costs
+    declared: dict[str | tuple[str, str], float] = {
+        (backend, v.name): v.first_call_per_array_s for backend, lineup in lineups.items()
+        for v in lineup.variants if v.first_call_per_array_s}
+    return replace(costs, per_arrays={**costs.per_arrays, **declared}) if declared else costs
 
 
 def duration(seconds: float) -> str:
@@ -233,4 +251,6 @@ def costs_for(platform: str, measured_flops: float | None = None, backends: Mapp
     if platform != "gpu" and measured_flops is not None:
         costs = replace(costs, flops=measured_flops)
     declared = {name: first_call_of(backend, platform) for name, backend in (backends or {}).items()}
-    return replace(costs, first_calls={name: s for name, s in declared.items() if s is not None})
+    per_array = {name: first_call_per_array_of(backend, platform) for name, backend in (backends or {}).items()}
+    return replace(costs, first_calls={name: s for name, s in declared.items() if s is not None},
+                   per_arrays={name: s for name, s in per_array.items() if s is not None})
