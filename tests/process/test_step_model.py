@@ -322,7 +322,7 @@ def test_sweep_then_recommend_and_validate(run_cli, fake_backends, tmp_path):
                                 "--batch-sizes", "8", "32", "128", "--replicates", "2", "--window-budget", "0.5",
                                 "--no-verify", "--out", str(out))
     assert code == 0, err
-    assert "roughly" in err and "min" in err  # the up-front estimate
+    assert "plan:" in err and "estimated" in err and "roughly" not in err  # one up-front estimate, the plan's
     stored = read_fits(out / FIT_FILE)
     assert [f.key.backend for f in stored.fits] == ["numpy"] and stored.fits[0].observations == 27
     code, stdout, err = run_cli("recommend", "--params", "1e4", "--global-batch", "64", "--fits", str(out))

@@ -12,7 +12,7 @@ from xbench.cli.options import P2pOption, Precision, integers, names, p2p_value,
 from xbench.cli.running import check_resume_alone, run_comparison, run_dir_option
 from xbench.errors import SpecError, XbenchError
 from xbench.experiment import load_raw
-from xbench.experiment.sweep import DEFAULT_BATCHES, DEFAULT_PARAMS, estimate_seconds, sweep_spec
+from xbench.experiment.sweep import DEFAULT_BATCHES, DEFAULT_PARAMS, sweep_spec
 from xbench.results.allreduce import sizes_for
 from xbench.results.fitting import FIT_FILE, fit_all, load_runs, save_fits
 from xbench.results.step_model import FitError
@@ -119,14 +119,11 @@ def _announce(comparison, platform: str) -> str:
     models = comparison.spec.models
     multi = [n for n in comparison.spec.devices if n > 1]
     sizes = len(sizes_for([4 * m.params for m in models], platform == "gpu")) if multi else 0
-    seconds = estimate_seconds(len(trials), processes, sizes * len(comparison.entries) * len(multi), platform,
-                               comparison.spec.protocol)
     collectives = f", the all-reduce at {sizes} sizes" if multi else " (one device: no all-reduce to fit)"
+    # the wall time: the plan's estimate, printed next (one estimator for compare and sweep)
     return (f"sweep: {len(models)} model(s) x {len(models[0].batch_sizes)} per-device batches on "
             f"{'/'.join(map(str, comparison.spec.devices))} devices, {len(comparison.entries)} backend(s): "
-            f"{len(trials)} trial "
-            f"replicate(s) in {processes} worker process(es){collectives}; roughly "
-            f"{max(1, round(seconds / 60))} min (longer where large models compile)")
+            f"{len(trials)} trial replicate(s) in {processes} worker process(es){collectives}")
 
 
 def _fit_and_save(run_dir: Path) -> None:

@@ -13,7 +13,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from xbench.contract.timing import TimingProtocol
 from xbench.errors import SpecError, brief
 from xbench.experiment.spec import Spec, build_spec, presets
 
@@ -22,12 +21,6 @@ LADDER_INPUTS, LADDER_OUTPUTS = 50, 3
 # Defaults sized for the machine: CPU runs must finish in minutes on two cores.
 DEFAULT_PARAMS = {"cpu": (3e4, 1e5, 3e5, 1e6), "gpu": (1e6, 4e6, 16e6, 64e6)}
 DEFAULT_BATCHES = {"cpu": (16, 64, 256, 1024), "gpu": (256, 1024, 4096, 16384)}
-# Rough costs behind the up-front estimate, from this project's sweeps (2-core CPU: 288 trial
-# replicates in 5 min; H200: MLP ladder 64 in 4 min; GPT-2 sizes 36 in 7 min, compilation-bound).
-START_S = {"cpu": 4.0, "gpu": 10.0}  # a worker process: the framework's import and device set-up
-FIRST_CALL_S = {"cpu": 0.3, "gpu": 2.0}  # compilation of one configuration (a small model's)
-WINDOW_SHARE = 0.8  # of the window budget a replicate's windows take before they are steady
-ALLREDUCE_SIZE_S = 2.0
 # At 1e-3, ten Adam steps of the ladder's wide MLPs amplify fp32 rounding at ReLU kinks: torch
 # and jax (both correct, strict fp32) ended 7e-3 apart at width 1,400, beyond verify's fixed
 # tolerance of the time (it now widens by each model's measured floor, `xbench.results.checks`); at
@@ -93,12 +86,3 @@ def sweep_spec(backends: Sequence[str], params: Sequence[float], models: Sequenc
         "data": {**config.get("data", {}), "samples": max(config.get("data", {}).get("samples", 0), biggest)},
     }
     return build_spec(raw, "the sweep")
-
-
-def estimate_seconds(trial_replicates: int, processes: int, allreduce_sizes: int, platform: str,
-                     protocol: TimingProtocol) -> float:
-    """A rough duration: each worker process's start, each trial's compilation and windows (at
-    most the window budget), each all-reduce size. Large models compile longer than this."""
-    per_trial = FIRST_CALL_S[platform] + WINDOW_SHARE * protocol.window_budget_s
-    return processes * START_S[platform] + trial_replicates * per_trial + allreduce_sizes * ALLREDUCE_SIZE_S
-
