@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from xbench.contract import Variant
+from xbench.contract import DATA_PARALLEL, Variant
 from xbench_backends import recompute
 
 FSDP = "fsdp"
@@ -40,7 +40,7 @@ def variant(how: str, name: str = FSDP, first_call_per_array_s: float | None = N
     """The `fsdp` Variant (or another sharded one, `name`) as a backend declares it, `how`
     saying with what (`first_call_per_array_s`: a compiling one's, `Variant`'s)."""
     return Variant(name, f"sharded data parallelism: parameters, gradients and Adam state split over the devices "
-                         f"({how})", families=FSDP_FAMILIES, sharded=True,
+                         f"({how})", families=FSDP_FAMILIES, sharded=True, programs=(DATA_PARALLEL,),
                    # each device computes its share of the same formula, on 1 device all of it
                    same_formula=True, first_call_per_array_s=first_call_per_array_s)
 

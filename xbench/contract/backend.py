@@ -40,6 +40,9 @@ class Variant:
     warmup_steps: int | None = None  # at least this many untimed steps first (e.g. CUDA-graph capture)
     precisions: tuple[str, ...] | None = None  # the only precisions it runs in (None: every one)
     families: tuple[str, ...] | None = None  # the only model families it builds (None: the backend's)
+    # the only programs it is a variant of (None: every one): runs and verification of the
+    # others are not planned (a sharded variant of the plain program has no devices to shard over)
+    programs: tuple[str, ...] | None = None
     sharded: bool = False  # parameters, gradients and optimizer state split over the devices (FSDP, ZeRO-3)
     # each block's activations recomputed in the backward pass (activation checkpointing): the
     # step keeps only every block's input, and one block's activations at a time

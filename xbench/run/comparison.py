@@ -63,7 +63,7 @@ class Comparison:
         return [implementation(name, variant.name, program)
                 for name in (e.name for e in self.entries)
                 for variant in self.lineups.get(name, Lineup()).variants
-                for program in self.lineups.get(name, Lineup()).verified_programs(1)]
+                for program in self.lineups.get(name, Lineup()).verified_programs(1, variant)]
 
 
 def new_run_id() -> str:

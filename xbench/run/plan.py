@@ -21,14 +21,22 @@ class Lineup:
     variants: tuple[Variant, ...] = (AS_WRITTEN_VARIANT,)
     single_device: tuple[str, ...] = (DATA_PARALLEL,)  # the programs timed on 1 device
 
-    def programs(self, devices: int) -> tuple[str, ...]:
-        """The programs timed on `devices` devices."""
-        return self.single_device if devices == 1 else (DATA_PARALLEL,)
+    def programs(self, devices: int, variant: Variant | None = None) -> tuple[str, ...]:
+        """The programs timed on `devices` devices (of `variant`: those it is a variant of)."""
+        return _of(variant, self.single_device if devices == 1 else (DATA_PARALLEL,))
 
-    def verified_programs(self, devices: int) -> tuple[str, ...]:
+    def verified_programs(self, devices: int, variant: Variant | None = None) -> tuple[str, ...]:
         """The programs verified: on 1 device the data-parallel one always (the reference for
-        N devices = 1 device), and the plain one when it is timed."""
-        return tuple(dict.fromkeys((DATA_PARALLEL, *self.programs(devices))))
+        N devices = 1 device), and the plain one when it is timed; of `variant`, those it is a
+        variant of."""
+        return _of(variant, tuple(dict.fromkeys((DATA_PARALLEL, *self.programs(devices)))))
+
+
+def _of(variant: Variant | None, programs: tuple[str, ...]) -> tuple[str, ...]:
+    """The `programs` that `variant` applies to (`Variant.programs`; every one without a variant)."""
+    if variant is None or variant.programs is None:
+        return programs
+    return tuple(p for p in programs if p in variant.programs)
 
 
 def variant_protocol(protocol: TimingProtocol, variant: Variant) -> TimingProtocol:
@@ -86,7 +94,7 @@ def _configurations(spec: Spec, backend: str, devices: int, breakdown: bool, lau
     its compute-only twin right after it, so that both share the process."""
     units = []
     cases = [(model, batch, variant, program) for model in spec.models for batch in model.batch_sizes
-             for variant in lineup.variants for program in lineup.programs(devices)]
+             for variant in lineup.variants for program in lineup.programs(devices, variant)]
     for model, batch, variant, program in cases:
         trial = Trial(
             backend=backend,

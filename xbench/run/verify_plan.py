@@ -52,7 +52,7 @@ def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[i
                       samples=model.batch_sizes[0] * VERIFY_BATCHES, protocol=fused,
                       options=dict(spec.options.get(backend, {})),
                       launcher=(launchers or {}).get(backend, "subprocess"), variant=variant.name, program=program)
-                for n in counts for program in lineup.verified_programs(n) for model in models
+                for n in counts for program in lineup.verified_programs(n, variant) for model in models
                 if builds(variant, model)
             ]
     trials += _as_written_for_low_precision(trials, protocol)
