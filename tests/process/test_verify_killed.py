@@ -3,17 +3,24 @@ SIGKILL must fail the run, never leave a program "passed" with 0 checks.
 
 The worker is really killed, from outside, while it computes the reference gradients of one
 trial: the fake numpy-mlp backend stops there (see `tests.support.fakes.PAUSE_TRIAL`) after writing
-its pid, and this test sends that pid SIGKILL, as the kernel's OOM killer would."""
+its pid, and this test sends that pid SIGKILL, as the kernel's OOM killer would. A worker that
+xbench itself ends, on the user's Ctrl-C, is no crash: it is reported as none."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
+import pytest
+
+from tests.conftest import ROOT
 from tests.support.fakes import PAUSE_DIR, PAUSE_TRIAL
+from tests.support.processes import TAG, new_tag, tagged_processes
 from xbench.results.records import read_records
 
 KILLED = "numpy-mlp/medium/d1/b32/r0"  # the data-parallel program's verification on 1 device
@@ -68,3 +75,47 @@ def test_a_killed_verification_worker_fails_the_run_and_passes_nothing(fake_back
         assert "not verified: numpy-mlp d1 has no result" in record["reason"]
         assert any(f"{KILLED} crashed: worker killed by signal 9" in line
                    for line in record["verification"]["failed"])
+
+
+PAUSED = "numpy-mlp/medium/d2/b32/r0"  # the data-parallel program's verification on 2 devices
+
+XBENCH_WITH_FAKES = (  # `xbench ARGS...` in a process of its own, the test backends registered
+    "import sys\n"
+    "from xbench.run import registry\n"
+    "from tests.conftest import FAKES\n"
+    "installed = registry.list_entry_points()\n"
+    "registry.list_entry_points = lambda: installed + FAKES\n"
+    "from xbench.cli.main import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.parametrize("command", ["verify", "compare"])
+def test_an_interrupt_reports_no_verification_run_in_flight_as_crashed(command, tmp_path):
+    """Ctrl-C (SIGINT to xbench's process group, as a terminal or `timeout -s INT` sends it)
+    while verification runs side by side: xbench ends the workers of the runs in flight, which
+    did not crash. Before: "verifying 3/5: numpy-mlp medium d2 fp32: crashed: worker killed by
+    signal 9; last output: (none) in 1 s", then "interrupted"."""
+    tag = new_tag()
+    out = tmp_path / "run"
+    extra = ["--out", str(out), "--batch-sizes", "16", "--repeats", "2", "--steps", "2"] if command == "compare" else []
+    process = subprocess.Popen(
+        [sys.executable, "-c", XBENCH_WITH_FAKES, command, "--backends", "numpy-mlp", "--model", "medium",
+         "--devices", "2", *extra],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), TAG: tag, PAUSE_TRIAL: PAUSED, PAUSE_DIR: str(tmp_path)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGINT)  # its workers lead process groups of their own
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert "crashed" not in err and "killed by signal" not in err, err
+    assert "numpy-mlp medium d2 fp32" not in err  # the run in flight: no verdict of any kind
+    assert not (out / "verify.json").exists() and not (out / "records.jsonl").exists()  # a resumed run redoes it
+    deadline = time.monotonic() + 10
+    while tagged_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert tagged_processes(tag) == []

@@ -88,7 +88,7 @@ def run_groups(groups: list[Group], ctx: Context, parallel: int = 1) -> list[Rec
     try:
         records = [record for future in futures for record in future.result()]
     except BaseException:  # Ctrl-C: no new gang starts, every running one stops
-        ctx.cancel.set()
+        ctx.cancel.set()  # before any gang stops: the deaths it causes are then no crashes (`stopping`)
         pool.shutdown(wait=False, cancel_futures=True)
         with _LIVE_LOCK:
             live = list(_LIVE)
@@ -244,7 +244,7 @@ class Gang:
             return None
 
     def drive(self, trials: list[Trial], ctx: Context, give_up_on_startup: bool = False) -> list[Record]:
-        """Collect records for `trials` in order until they are done or the gang fails.
+        """Collect records for `trials` in order until they are done, the gang fails or the run stops.
 
         Returns the records made; a prefix of `trials`. Records for a failed setup cover all
         trials, so the caller never restarts a gang that cannot start. A start-up that timed
@@ -252,6 +252,8 @@ class Gang:
         backend), unless `give_up_on_startup` (the gang before it timed out too).
         """
         ready = self._await_ready(ctx.startup_timeout_s)
+        if "device_info" not in ready and stopping(ctx):
+            return []  # its workers were ended by the interrupt: not a failure of the backend
         if "device_info" not in ready:
             if ready.get("timed_out") and ctx.launch.multi_node:
                 for trial in trials:
@@ -265,6 +267,8 @@ class Gang:
         done: list[Record] = []
         for trial in trials:
             record = self._trial_record(trial, ready["device_info"], ctx)
+            if record["status"] != "ok" and stopping(ctx):
+                break  # unfinished, not crashed (see `stopping`): unrecorded, so a resumed run redoes it
             # A failed rank may leave the others inside a collective: start afresh, as after
             # anything that stopped the gang (a timeout, an event it could not read). The one
             # rank of a 1-device job has no others (an spmd job's devices are its ranks, on
@@ -438,6 +442,12 @@ def _append_log(path: Path, data: bytes) -> None:
             log.write(data)
     except OSError:
         pass
+
+
+def stopping(ctx: Context) -> bool:
+    """Whether the run is being stopped (Ctrl-C: `run_groups` ends every live gang). A trial in flight
+    is then unfinished, not crashed or failed: xbench ended its worker (or a rank of its collective)."""
+    return ctx.cancel.is_set()
 
 
 def _phase(trial: Trial, windows_done: int, ctx: Context) -> str:
