@@ -23,11 +23,16 @@
 #   verify          200 s           cut at 200 s (93 of 147 runs)
 #   mlp-p2p-on      what is left    703 s over two calls (verification 35 s, 192 trial replicates, the fit)
 #   mlp-p2p-off     what is left    579 s over two calls
-#   transformer     what is left    verification 89 s, then cut before its first trial (plan: ~40 min)
+#   transformer     what is left    verification 89 s, then cut before its first trial (plan now: ~21 min)
 #   seed            what is left    not reached
-# Three calls reached the transformer sweep; expect six or more for everything.
-#   bash benchmarks/gpu_two.sh
+# Three calls reached the transformer sweep; expect six or more for everything. Steps named on
+# the command line run alone (the MLP sweeps and the all-reduce are committed:
+# results/2026-11-28-h200x2-seed-question):
+#   bash benchmarks/gpu_two.sh                          # every step
+#   bash benchmarks/gpu_two.sh verify transformer seed  # what the first calls did not reach
 set -uo pipefail
+steps=" $* "
+wanted() { [ "$steps" = "  " ] || [[ "$steps" == *" $1 "* ]]; }
 source "$(dirname "$0")/_gpu_setup.sh"
 # NVLink multicast stays off in both topologies (the device notes), so P2P is the one difference.
 export NCCL_NVLS_ENABLE=0 COLUMNS=120
@@ -37,7 +42,7 @@ mkdir -p "$keep"
 cp "$keep/env.txt" "$out/run/"
 
 # NCCL's INIT lines name each worker's transport: "via P2P/..." with P2P on, "via SHM/..." off.
-NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_DEBUG_FILE="$keep/nccl.%h.%p.log" \
+wanted allreduce && NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_DEBUG_FILE="$keep/nccl.%h.%p.log" \
   once allreduce 80 xbench allreduce --backends jax torch --devices 2 --sizes 4KiB 1MiB 64MiB 1GiB \
   --p2p on off --json "$keep/allreduce.json"
 if ls "$keep"/nccl.*.log >/dev/null 2>&1; then
@@ -46,7 +51,7 @@ if ls "$keep"/nccl.*.log >/dev/null 2>&1; then
 fi
 cp "$keep/allreduce.json" "$keep/nccl-transports.txt" "$out/run/" 2>/dev/null
 
-if [ ! -f "$keep/verify.exit" ]; then
+if wanted verify && [ ! -f "$keep/verify.exit" ]; then
   sample_memory verify
   once verify 200 xbench verify --config configs/families.toml --model gpt2-small resnet50 --backends jax torch \
     --devices 2 --variants all
@@ -57,11 +62,11 @@ cp "$keep/verify-memory.txt" "$out/run/" 2>/dev/null
 
 ladder=(--backends jax torch --params 1e6 4e6 1.6e7 6.4e7 --per-device-batch 256 2048 16384 --devices 1 2
   --precision tf32 --replicates 2 --window-budget 0.5 --time-budget 60)
-resumable sweep mlp-p2p-on "${ladder[@]}" --p2p on
-resumable sweep mlp-p2p-off "${ladder[@]}" --p2p off --no-verify
-resumable sweep transformer --config configs/sweep-transformers.toml --backends jax torch --devices 1 2 \
-  --precision bf16 --replicates 2 --time-budget 0
-resumable compare seed --config configs/seed-study.toml --backends jax jax-shardmap torch --devices 1 2 --time-budget 0
+wanted mlp-p2p-on && resumable sweep mlp-p2p-on "${ladder[@]}" --p2p on
+wanted mlp-p2p-off && resumable sweep mlp-p2p-off "${ladder[@]}" --p2p off --no-verify
+wanted transformer && resumable sweep transformer --config configs/sweep-transformers.toml --backends jax torch --devices 1 2 \
+  --precision bf16 --replicates 2 --window-budget 1 --time-budget 0
+wanted seed && resumable compare seed --config configs/seed-study.toml --backends jax jax-shardmap torch --devices 1 2 --time-budget 0
 
 for name in allreduce verify; do
   [ -f "$keep/$name.txt" ] && { echo "== $name"; grep -v "^\[" "$keep/$name.err" | tail -6; tail -22 "$keep/$name.txt"; }
