@@ -149,6 +149,9 @@ class JaxPmapBackend:
     def __init__(self) -> None:
         self.devices: list[Any] = []
         self.quick_compilation = False  # a verification job's: XLA's GPU autotuning off
+        # each device's peak bytes when the last trial was forgotten: a later peak above it is
+        # the next trial's own (jax's counter covers the process and cannot be reset)
+        self.peaks_before: list[int] | None = None
 
     def prefer_quick_compilation(self) -> None:
         """In a verification job: no GPU kernel autotuning (`steps.quick_gpu_compilation`),
@@ -385,16 +388,28 @@ class JaxPmapBackend:
 
         if self.devices and self.devices[0].platform == "cpu":
             jax.clear_caches()
+        self.peaks_before = self._device_peaks()
 
     def memory_peak_bytes(self, prepared: JaxPrepared) -> dict[str, Any] | None:
         """Each device's peak bytes in use, or None where the platform reports none. JAX keeps
-        no per-trial counter: the peak covers the worker process so far."""
+        no per-trial counter and cannot reset its own: a peak above the one the last trial left
+        is this trial's ("trial"); otherwise an earlier trial of this worker set it, and it only
+        bounds this one's ("worker process": on one H200, gpt2-xl's remat program reported the
+        cudnn program's 49.68 GB to the byte, timed before it in the same worker)."""
+        peaks = self._device_peaks()
+        if peaks is None:
+            return None
+        before = self.peaks_before
+        own = before is None or all(now > then for now, then in zip(peaks, before))
+        return {"peak_bytes": peaks, "scope": "trial" if own else "worker process"}
+
+    def _device_peaks(self) -> list[int] | None:
         import jax
 
         stats = [device.memory_stats() for device in self.devices if device.process_index == jax.process_index()]
         if any(not s or "peak_bytes_in_use" not in s for s in stats):
             return None
-        return {"peak_bytes": [int(s["peak_bytes_in_use"]) for s in stats], "scope": "worker process"}
+        return [int(s["peak_bytes_in_use"]) for s in stats]
 
     def reduce_gradients(self, grads):
         """The data-parallel all-reduce: the mean gradient over the device axis."""

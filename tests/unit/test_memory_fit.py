@@ -14,6 +14,7 @@ from xbench.models.model_spec import preset_model
 from xbench.report.bottom_line import bottom_line, fit_sentence
 from xbench.report.export import flat_rows
 from xbench.report.terminal import cost_columns, status_cell, unmeasured_line
+from xbench.results.conditions import memory_gib
 from xbench.results.fit import MARGIN, check, does_not_fit, fit_words, measured_reason, out_of_memory
 from xbench.results.summary import rows_from_records
 from xbench.run.launcher import fit_or_not
@@ -200,6 +201,18 @@ def test_the_cost_table_shows_the_estimate_beside_the_measured_peak():
     line = dict(zip(columns.headers, columns.rows[0]))
     assert (line["mem GiB"], line["est. GiB"]) == ("5.00", "4.00")
     assert any("est. GiB: xbench's estimate before launching" in note for note in columns.notes)
+
+
+def test_a_trials_own_peak_wins_over_a_worker_processs_bound():
+    """jax's counter covers its worker: a replicate whose trial set the process's peak says
+    "trial"; another, run after a larger program in the same worker, only bounds it."""
+    own = {"framework_memory": {"peak_bytes": [3 * GiB], "scope": "trial"}, "devices": []}
+    bound = {"framework_memory": {"peak_bytes": [9 * GiB], "scope": "worker process"}, "devices": []}
+    records = [{**record("fast", 1, 64, r, 0.01), "telemetry": t} for r, t in enumerate((own, bound))]
+    [row] = rows_from_records(records)
+    assert memory_gib(row) == 3.0
+    [row] = rows_from_records(records[1:])
+    assert memory_gib(row) == 9.0  # no replicate knows better: the bound
 
 
 def test_export_has_the_estimate_beside_the_measured_peak():

@@ -95,12 +95,15 @@ def memory_gib(row: Row) -> float | None:
 
 
 def _framework_peaks(telemetry: Iterable[Telemetry]) -> list[int]:
-    peaks: list[int] = []
+    """The trials' own peaks where any replicate has one (scope "trial"), else what the
+    counters give (a worker process's peak bounds the trials it ran)."""
+    own: list[int] = []
+    bounds: list[int] = []
     for t in telemetry:
         memory = t.get("framework_memory")
         if memory:
-            peaks += memory.get("peak_bytes") or []
-    return peaks
+            (own if memory.get("scope") == "trial" else bounds).extend(memory.get("peak_bytes") or [])
+    return own or bounds
 
 
 def energy_mj_per_sample(row: Row) -> float | None:
