@@ -126,5 +126,15 @@ def check_new_run_dir(run_dir: Path) -> None:
     found = run_files(run_dir)
     if found:
         raise XbenchError(f"{run_dir} already holds a run ({', '.join(found)}); finish it with "
-                          f"`xbench compare --resume {run_dir}`, or choose a new --out directory")
+                          f"`xbench {_command_of(run_dir)} --resume {run_dir}`, or choose a new --out directory")
+
+
+def _command_of(run_dir: Path) -> str:
+    """The xbench command that started the run in `run_dir` (run.json's), "compare" where it
+    does not say: a sweep resumes as a sweep, to be fitted at its end."""
+    try:
+        started = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8")).get("command", "")
+    except (OSError, ValueError, AttributeError):
+        return "compare"
+    return "sweep" if str(started).startswith("xbench sweep") else "compare"
 
