@@ -62,10 +62,10 @@ OPTIONS = {"cross_device_ops": CROSS_DEVICE_OPS}
 KERAS_POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp64": "float64"}
 VARIANTS = (Variant("xla", "XLA: jit_compile=True on the per-replica forward and backward", same_formula=True),
             Variant(FSDP, "sharded data parallelism: unsupported, TensorFlow has no sharded data-parallel strategy",
-                    families=FSDP_FAMILIES),
+                    families=FSDP_FAMILIES, programs=(DATA_PARALLEL,)),
             recompute.variant("keras.remat around each block: tf.recompute_grad"),
             Variant(FSDP_REMAT, "fsdp with each transformer block recomputed: unsupported, as fsdp",
-                    families=recompute.REMAT_FAMILIES))
+                    families=recompute.REMAT_FAMILIES, programs=(DATA_PARALLEL,)))
 # Checked in TensorFlow 2.21 and Keras 3.15: nothing in tf.distribute shards a data-parallel
 # program's variables over its own replicas (ZeRO/FSDP); what comes closest is not one.
 FSDP_REASON = ("TensorFlow has no sharded data-parallel strategy: MirroredStrategy and MultiWorkerMirroredStrategy "

@@ -86,6 +86,16 @@ def test_a_variant_for_an_unselected_backend_or_one_it_lacks_is_refused(variants
         choose_lineups(spec(variants=variants), entries)
 
 
+def test_a_variant_named_for_a_program_the_run_does_not_time_is_refused_not_dropped():
+    plain_only = Variant("functional", "a plain step", programs=(PLAIN,))
+    entries = [entry("a", programs=(DATA_PARALLEL, PLAIN), variants=(plain_only,))]
+    with pytest.raises(XbenchError, match="variant a:functional applies to the plain program, which this run does not"):
+        choose_lineups(spec(variants=["a:functional"], single_device="data-parallel"), entries)
+    quiet = choose_lineups(spec(variants=["all"], single_device="data-parallel"), entries)["a"]
+    assert not quiet.programs(1, plain_only)  # asked for with all: left out without an error
+    assert choose_lineups(spec(variants=["a:functional"]), entries)["a"].programs(1, plain_only) == (PLAIN,)
+
+
 def test_the_cli_refuses_an_unknown_variant_in_one_line_and_writes_nothing(fake_backends, run_cli, tmp_path):
     out = tmp_path / "run"
     code, _, err = run_cli("compare", "--backends", "numpy", "--variants", "numpy:fast", "--out", str(out))

@@ -220,3 +220,13 @@ def test_dry_run_estimates_with_the_backends_declared_first_calls(capsys, monkey
     assert main(["compare", "--backends", "jax", "torch", "--platform", "gpu", "--dry-run"]) == 0, capsys.readouterr()
     assert seen[-1].first_calls == {"jax": 2.0, "torch": 0.05}
     assert seen[-1].per_arrays == {"jax": 0.08, "torch": 0.002}
+
+
+def test_breakdown_adds_its_all_reduce_measurement_to_the_estimate():
+    from xbench.experiment import build_spec
+
+    two = build_spec({"models": [{"preset": "medium"}], "devices": [1, 2]}, "test")
+    one = build_spec({"models": [{"preset": "medium"}], "devices": [1]}, "test")
+    sizes = est.allreduce_seconds(two, ["jax", "torch"], "cpu") / est.ALLREDUCE_SIZE_S
+    assert sizes > 2 and sizes % 2 == 0  # each backend: the model's gradient and the sweep's sizes
+    assert est.allreduce_seconds(one, ["jax"], "cpu") == 0  # one device: no all-reduce

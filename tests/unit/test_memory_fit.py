@@ -226,3 +226,14 @@ def test_export_has_the_estimate_beside_the_measured_peak():
     assert (exported[1]["memory_gib"], exported[1]["memory_estimate_gib"]) == (5.0, 4.0)
     assert list(exported[1]).index("memory_estimate_gib") == list(exported[1]).index("memory_gib") + 1
     assert exported[2]["memory_estimate_gib"] is None
+
+
+def test_an_spmd_jobs_peak_is_the_trials_own_only_where_every_ranks_is():
+    from xbench.worker.main import Ranks
+
+    ranks = Ranks.__new__(Ranks)  # the gathering part only: rank 0 own, rank 1 a bound
+    ranks.gather = lambda values: [values, [7.0 * GiB, 0.0]]
+    mine = {"peak_bytes": [5 * GiB], "scope": "trial"}
+    assert ranks.peaks(mine) == {"peak_bytes": [5 * GiB, 7 * GiB], "scope": "worker process"}
+    ranks.gather = lambda values: [values, [7.0 * GiB, 1.0]]
+    assert ranks.peaks(mine) == {"peak_bytes": [5 * GiB, 7 * GiB], "scope": "trial"}

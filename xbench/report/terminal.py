@@ -328,8 +328,8 @@ TRAFFIC_NOTE = ("moved/step: one step's collectives in nccl-tests' sizes, from t
                 "the float32 gradients reduce-scattered; each device sends 2(n−1)/n of AR, (n−1)/n of AG and RS")
 TELEMETRY_NOTE = ("GPU util %: NVML's own samples of the timed windows, averaged over devices and replicates "
                   "(where it kept none, an untimed second of training after them); mem GiB: the framework's own "
-                  "peak counter, the trial's own where a replicate has it (jax's covers its worker: a peak set by an "
-                  "earlier trial there only bounds this one), else NVML's peak 'used'; "
+                  "peak counter, the trial's own where a replicate has it (a counter that covers its worker process: "
+                  "a peak set by an earlier trial there only bounds this one), else NVML's peak 'used'; "
                   "est. GiB: xbench's estimate before launching (parameters, gradients, Adam state, activations at "
                   "the batch; xbench models), which leaves out the framework's own buffers; "
                   "mJ/sample: NVML energy over the timed windows per sample")

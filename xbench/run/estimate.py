@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from xbench.contract import Trial, first_call_of, first_call_per_array_of
 from xbench.contract.timing import TimingProtocol
 from xbench.experiment import Spec
+from xbench.results.allreduce import sizes_for
 from xbench.run.adaptive import adaptive
 from xbench.run.plan import Lineup, plan_trials
 from xbench.run.verify_plan import verification_trials
@@ -156,11 +157,24 @@ def estimate(spec: Spec, backends: Sequence[str], lineups: Mapping[str, Lineup],
     ceiling = max(budget, timing * (1 + (protocol.adaptive_floor or 0.0))) if budget else 0.0
     configurations = len({t.config_id for t in trials if t.all_reduce})
     per_configuration = timing / configurations if configurations else 0.0
+    fixed = (costs.fixed_s if trials or checks else 0.0) + (allreduce_seconds(spec, backends, platform) if breakdown
+                                                           and not done else 0.0)
     return Estimate(configurations=configurations, trials=len(trials), processes=processes,
-                    verify_runs=len(checks), fixed_s=costs.fixed_s if trials or checks else 0.0,
+                    verify_runs=len(checks), fixed_s=fixed,
                     verify_s=verify_seconds(checks, costs), timing_s=timing,
                     timing_max_s=max(timing, ceiling),
                     per_configuration_s=per_configuration, time_budget_s=budget)
+
+
+ALLREDUCE_SIZE_S = 2.0  # --breakdown's all-reduce: one size on one device count, roughly
+
+
+def allreduce_seconds(spec: Spec, backends: Sequence[str], platform: str) -> float:
+    """--breakdown's all-reduce measurement (`allreduce_phase.breakdown_allreduce`): each
+    model's gradient size and a sweep of sizes, per backend and multi-device count."""
+    multi = [n for n in spec.devices if n > 1]
+    sizes = sizes_for([4 * m.params for m in spec.models], platform == "gpu") if multi else []
+    return len(sizes) * len(backends) * len(multi) * ALLREDUCE_SIZE_S
 
 
 def with_variants(costs: Costs, lineups: Mapping[str, Lineup], platform: str) -> Costs:
@@ -168,9 +182,16 @@ def with_variants(costs: Costs, lineups: Mapping[str, Lineup], platform: str) ->
     if platform != "gpu":
         return costs
     declared: dict[str | tuple[str, str], float] = {
-        (backend, v.name): v.first_call_per_array_s for backend, lineup in lineups.items()
-        for v in lineup.variants if v.first_call_per_array_s}
+        (backend, v.name): seconds for backend, lineup in lineups.items()
+        for v in lineup.variants if (seconds := _positive(v.first_call_per_array_s)) is not None}
     return replace(costs, per_arrays={**costs.per_arrays, **declared}) if declared else costs
+
+
+def _positive(seconds: object) -> float | None:
+    """A declared figure that is a positive, finite number of seconds, else None (ignored)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+        return None
+    return float(seconds)
 
 
 def duration(seconds: float) -> str:

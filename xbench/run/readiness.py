@@ -119,7 +119,20 @@ def choose_lineups(spec: Spec, entries: Sequence[BackendEntry]) -> dict[str, Lin
         chosen = tuple(variants[w] for w in dict.fromkeys(wanted[name]))
         lineups[name] = Lineup(with_fused_attention((AS_WRITTEN_VARIANT, *chosen), entry),
                                single_device_programs(spec, entry))
+        named = [variants[w] for w in wanted[name] if f"{name}:{w}" in spec.variants]
+        _check_programs(name, named, lineups[name], spec.devices)
     return lineups
+
+
+def _check_programs(backend: str, named: Sequence[Variant], lineup: Lineup, devices: Sequence[int]) -> None:
+    """A variant asked for by name that applies to none of the programs this run times
+    (`Variant.programs`) is an error, not a silent absence."""
+    for variant in named:
+        if not any(lineup.programs(n, variant) for n in devices):
+            programs = " and ".join(variant.programs or ())
+            raise XbenchError(f"variant {backend}:{variant.name} applies to the {programs} program, which this run "
+                              "does not time (--single-device and --devices choose the programs: --single-device "
+                              "both times each on 1 device); add them, or drop the variant")
 
 
 def with_fused_attention(variants: tuple[Variant, ...], entry: BackendEntry) -> tuple[Variant, ...]:

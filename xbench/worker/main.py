@@ -169,14 +169,17 @@ class Ranks:
         return fields
 
     def peaks(self, memory: dict[str, Any] | None) -> dict[str, Any] | None:
-        """Every rank's framework memory peak (each process reports its own device)."""
+        """Every rank's framework memory peak (each process reports its own device); the
+        trial's own only where every rank's is (a rank's scope is its own counter's)."""
         if self.gather is None:
             return memory
         mine = float(max(memory["peak_bytes"])) if memory else -1.0
-        values = [v[0] for v in self.gather([mine])]
-        if memory is None or min(values) < 0:  # every rank gathers, whether it has a peak or not
+        own = 1.0 if memory and memory["scope"] == "trial" else 0.0
+        gathered = self.gather([mine, own])
+        if memory is None or min(v[0] for v in gathered) < 0:  # every rank gathers, whether it has a peak or not
             return None
-        return {"peak_bytes": [int(v) for v in values], "scope": memory["scope"]}
+        scope = memory["scope"] if all(v[1] == 1.0 for v in gathered) else "worker process"
+        return {"peak_bytes": [int(v[0]) for v in gathered], "scope": scope}
 
 
 # Runs one prepared trial; returns the measurement fields of its `Result`.
