@@ -66,7 +66,7 @@ def test_kept_on_gpus(devices):
     import jax
 
     backend = JaxPmapBackend()
-    backend.devices = [types.SimpleNamespace(platform="gpu")]
+    backend.devices = [types.SimpleNamespace(platform="gpu", process_index=0, memory_stats=lambda: None)]
     probe = jax.jit(lambda x: x * 2)
     probe(1.0)
     backend.forget_trial()
