@@ -272,7 +272,11 @@ def first_call_per_array_of(backend: object, platform: str) -> float | None:
 
 
 def _positive_seconds(declared: object, platform: str) -> float | None:
-    seconds = declared.get(platform) if isinstance(declared, Mapping) else None
+    return positive_seconds(declared.get(platform) if isinstance(declared, Mapping) else None)
+
+
+def positive_seconds(seconds: object) -> float | None:
+    """A declared figure that is a positive, finite number of seconds, else None (ignored)."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
         return None
     return float(seconds)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from xbench.contract import Trial, first_call_of, first_call_per_array_of
+from xbench.contract.abilities import positive_seconds
 from xbench.contract.timing import TimingProtocol
 from xbench.experiment import Spec
 from xbench.results.allreduce import sizes_for
@@ -183,15 +184,8 @@ def with_variants(costs: Costs, lineups: Mapping[str, Lineup], platform: str) ->
         return costs
     declared: dict[str | tuple[str, str], float] = {
         (backend, v.name): seconds for backend, lineup in lineups.items()
-        for v in lineup.variants if (seconds := _positive(v.first_call_per_array_s)) is not None}
+        for v in lineup.variants if (seconds := positive_seconds(v.first_call_per_array_s)) is not None}
     return replace(costs, per_arrays={**costs.per_arrays, **declared}) if declared else costs
-
-
-def _positive(seconds: object) -> float | None:
-    """A declared figure that is a positive, finite number of seconds, else None (ignored)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
-        return None
-    return float(seconds)
 
 
 def duration(seconds: float) -> str:
