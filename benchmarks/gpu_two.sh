@@ -23,13 +23,13 @@
 #   verify          200 s           cut at 200 s (93 of 147 runs)
 #   mlp-p2p-on      what is left    703 s over two calls (verification 35 s, 192 trial replicates, the fit)
 #   mlp-p2p-off     what is left    579 s over two calls
-#   transformer     what is left    verification 89 s, then cut before its first trial (plan now: ~21 min)
+#   transformer     what is left    565 + 567 + 388 s over three calls (a second session; plan: 22 min)
 #   seed            what is left    not reached
-# Three calls reached the transformer sweep; expect six or more for everything. Steps named on
-# the command line run alone (the MLP sweeps and the all-reduce are committed:
+# Six calls over two sessions reached the seed step; expect seven or more for everything. Steps named on
+# the command line run alone (the MLP and transformer sweeps and the all-reduce are committed:
 # results/2026-11-28-h200x2-seed-question):
 #   bash benchmarks/gpu_two.sh                          # every step
-#   bash benchmarks/gpu_two.sh verify transformer seed  # what the first calls did not reach
+#   bash benchmarks/gpu_two.sh verify seed          # what the calls so far did not reach
 set -uo pipefail
 steps=" $* "
 wanted() { [ "$steps" = "  " ] || [[ "$steps" == *" $1 "* ]]; }
