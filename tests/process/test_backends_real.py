@@ -106,12 +106,16 @@ def test_tf32_policy_and_fused_steps_per_call(tmp_path):
 
 
 def test_bf16_policy_is_applied(tmp_path):
+    """Each backend's data-parallel program (its plain one applies the policy the same way, in
+    prepare; timing both only cost a compilation more per worker)."""
     from xbench.cli.main import main
 
     code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "--devices", "1",
-                 "--precision", "bf16", "--no-verify", *TINY, "--out", str(tmp_path / "run")])
-    records = {r["trial"]["backend"]: r for r in read_records(tmp_path / "run")}
-    assert code == 0
+                 "--single-device", "data-parallel", "--precision", "bf16", "--no-verify", *TINY,
+                 "--out", str(tmp_path / "run")])
+    found = read_records(tmp_path / "run")
+    records = {r["trial"]["backend"]: r for r in found}
+    assert code == 0 and len(found) == 4 and all(r["status"] == "ok" for r in found)  # 2 backends x 2 replicates
     assert records["jax"]["backend"]["precision"] == {"jax_default_matmul_precision": "bfloat16",
                                                       "compute_dtype": "bfloat16"}
     assert records["tf"]["backend"]["precision"]["keras_policy"] == "mixed_bfloat16"

@@ -70,8 +70,11 @@ def _start(script: str | Path, name: str, job: dict[str, Any], tmp_path: Path, e
     spec = tmp_path / f"{name}.json"
     spec.write_text(json.dumps({**job, "out": str(tmp_path / f"{name}.pkl")}))
     log = open(tmp_path / f"{name}.log", "w")
+    # The checkout, after any overlay the tests run under (a working tree's backends/ as
+    # xbench_backends, say, without reinstalling), which the child must import too.
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
     proc = subprocess.Popen([sys.executable, *python_flags, str(script), str(spec)], cwd=tmp_path, stdout=log,
-                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": path, **(env or {})})
     return proc, log
 
 

@@ -11,8 +11,9 @@ and cuDNN's benchmark mode) in the `channels-last` variant and in the compiled o
 - torch.backends.cudnn.benchmark is set by every prepare: on where tuned, off as written, so a
   tuned trial's setting does not leak into the next trial of the same process.
 
-torch runs in one child process (this module as a script, `python tests/test_torch_tuned.py
-JOB.json`), as in test_torch_variants. One compilation of resnet18: 40-90 s of CPU on 2 cores.
+torch runs in two child processes (this module as a script, `python tests/test_torch_tuned.py
+JOB.json`), as in test_torch_variants: the eager runs in order in one, the compiled run in the
+other, side by side. One compilation of resnet18: 40-90 s of CPU on 2 cores.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _child(job: dict) -> dict:
     backend = TorchDdpBackend()
     backend.setup(1, "cpu")
     torch.backends.cudnn.benchmark = True  # as a previous trial of another backend might leave it
-    return {run: _run(backend, _trial("resnet18", *run)) for run in RUNS}
+    return {run: _run(backend, _trial("resnet18", *run)) for run in RUNS if (run[2] == "compile") == job["compile"]}
 
 
 def _run(backend, trial) -> dict:
@@ -121,10 +122,14 @@ def _compilations() -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """Every run of RUNS; the compiled one (most of the time: its compilation) in a child of its
+    own beside the eager ones', each on one of 2 cores."""
     tmp_path = tmp_path_factory.mktemp("torch_tuned")
-    found = run_children(__file__, {"child": {}}, tmp_path, CHILD_TIMEOUT_S, python_flags=WARNINGS)["child"]
-    print(child_log(tmp_path, "child"))  # shown by pytest only on failure
-    return found
+    jobs = {"eager": {"compile": False}, "compile": {"compile": True}}
+    found = run_children(__file__, jobs, tmp_path, CHILD_TIMEOUT_S, python_flags=WARNINGS)
+    for name in jobs:
+        print(name, child_log(tmp_path, name))  # shown by pytest only on failure
+    return {run: found["eager" if run[2] != "compile" else "compile"][run] for run in RUNS}
 
 
 def _error(actual, expected) -> float:
