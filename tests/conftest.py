@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
@@ -115,12 +116,22 @@ FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps",
 @pytest.fixture(scope="session")
 def real_run(tmp_path_factory):
     """One small real comparison of tf and jax on 1 and 2 simulated CPU devices, both seed
-    models, verification included; (exit code, run directory). Tests must not modify it."""
+    models, verification included; (exit code, run directory). Tests must not modify it. Its
+    workers' temporary directory is the run directory's sibling "tmp" (what they leave there)."""
     from xbench.cli.main import main
 
     out = tmp_path_factory.mktemp("real") / "run"
-    code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "large",
-                 "--devices", "1,2", *TINY, "--out", str(out)])
+    (out.parent / "tmp").mkdir()
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(out.parent / "tmp")  # read by the workers, started afresh
+    try:
+        code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "large",
+                     "--devices", "1,2", *TINY, "--out", str(out)])
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR")
+        else:
+            os.environ["TMPDIR"] = before
     return code, out
 
 

@@ -15,9 +15,8 @@ from xbench.report.bottom_line import bottom_line, fit_sentence
 from xbench.report.export import flat_rows
 from xbench.report.terminal import cost_columns, status_cell, unmeasured_line
 from xbench.results.conditions import memory_gib
-from xbench.results.fit import MARGIN, check, does_not_fit, fit_words, measured_reason, out_of_memory
+from xbench.results.fit import MARGIN, check, does_not_fit, fit_or_not, fit_words, measured_reason, out_of_memory
 from xbench.results.summary import rows_from_records
-from xbench.run.launcher import fit_or_not
 from xbench.run.memory_check import MEMORY_VARIABLE, device_memory_bytes
 
 GPT2 = preset_model("gpt2-small")

@@ -94,6 +94,17 @@ def measured_reason(global_batch: int, devices: int, error: str) -> str:
             f"device(s) (measured): {said}")
 
 
+def fit_or_not(record: Record) -> Record:
+    """A timed trial that failed because the framework ran out of device memory: its
+    configuration does not fit this device, a skipped row that says so, not a failure of the
+    run. Any other record as it is."""
+    if record["status"] not in ("failed", "crashed") or not out_of_memory(record["reason"]):
+        return record
+    trial = record["trial"]
+    return {**record, "status": "skipped",
+            "reason": measured_reason(trial["global_batch"], trial["devices"], str(record["reason"]))}
+
+
 def does_not_fit(row: Row) -> bool:
     """A row whose configuration did not fit in device memory, estimated or measured."""
     return row.throughput is None and (row.reason or "").startswith(DOES_NOT_FIT)

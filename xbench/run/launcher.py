@@ -28,9 +28,9 @@ from typing import Any, Protocol, cast
 
 from xbench.contract import Process, Trial
 from xbench.errors import XbenchError
-from xbench.results.fit import measured_reason, out_of_memory
+from xbench.results.fit import fit_or_not
 from xbench.results.records import ProcessFacts, Record
-from xbench.run.bounds import STARTUP_OPTION, TRIAL_OPTION, Deadline
+from xbench.run.bounds import EXIT_GRACE_S, STARTUP_OPTION, TRIAL_OPTION, Deadline
 from xbench.run.cluster import Launch, job_ports
 from xbench.run.plan import Group
 from xbench.run.worker_process import PER_WORKER, Arrival, Worker, worker_environment
@@ -120,6 +120,8 @@ def run_group(group: Group, ctx: Context) -> list[Record]:
             break
         try:
             finished = gang.drive(pending, ctx, give_up_on_startup=startup_missed)
+            if len(finished) == len(pending) and not ctx.cancel.is_set():
+                gang.let_exit()
         finally:
             gang.stop()
         startup_missed = gang.startup_missed
@@ -397,6 +399,15 @@ class Gang:
         meaningful = [line.strip() for line in lines if line.strip() and not line.startswith("=== ")]
         return meaningful[-1][:300] if meaningful else "(none)"
 
+    def let_exit(self, grace_s: float = EXIT_GRACE_S) -> None:
+        """Members that finished their job exit on their own, as Python does: their exit
+        handlers remove what they made in the temporary directory (TensorFlow's generated code,
+        a private compile cache). Waited for within `grace_s` in all; `stop` ends any still
+        running."""
+        ends = time.monotonic() + grace_s
+        for worker in self.workers:
+            worker.await_exit(ends - time.monotonic())
+
     def stop(self) -> None:
         """End every member and anything they started: all killed first, then reaped, so an
         interruption while waiting cannot leave a later rank alive. Member logs go into the
@@ -462,17 +473,6 @@ def _phase(trial: Trial, windows_done: int, ctx: Context) -> str:
 
 def unreadable(err: WireError) -> str:
     return f"worker sent an event xbench cannot read: {err}"
-
-
-def fit_or_not(record: Record) -> Record:
-    """A timed trial that failed because the framework ran out of device memory: its
-    configuration does not fit this device, a skipped row that says so (`xbench.results.fit`),
-    not a failure of the run. Any other record as it is."""
-    if record["status"] not in ("failed", "crashed") or not out_of_memory(record["reason"]):
-        return record
-    trial = record["trial"]
-    return {**record, "status": "skipped",
-            "reason": measured_reason(trial["global_batch"], trial["devices"], str(record["reason"]))}
 
 
 def skipped_record(trial: Trial, ctx: Context, reason: str) -> Record:

@@ -41,7 +41,10 @@ def allreduce_events(target: str, devices: int, platform: str, sizes: list[int],
     jobs = spmd_jobs(job, devices, launch or Launch("spmd"), 0) if launcher == "spmd" else [(job, {})]
     gang = Gang.start(jobs, log_path, label=f"all-reduce {target} on {devices}")
     try:
-        return _AllReduceReader(gang, job.collective_sizes(), timeout_s, startup_timeout_s).read()
+        results = _AllReduceReader(gang, job.collective_sizes(), timeout_s, startup_timeout_s).read()
+        if all(r["status"] == "ok" for r in results):
+            gang.let_exit()  # its job is done: as a trial's gang (`run_group`)
+        return results
     finally:
         gang.stop()
 

@@ -4,6 +4,7 @@ thread of its own into a queue its gang shares, and ended as a process group."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import subprocess
@@ -88,6 +89,11 @@ class Worker:
         """End the worker and anything it started (it leads its own process group), stopped
         or not."""
         end_group(self.process.pid)
+
+    def await_exit(self, seconds: float) -> None:
+        """Wait at most `seconds` for the worker to exit on its own."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=max(0.0, seconds))
 
     def stop(self) -> None:
         self.kill()
