@@ -14,7 +14,7 @@ from xbench.models.model_spec import preset_model
 from xbench.report.bottom_line import bottom_line, fit_sentence
 from xbench.report.export import flat_rows
 from xbench.report.terminal import cost_columns, status_cell, unmeasured_line
-from xbench.results.conditions import memory_gib
+from xbench.results.conditions import memory_gib, memory_is_bound
 from xbench.results.fit import MARGIN, check, does_not_fit, fit_or_not, fit_words, measured_reason, out_of_memory
 from xbench.results.summary import rows_from_records
 from xbench.run.memory_check import MEMORY_VARIABLE, device_memory_bytes
@@ -210,8 +210,21 @@ def test_a_trials_own_peak_wins_over_a_worker_processs_bound():
     records = [{**record("fast", 1, 64, r, 0.01), "telemetry": t} for r, t in enumerate((own, bound))]
     [row] = rows_from_records(records)
     assert memory_gib(row) == 3.0
+    assert not memory_is_bound(row)
     [row] = rows_from_records(records[1:])
-    assert memory_gib(row) == 9.0  # no replicate knows better: the bound
+    assert memory_gib(row) == 9.0 and memory_is_bound(row)  # no replicate knows better: the bound
+    for rec in records:
+        rec["trial"]["protocol"] = {"steps_per_call": 1}
+    assert flat_rows(records[1:])[0]["memory_is_bound"] is True
+
+
+def test_a_bound_is_marked_in_the_cost_table():
+    """A peak that only bounds the trial (a worker process's counter) reads "≤" in the table."""
+    bound = {"framework_memory": {"peak_bytes": [9 * GiB], "scope": "worker process"}, "devices": []}
+    records = [{**record("fast", 1, 64, r, 0.01), "telemetry": bound} for r in range(2)]
+    columns = cost_columns(rows_from_records(records), {})
+    assert columns is not None
+    assert dict(zip(columns.headers, columns.rows[0]))["mem GiB"] == "≤9.00"
 
 
 def test_export_has_the_estimate_beside_the_measured_peak():

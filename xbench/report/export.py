@@ -7,7 +7,7 @@ from typing import Any
 
 from xbench.contract import AS_WRITTEN, DATA_PARALLEL
 from xbench.report.words import notes
-from xbench.results.conditions import energy_mj_per_sample, gpu_util_pct, memory_gib
+from xbench.results.conditions import energy_mj_per_sample, gpu_util_pct, memory_gib, memory_is_bound
 from xbench.results.records import Record, StoredDeviceInfo
 from xbench.results.summary import Row, geomean_rate, mfu, rows_from_records, verdict
 
@@ -62,6 +62,7 @@ def flat_rows(records: Sequence[Record]) -> list[dict[str, Any]]:
             "comm_fraction": b.comm_fraction if b else None,
             "gpu_util_pct": gpu_util_pct(row), "memory_gib": memory_gib(row),
             "memory_estimate_gib": row.memory_estimate_gib,  # per device, before launching ("est. GiB")
+            "memory_is_bound": memory_is_bound(row),  # memory_gib is a worker process's peak, not the trial's
             "energy_mj_per_sample": energy_mj_per_sample(row),
             "verification": _verification_status(record),
         })

@@ -38,7 +38,7 @@ from xbench.report.words import (
     vs_plain_text,
 )
 from xbench.results.allreduce import format_size, ok_results, result_from_record
-from xbench.results.conditions import energy_mj_per_sample, gpu_util_pct, memory_gib
+from xbench.results.conditions import energy_mj_per_sample, gpu_util_pct, memory_gib, memory_is_bound
 from xbench.results.fit import DOES_NOT_FIT, does_not_fit
 from xbench.results.records import AllReduceRecord
 from xbench.results.summary import (
@@ -328,8 +328,8 @@ TRAFFIC_NOTE = ("moved/step: one step's collectives in nccl-tests' sizes, from t
                 "the float32 gradients reduce-scattered; each device sends 2(n−1)/n of AR, (n−1)/n of AG and RS")
 TELEMETRY_NOTE = ("GPU util %: NVML's own samples of the timed windows, averaged over devices and replicates "
                   "(where it kept none, an untimed second of training after them); mem GiB: the framework's own "
-                  "peak counter, the trial's own where a replicate has it (a counter that covers its worker process: "
-                  "a peak set by an earlier trial there only bounds this one), else NVML's peak 'used'; "
+                  "peak counter, the trial's own where a replicate has it, else (≤) one that covers its worker "
+                  "process, where an earlier trial may have set it: a bound; without either, NVML's peak 'used'; "
                   "est. GiB: xbench's estimate before launching (parameters, gradients, Adam state, activations at "
                   "the batch; xbench models), which leaves out the framework's own buffers; "
                   "mJ/sample: NVML energy over the timed windows per sample")
@@ -400,7 +400,8 @@ def _model_table(model: str, rows: list[Row]) -> Table:
 def _telemetry_cells(row: Row) -> list[str]:
     util, mem, energy = gpu_util_pct(row), memory_gib(row), energy_mj_per_sample(row)
     estimated = row.memory_estimate_gib
-    return ["" if util is None else f"{util:.0f}", "" if mem is None else f"{mem:.2f}",
+    bound = "≤" if memory_is_bound(row) else ""
+    return ["" if util is None else f"{util:.0f}", "" if mem is None else f"{bound}{mem:.2f}",
             "" if estimated is None else f"{estimated:.2f}", "" if energy is None else f"{energy:.3g}"]
 
 
