@@ -439,20 +439,32 @@ def relative_errors(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray]
     """Max absolute, max elementwise relative, and normwise relative error of `actual`.
 
     Elementwise relative errors divide by max(|expected|, 1e-3 * max|expected|), so entries
-    near zero do not dominate; the normwise error decides pass or fail.
+    near zero do not dominate; the normwise error decides pass or fail. Computed in place on
+    one float64 copy of each side: a full-size model's gradients are hundreds of MB.
     """
-    a = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in actual])
-    e = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in expected])
-    if a.shape != e.shape:
+    a, e = _flat64(actual), _flat64(expected)
+    if a.shape != e.shape or not np.all(np.isfinite(a)):
         return math.inf, math.inf, math.inf
-    diff = np.abs(a - e)
-    scale = np.max(np.abs(e)) if e.size else 0.0
-    floor = max(1e-3 * float(scale), float(np.finfo(np.float32).tiny))
-    norm = np.linalg.norm(e)
-    norm_rel = float(np.linalg.norm(a - e) / norm) if norm > 0 else float(np.linalg.norm(a - e))
-    if not np.all(np.isfinite(a)):
-        return math.inf, math.inf, math.inf
-    return float(diff.max(initial=0.0)), float(np.max(diff / np.maximum(np.abs(e), floor), initial=0.0)), norm_rel
+    diff = np.subtract(a, e, out=a)
+    err_norm, norm = float(np.linalg.norm(diff)), float(np.linalg.norm(e))
+    norm_rel = err_norm / norm if norm > 0 else err_norm
+    np.abs(diff, out=diff)
+    scale = np.abs(e, out=e)
+    floor = max(1e-3 * float(scale.max(initial=0.0)), float(np.finfo(np.float32).tiny))
+    max_abs = float(diff.max(initial=0.0))
+    np.divide(diff, np.maximum(scale, floor, out=scale), out=diff)
+    return max_abs, float(diff.max(initial=0.0)), norm_rel
+
+
+def _flat64(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The arrays raveled into one new float64 vector (one copy, converted as it is filled)."""
+    found = [np.asarray(x) for x in arrays]
+    out = np.empty(sum(x.size for x in found), np.float64)
+    at = 0
+    for x in found:
+        out[at:at + x.size] = np.ravel(x)
+        at += x.size
+    return out
 
 
 def median_interval(values: Values, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
