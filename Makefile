@@ -14,16 +14,16 @@ TORCH  ?= torch==2.13.0
 compare: $(VENV)/.installed-all
 	$(BIN)/xbench compare $(ARGS)
 
-# Lint and types first (seconds), then the tests in one process; TEST_WORKERS=2 runs them in two
-# pytest-xdist workers, each module's tests in one worker, so that its module fixture (a real run,
-# children that train) runs once. --dist loadfile, not loadgroup: under pytest 9 pytest-xdist
-# 3.8's loadgroup no longer sees the groups (it renames node ids through an attribute pytest 9
-# does not read) and spreads a module's tests over both workers, each running its fixtures, which
-# is likely why two workers were slow and failed before. Two workers stay opt-in until a whole
-# fresh-clone suite has passed in them on an idle and on a busy machine. The slowest modules come
-# first (tests/backends, then tests/process; tests/unit's quick tests fill in at the end), so the
-# progress percentage lags the time. The slowest tests are listed at the end.
-TEST_WORKERS ?= 1
+# Lint and types first (seconds), then the tests in two pytest-xdist workers (TEST_WORKERS=1: one
+# process), each module's tests in one worker, so that its module fixture (a real run, children
+# that train) runs once. --dist loadfile, not loadgroup: under pytest 9 pytest-xdist 3.8's
+# loadgroup no longer sees the groups (it renames node ids through an attribute pytest 9 does not
+# read) and spreads a module's tests over both workers, each running its fixtures. Measured on a
+# fresh clone of the 2-core machine with other work running beside it: 1,685 passed in 37.8 min
+# with two workers (one worker, idle: 31-34 min). The slowest modules come first (tests/backends,
+# then tests/process; tests/unit's quick tests fill in at the end), so the progress percentage
+# lags the time. The slowest tests are listed at the end.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
 	$(BIN)/mypy
