@@ -442,6 +442,8 @@ def relative_errors(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray]
     near zero do not dominate; the normwise error decides pass or fail. Computed in place on
     one float64 copy of each side: a full-size model's gradients are hundreds of MB.
     """
+    if not len(actual) or not len(expected):
+        raise ValueError("relative_errors needs arrays on both sides: nothing to compare")
     a, e = _flat64(actual), _flat64(expected)
     if a.shape != e.shape or not np.all(np.isfinite(a)):
         return math.inf, math.inf, math.inf

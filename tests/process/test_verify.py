@@ -30,6 +30,11 @@ def test_errors_normwise_and_elementwise():
     assert max_abs == 1.0 and max_rel == 1.0 and norm_rel == pytest.approx(1 / np.sqrt(2))
 
 
+def test_errors_of_nothing_are_an_error_not_a_pass():
+    with pytest.raises(ValueError, match="nothing to compare"):
+        relative_errors([], [np.zeros(2)])
+
+
 def test_errors_treat_nan_as_infinite():
     assert relative_errors([np.array([np.nan])], [np.array([1.0])])[2] == float("inf")
 

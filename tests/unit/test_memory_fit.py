@@ -218,6 +218,13 @@ def test_a_trials_own_peak_wins_over_a_worker_processs_bound():
     assert flat_rows(records[1:])[0]["memory_is_bound"] is True
 
 
+def test_a_counter_that_names_no_scope_is_no_bound():
+    """A backend whose counter says nothing of its scope claims neither (no "≤")."""
+    plain = {"framework_memory": {"peak_bytes": [4 * GiB]}, "devices": []}
+    [row] = rows_from_records([{**record("fast", 1, 64, 0, 0.01), "telemetry": plain}])
+    assert memory_gib(row) == 4.0 and not memory_is_bound(row)
+
+
 def test_a_bound_is_marked_in_the_cost_table():
     """A peak that only bounds the trial (a worker process's counter) reads "≤" in the table."""
     bound = {"framework_memory": {"peak_bytes": [9 * GiB], "scope": "worker process"}, "devices": []}

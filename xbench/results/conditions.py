@@ -95,28 +95,23 @@ def memory_gib(row: Row) -> float | None:
 
 
 def memory_is_bound(row: Row) -> bool:
-    """Whether `memory_gib` only bounds the row's trials: every replicate's framework counter
-    covered its worker process, where an earlier trial may have set the peak."""
-    own, bounds = _framework_peaks_by_scope(_telemetry(row))
-    return not own and bool(bounds)
+    """Whether `memory_gib` only bounds the row's trials: no replicate's framework counter was
+    its trial's own, and one says it covered its worker process, where an earlier trial may
+    have set the peak (a counter that names no scope claims neither)."""
+    scopes = {memory.get("scope") for t in _telemetry(row) if (memory := t.get("framework_memory"))}
+    return "trial" not in scopes and "worker process" in scopes
 
 
 def _framework_peaks(telemetry: Iterable[Telemetry]) -> list[int]:
     """The trials' own peaks where any replicate has one (scope "trial"), else what the
     counters give (a worker process's peak bounds the trials it ran)."""
-    own, bounds = _framework_peaks_by_scope(telemetry)
-    return own or bounds
-
-
-def _framework_peaks_by_scope(telemetry: Iterable[Telemetry]) -> tuple[list[int], list[int]]:
-    """(the trials' own peaks, a worker process's); a record that names no scope: its trial's."""
     own: list[int] = []
     bounds: list[int] = []
     for t in telemetry:
         memory = t.get("framework_memory")
         if memory:
-            (bounds if memory.get("scope") == "worker process" else own).extend(memory.get("peak_bytes") or [])
-    return own, bounds
+            (own if memory.get("scope") == "trial" else bounds).extend(memory.get("peak_bytes") or [])
+    return own or bounds
 
 
 def energy_mj_per_sample(row: Row) -> float | None:

@@ -5,8 +5,9 @@ The bounds (docs/launchers.md, "Bounds"): a fork server's import, a request to i
 worker's start-up (its first message) get `--startup-timeout`; a trial gets
 `protocol.trial_timeout_s` from its start (`--trial-timeout`), and up to `--startup-timeout`
 more before it; a process that was killed, or that closed its output, gets `EXIT_GRACE_S`
-to be gone. A child that was stopped (SIGSTOP, a debugger) or hangs in a call that never
-returns is then ended and recorded with the phase it was in; the run goes on.
+to be gone, and a worker that finished its job as long to exit on its own. A child that was
+stopped (SIGSTOP, a debugger) or hangs in a call that never returns is then ended and
+recorded with the phase it was in; the run goes on.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 from pathlib import Path
 
 # A killed process is gone within milliseconds; a fork server reports its workers' exits as
-# fast. This bounds only what the kernel or a stopped fork server could hold up.
+# fast; a worker that finished its job exits within about a second (its exit handlers). This
+# bounds what the kernel, a stopped fork server or a hanging exit handler could hold up.
 EXIT_GRACE_S = 10.0
 
 STARTUP_OPTION = "--startup-timeout"

@@ -120,7 +120,7 @@ def run_group(group: Group, ctx: Context) -> list[Record]:
             break
         try:
             finished = gang.drive(pending, ctx, give_up_on_startup=startup_missed)
-            if len(finished) == len(pending) and not ctx.cancel.is_set():
+            if gang.done_with(pending, finished) and not ctx.cancel.is_set():
                 gang.let_exit()
         finally:
             gang.stop()
@@ -226,7 +226,7 @@ class Gang:
             raise
         pids = ", ".join(str(w.process.pid) for w in workers)
         forked = ", forked from a fork server" if any(isinstance(w.process, ForkedProcess) for w in workers) else ""
-        _append_log(log_path, f"=== {label}, worker pid(s) {pids}{forked}, {_now()}\n".encode())
+        append_log(log_path, f"=== {label}, worker pid(s) {pids}{forked}, {_now()}\n".encode())
         gang = cls(workers, events, log_path, logs, ranks, asked)
         with _LIVE_LOCK:
             _LIVE.add(gang)
@@ -399,11 +399,15 @@ class Gang:
         meaningful = [line.strip() for line in lines if line.strip() and not line.startswith("=== ")]
         return meaningful[-1][:300] if meaningful else "(none)"
 
+    def done_with(self, trials: list[Trial], records: list[Record]) -> bool:
+        """Whether every member ran all of `trials` well, so ends its job (none waits in a collective)."""
+        return len(records) == len(trials) and not (self.stopped or self.exited) and all(
+            r["status"] == "ok" for r in records)
+
     def let_exit(self, grace_s: float = EXIT_GRACE_S) -> None:
-        """Members that finished their job exit on their own, as Python does: their exit
-        handlers remove what they made in the temporary directory (TensorFlow's generated code,
-        a private compile cache). Waited for within `grace_s` in all; `stop` ends any still
-        running."""
+        """Members that finished their job exit on their own: their exit handlers remove their
+        temporary files (TensorFlow's generated code, a private compile cache). Waited for about
+        `grace_s` (a forked worker also for its server's report); `stop` ends the rest."""
         ends = time.monotonic() + grace_s
         for worker in self.workers:
             worker.await_exit(ends - time.monotonic())
@@ -428,24 +432,11 @@ class Gang:
                 text = path.read_bytes()
             except OSError:
                 continue
-            _append_log(self.log_path, (f"--- rank {rank}\n".encode() if self.spmd else b"") + text)
+            append_log(self.log_path, (f"--- rank {rank}\n".encode() if self.spmd else b"") + text)
             path.unlink(missing_ok=True)
 
 
-def adopt_member_logs(run_dir: Path) -> None:
-    """Member logs left by a run killed before its gangs stopped (SIGKILL) go into the run's
-    log, so that a resumed run leaves no stray file and loses none of their lines."""
-    log_path = Path(run_dir) / LOG_FILE
-    for path in sorted(Path(run_dir).glob(f"{LOG_FILE}.*")):
-        try:
-            data = path.read_bytes()
-        except OSError:
-            continue
-        _append_log(log_path, f"--- {path.name}, left by an interrupted run\n".encode() + data)
-        path.unlink(missing_ok=True)
-
-
-def _append_log(path: Path, data: bytes) -> None:
+def append_log(path: Path, data: bytes) -> None:
     """Add to the run's log. The log explains failures but is not a result: a full disk costs
     its lines, never the run (the records' own writer reports what is lost)."""
     try:

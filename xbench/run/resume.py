@@ -49,7 +49,7 @@ def resume(run_dir: Path, startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S)
 
 def _resumed(run_dir: Path, lock: RunDirLock, startup_timeout_s: float) -> Comparison:
     saved = read_run(run_dir)
-    launcher.adopt_member_logs(run_dir)
+    adopt_member_logs(run_dir)
     source = str(run_dir / RUN_FILE)
     try:
         spec = saved_spec(saved["spec"], source)
@@ -129,3 +129,16 @@ def _saved_model(raw: Any, source: str) -> Any:
         return model_table(ModelSpec.from_dict(raw))
     except (KeyError, TypeError, ValueError) as err:
         raise SpecError(f"a model in {source} is not one xbench wrote ({err}); start a new run") from None
+
+
+def adopt_member_logs(run_dir: Path) -> None:
+    """Member logs left by a run killed before its gangs stopped (SIGKILL) go into the run's
+    log, so that a resumed run leaves no stray file and loses none of their lines."""
+    log_path = Path(run_dir) / launcher.LOG_FILE
+    for path in sorted(Path(run_dir).glob(f"{launcher.LOG_FILE}.*")):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        launcher.append_log(log_path, f"--- {path.name}, left by an interrupted run\n".encode() + data)
+        path.unlink(missing_ok=True)
