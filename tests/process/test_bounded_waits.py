@@ -199,3 +199,25 @@ def test_a_bound_that_is_no_positive_number_is_a_one_line_error(fake_backends, r
     assert code == 2
     one_line_error(err, option if value == "soon" else "must be a positive finite number")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_finished_worker_stopped_before_its_exit_is_waited_for_within_the_grace_then_ended(tmp_path):
+    """`Gang.let_exit` waits for a worker's own exit only so long: one stopped (SIGSTOP) after
+    its job is ended by `stop`, as any other bound ends a child."""
+    import queue
+    import subprocess
+    import sys
+
+    from xbench.run.launcher import Gang
+    from xbench.run.worker_process import Worker
+
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], stdout=subprocess.PIPE,
+                               start_new_session=True)
+    os.kill(process.pid, signal.SIGSTOP)
+    events: queue.Queue = queue.Queue()
+    gang = Gang([Worker(0, process, events)], events, tmp_path / "workers.log", [], [None], time.monotonic())
+    started = time.monotonic()
+    gang.let_exit(grace_s=0.5)
+    waited = time.monotonic() - started
+    gang.stop()
+    assert 0.4 < waited < 5 and process.poll() == -signal.SIGKILL
