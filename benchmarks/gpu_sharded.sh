@@ -15,11 +15,11 @@
 #
 #   step         timeout      xbench's estimate (--platform gpu --dry-run)   ours
 #   install, env   ~40 s
-#   loops-torch    330 s      compare ~9 min (4 replicates)                  ~4-6 min: the minimal loop ~2 min
+#   loops-torch    500 s      compare ~9 min (4 replicates)                  ~4-6 min: the minimal loop ~2 min
 #                                                                            (1.56 B weights built in each rank,
 #                                                                            one block compiled), 4 xbench
 #                                                                            replicates ~40-70 s each
-#   loops-jax      330 s      compare ~8 min (4 replicates)                  ~4-6 min (jax compiles gpt2-xl in
+#   loops-jax      500 s      compare ~8 min (4 replicates)                  ~4-6 min (jax compiles gpt2-xl in
 #                                                                            each of its 4 replicates)
 #   acceptance     what the   32 min: verify ~3 min, 16 replicates ~29 min   ~15-20 min
 #                  call has
@@ -28,8 +28,11 @@
 # 30-40 % MFU runs a step in ~0.25 s, so the first calls (compilation, building 1.56 B weights)
 # dominate and are the unknown. Expect 4-6 calls in all; a step that runs past its timeout is
 # cut (SIGINT) and is not repeated; acceptance keeps what it recorded and resumes.
-#   bash benchmarks/gpu_sharded.sh
+#   bash benchmarks/gpu_sharded.sh                  # every step
+#   bash benchmarks/gpu_sharded.sh loops-torch      # only the steps named
 set -uo pipefail
+steps=" $* "
+wanted() { [ "$steps" = "  " ] || [[ "$steps" == *" $1 "* ]]; }
 source "$(dirname "$0")/_gpu_setup.sh"
 export NCCL_NVLS_ENABLE=0 COLUMNS=120  # NVLink multicast off (the device notes); a 120-column terminal
 mkdir -p "$keep"
@@ -38,10 +41,10 @@ mkdir -p "$keep"
 [ -f "$keep/env.txt" ] || timeout 30 sh -c 'nvidia-smi topo -m; xbench env' >"$keep/env.txt" 2>&1
 cp "$keep/env.txt" "$out/run/"
 for framework in torch jax; do
-  once "loops-$framework" 330 python3 benchmarks/fsdp_loops.py --platform gpu --frameworks "$framework" \
+  wanted "loops-$framework" && once "loops-$framework" 500 python3 benchmarks/fsdp_loops.py --platform gpu --frameworks "$framework" \
     --out "$keep/loops-$framework"
 done
-run_or_resume acceptance --config configs/families.toml --backends jax torch --model gpt2-xl --global-batch 8 \
+wanted acceptance && run_or_resume acceptance --config configs/families.toml --backends jax torch --model gpt2-xl --global-batch 8 \
   --devices 1 2 --precision bf16 --variants jax:fsdp torch:fsdp torch:fsdp-compile --single-device data-parallel --replicates 2 \
   --time-budget 0
 for f in "$keep"/loops-*.txt; do [ -f "$f" ] && { echo "== $f"; grep -E "^(minimal|xbench|ratio|wall)" "$f"; }; done
