@@ -37,7 +37,7 @@ from xbench.contract import Process, Trial
 from xbench.errors import XbenchError
 from xbench.stats import relative_errors
 
-WIRE_VERSION = 2  # raise it with any change to the messages below
+WIRE_VERSION = 3  # raise it with any change to the messages below
 
 
 class WireError(XbenchError):
@@ -153,6 +153,7 @@ class Result(_Event):
     backend: dict[str, Any] | None = None  # ok: the fields of the trial's xbench.contract.PreparedInfo
     timing: dict[str, Any] | None = None  # mode time: first_call_s, window_s, steps_per_window, stopped, ranks
     arrays: str | None = None  # mode verify: the file of the trial's Reference
+    phases: dict[str, float] | None = None  # mode verify: seconds of each phase (xbench.worker.capture.PHASES)
     telemetry: dict[str, Any] | None = None  # mode time: GPU samples over the windows, framework memory
     replicate: dict[str, Any] | None = None  # mode time: host state around the trial, settings, throttling
 

@@ -13,6 +13,7 @@ from xbench.contract import ReportsShardLosses, Trial, Verifiable
 from xbench.contract.timing import TimingProtocol
 from xbench.contract.work import build_work
 from xbench.models.model_spec import ModelSpec
+from xbench.worker.capture import PHASES, reference_run
 
 BATCH = 8
 MODEL = ModelSpec("mlp-shards", widths=(16, 8), batch_sizes=(BATCH,), inputs=5, outputs=3, dropout=0.0)
@@ -122,3 +123,12 @@ def test_a_one_device_run_reports_the_slices_of_the_device_counts_planned_only()
     assert shard_losses(backend, state, state.trial, ()) == {}  # no N-device run planned: nothing to compare
     two = prepared(backend, 2)
     assert set(shard_losses(backend, two, two.trial, (4,))) == {2}  # N devices: their own N
+
+
+@pytest.mark.parametrize("steps, phases", [(2, ["gradients", "shares", "train", "weights"]),
+                                           (0, ["gradients", "shares", "summaries"])], ids=["trained", "probe"])
+def test_a_reference_run_says_where_its_seconds_went(steps, phases):
+    state = prepared(NumpyMlpBackend(), 2)
+    timed: dict[str, float] = {}
+    reference_run(NumpyMlpBackend(), state, steps, state.trial, phases=timed)
+    assert list(timed) == phases and set(timed) <= set(PHASES) and all(s >= 0 for s in timed.values())

@@ -131,3 +131,19 @@ def test_verification_says_which_run_and_how_many(live):
     assert f"verifying 1/{len(planned)} done · jax medium d2 fp32 running" in drawn.export_text()
     line = re.search(rf"verifying 1/{len(planned)}: jax medium d1 fp32: ok in \d+ s \(\d+ s elapsed\)", text)
     assert (line is None) == live  # a line per finished run where there is no live bar
+
+
+def test_a_finished_verification_run_says_where_its_seconds_went():
+    console = piped()
+    spec = load_spec(None, {"models": ["medium"], "devices": [2]})
+    planned = verification_trials(spec, ["jax"], spec.devices)
+    with watching_verification(console, "verifying identical work") as watch:
+        watch.bar.disable = True
+        watch.planned(planned)
+        for trial, phases in zip(planned, [{"work": 0.2, "gradients": 20.4, "train": 65.0}, {"work": 0.3}]):
+            watch.trial_started(trial)
+            watch.trial_finished(trial, {"status": "ok", "phases": phases})
+    lines = [line for line in console.export_text().splitlines() if line.startswith("verifying 1") or
+             line.startswith("verifying 2")]
+    assert re.search(r": ok in \d+ s \(gradients 20 s, train 65 s\) \(\d+ s elapsed\)$", lines[0])  # under 1 s left out
+    assert re.search(r": ok in \d+ s \(\d+ s elapsed\)$", lines[1])

@@ -110,7 +110,7 @@ def event_line(kind: str, **fields) -> str:
     (b'{"wire": 1, \xff}', "event is not JSON ('utf-8' codec can't decode byte 0xff"),
     ("[1, 2]", "event is not a JSON object: [1, 2]"),
     ('{"event": "done"}', "event carries no wire version ('wire' field)"),
-    ('{"wire": 99, "event": "done"}', "event is of wire version 99, this xbench speaks 2"),
+    ('{"wire": 99, "event": "done"}', "event is of wire version 99, this xbench speaks 3"),
     (event_line("finished"), "event kind 'finished' is unknown (known: ready, unavailable, setup_failed, start,"),
     (json.dumps({"wire": WIRE_VERSION, "done": 1}), "event has no kind ('event' field)"),
     (event_line("window", trial="t"), "'window' event: field 'done' is missing"),
@@ -121,7 +121,7 @@ def event_line(kind: str, **fields) -> str:
     (event_line("allreduce", nbytes=4, status="skipped", reason=None, timing=None, collective="allreduce"),
      "'allreduce' event: field 'status' must be one of 'ok', 'failed', 'unsupported', got str 'skipped'"),
     (event_line("result", trial="t", status="ok", at="now", reason=None, work=None, backend=None, timing=None,
-                arrays=7, telemetry=None, replicate=None),
+                arrays=7, phases=None, telemetry=None, replicate=None),
      "'result' event: field 'arrays' must be str, got int 7"),
 ])
 def test_a_malformed_event_is_refused_naming_what_is_wrong(line, message):
@@ -138,7 +138,7 @@ def job_dict(**changes) -> dict:
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({**job_dict(), "wire": 0}, "job is of wire version 0, this xbench speaks 2"),
+    ({**job_dict(), "wire": 0}, "job is of wire version 0, this xbench speaks 3"),
     ({k: v for k, v in job_dict().items() if k != "platform"}, "job: field 'platform' is missing"),
     (job_dict(priority=1), "job: unknown field 'priority'"),
     (job_dict(devices=2.0), "job: field 'devices' must be int, got float 2.0"),
@@ -183,3 +183,9 @@ def xbench_imports(path: Path) -> set[str]:
 def test_the_worker_side_imports_only_the_contract_wire_stats_and_errors(path):
     foreign = {name for name in xbench_imports(path) if not any(name == a or name.startswith(a + ".") for a in ALLOWED)}
     assert foreign == set()
+
+
+def test_a_verification_result_carries_its_phases_across_the_wire():
+    sent = Result("jax/medium/d1/b16/r0", "ok", "now", arrays="/tmp/a.npz", phases={"work": 0.5, "gradients": 2.0})
+    received = decode_event(sent.to_json())
+    assert received == sent and received.measured()["phases"] == {"work": 0.5, "gradients": 2.0}

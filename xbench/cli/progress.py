@@ -45,6 +45,13 @@ def record_result(record: Record) -> str:
     return f"{record['status']}: {reason}" if reason else str(record["status"])
 
 
+def _phases(record: Record) -> str:
+    """Where a verification run's seconds went, the phases of a second or more:
+    " (gradients 20 s, train 25 s)"; nothing when none took that long or none were recorded."""
+    shown = [f"{name} {duration(seconds)}" for name, seconds in record.get("phases", {}).items() if seconds >= 1]
+    return f" ({', '.join(shown)})" if shown else ""
+
+
 @dataclass
 class Pace:
     """How far the timed replicates are, and the time left: the replicates to go at the
@@ -152,7 +159,7 @@ class VerificationWatch:
                 status = "ok" if record["status"] == "ok" else escape(record_result(record))
                 # A run's own seconds (from its start in the worker, or the worker's start for
                 # one that never started) say where verification's time goes.
-                took = "" if began is None else f" in {duration(time.monotonic() - began)}"
+                took = "" if began is None else f" in {duration(time.monotonic() - began)}{_phases(record)}"
                 self.console.print(f"verifying {self.done}/{self.total}: {verification_label(trial)}: {status}{took} "
                                    f"({duration(time.monotonic() - self.started)} elapsed)", soft_wrap=True)
             self._show()

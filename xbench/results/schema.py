@@ -281,7 +281,7 @@ class _RecordBase(TypedDict):
 class Record(_RecordBase, total=False):
     """One replicate of one trial: a line of records.jsonl. An ok record has `timing`, `work`
     and `backend`; a timed one `telemetry` and `replicate` too (schema 4); a verification
-    trial `arrays` instead of timing."""
+    trial `arrays` (and, since they are recorded, `phases`) instead of timing."""
 
     schema: int  # added by RecordWriter: every record read back has it
     verification: VerificationOutcome
@@ -292,6 +292,7 @@ class Record(_RecordBase, total=False):
     replicate: ReplicateFacts
     process: ProcessFacts  # timed records since the fork server
     arrays: str  # verification trials: where the reference arrays are
+    phases: dict[str, float]  # verification trials: seconds of each phase (xbench.worker.capture.PHASES)
     memory: MemoryFacts  # timed trials since the check before launching
 
 

@@ -5,6 +5,9 @@ for a full-size probe (no training steps) the gradients as per-tensor summaries
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -21,26 +24,49 @@ from xbench.wire import Reference
 SUMMARY_COLUMNS = ("norm", "sum", "projection 1", "projection 2")
 MAX_SHARDS = 8  # a 1-device run reports its slice losses for every slice count up to this
 SUMMARY_CHUNK = 1 << 22  # values of a gradient summarised at once (32 MiB in float64; a multiple of 8)
+# Where a verification run's seconds go, in order (each includes the compilation its first
+# call pays): the common start built, the program prepared, the gradients at the start, each
+# device's slice losses, the training steps, the replicas' weights read back, the gradients
+# summarised (a full-size probe), the arrays saved.
+PHASES = ("work", "prepare", "gradients", "shares", "train", "weights", "summaries", "save")
+
+
+@contextmanager
+def timed(phases: dict[str, float] | None, name: str) -> Iterator[None]:
+    """Adds the seconds of the block to `phases[name]` (nothing when `phases` is None)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if phases is not None:
+            phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
 
 
 def reference_run(backend: Backend, prepared: Any, steps: int, trial: Trial | None = None,
-                  shard_counts: tuple[int, ...] | None = None) -> Reference:
+                  shard_counts: tuple[int, ...] | None = None, phases: dict[str, float] | None = None) -> Reference:
     """Gradients at the start, each device's slice losses (given the `trial`; on 1 device for
     `shard_counts`, see `shard_losses`), then `steps` training steps; with none (a full-size
     probe), only the start, its gradients summarised. Raises `Unsupported`, naming what is
-    missing, for a backend that is not `Verifiable`."""
+    missing, for a backend that is not `Verifiable`. The seconds of each phase are added to
+    `phases` (`PHASES`' names) when given."""
     if not isinstance(backend, Verifiable):
         missing = ", ".join(missing_methods(backend, Verifiable))
         raise Unsupported(f"backend {backend.name!r} lacks {missing}; it cannot be verified")
-    loss, gradients = backend.gradients(prepared)
+    with timed(phases, "gradients"):
+        loss, gradients = backend.gradients(prepared)
     # A program's own run (replicate 0) and its probe report their devices' shares; its float64
     # referee and the precision references (replicates 1 and up) serve the trajectory checks only.
     proves_shares = trial is not None and (trial.replicate == 0 or steps == 0)
-    shards = shard_losses(backend, prepared, trial, shard_counts) if trial is not None and proves_shares else {}
+    with timed(phases, "shares"):
+        shards = shard_losses(backend, prepared, trial, shard_counts) if trial is not None and proves_shares else {}
     if steps == 0:
-        return Reference(float(loss), [], [], [], summaries=summarize(gradients), shard_losses=shards)
-    losses = backend.train(prepared, steps)
-    replicas = [[np.asarray(w) for w in r] for r in backend.replica_weights(prepared)]
+        with timed(phases, "summaries"):
+            summaries = summarize(gradients)
+        return Reference(float(loss), [], [], [], summaries=summaries, shard_losses=shards)
+    with timed(phases, "train"):
+        losses = backend.train(prepared, steps)
+    with timed(phases, "weights"):
+        replicas = [[np.asarray(w) for w in r] for r in backend.replica_weights(prepared)]
     return Reference(float(loss), [np.asarray(g) for g in gradients], [float(x) for x in losses], replicas[:1],
                      tuple(relative_errors(r, replicas[0]) for r in replicas[1:]), shard_losses=shards)
 

@@ -54,7 +54,7 @@ from xbench.wire import (
     save_reference,
 )
 from xbench.wire import utc_now as _now
-from xbench.worker.capture import reference_run
+from xbench.worker.capture import reference_run, timed
 from xbench.worker.measure import measure, observe, telemetry_steps
 from xbench.worker.telemetry import host_state, open_sampler, open_window_watch
 
@@ -217,11 +217,16 @@ def run_trial(backend: Backend, trial: Trial, works: dict[tuple, Work], emit: Em
             raise Unsupported(f"backend {backend.name!r} builds no {trial.model.family!r} models "
                               f"(it builds: {', '.join(families_of(backend))})")
         key = (trial.model, trial.samples, trial.seed)
-        if key not in works:
-            works[key] = build_work(trial.model, trial.samples, trial.seed)
+        phases: dict[str, float] = {}
+        with timed(phases, "work"):
+            if key not in works:
+                works[key] = build_work(trial.model, trial.samples, trial.seed)
         work = works[key]
-        prepared = backend.prepare(trial, work)
+        with timed(phases, "prepare"):
+            prepared = backend.prepare(trial, work)
         fields = action(backend, prepared, trial, work, emit)
+        if "phases" in fields:  # the action timed its own phases; the work and program come first
+            fields["phases"] = {**phases, **fields["phases"]}
     except Unsupported as err:
         emit(Result(trial.id, "unsupported", _now(), reason=str(err)))
         return
@@ -312,10 +317,12 @@ def _verification(arrays_dir: Path, save: bool, shard_counts: tuple[int, ...] = 
     one per node saves them."""
     def capture(backend: Backend, prepared: Any, trial: Trial, work: Work, emit: Emit) -> dict[str, Any]:
         path = arrays_dir / f"{trial.id.replace('/', '_')}.npz"
-        reference = reference_run(backend, prepared, trial.protocol.steps, trial, shard_counts)
-        if save:
-            save_reference(path, reference)
-        return {"arrays": str(path)}
+        phases: dict[str, float] = {}
+        reference = reference_run(backend, prepared, trial.protocol.steps, trial, shard_counts, phases)
+        with timed(phases, "save"):
+            if save:
+                save_reference(path, reference)
+        return {"arrays": str(path), "phases": phases}
     return capture
 
 
