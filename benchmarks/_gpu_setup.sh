@@ -4,7 +4,8 @@
 export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/xbench-gpu}
 mkdir -p "$out/run"
-trap 'tar -C "$out" -czf "$out/results.tgz" run && rm -rf "$out/run"' EXIT
+# Two scripts in one call name their tarballs apart: XBENCH_TARBALL=NAME packs into $out/NAME.tgz.
+trap 'tar -C "$out" -czf "$out/${XBENCH_TARBALL:-results}.tgz" run && rm -rf "$out/run"' EXIT
 
 python3 -m pip install -q --no-deps --no-build-isolation --no-index . >"$out/run/install.log" 2>&1 \
   || { tail -20 "$out/run/install.log"; exit 1; }

@@ -15,7 +15,7 @@ b2, eps and configs/families.toml's learning rate; the core's initial weights an
   last, MixedPrecisionPolicy(bf16, fp32), fused Adam. Each is timed as xbench times: the first
   call apart, warm-up steps, then --rounds windows of about --window-s, each ending in a
   device sync; its ms/step is the median window's.
-- `xbench compare --config configs/families.toml --variants jax:fsdp torch:fsdp` on the same
+- `xbench compare --config configs/families.toml --variants` with the sharded programs (`sharded_variants`) on the same
   configuration, no verification (the GPU script verifies separately), --replicates 2 and
   --time-budget 0 unless --xbench-args says otherwise; its rows are read back from
   `xbench export --csv`. The as-written (replicated) rows come with it, as context.
@@ -52,7 +52,8 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as on th
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 0.95
-SHARDED_VARIANTS = ("fsdp", "fsdp-compile")  # xbench's sharded programs; the best of a framework's is compared
+# xbench's sharded programs; the best of a framework's is compared
+SHARDED_VARIANTS = ("fsdp", "fsdp-compile", "fsdp-cudnn")
 GPU_DEFAULTS = {"model": "gpt2-xl", "global_batch": 16}  # 8 sequences of 1,024 per GPU on 2 GPUs
 CPU_DEFAULTS = {"model": "transformer-tiny", "global_batch": 8}
 ROUNDS, WINDOW_S, WARMUP = 5, 2.0, 3
@@ -83,7 +84,8 @@ def run_xbench(args, run_dir: Path) -> tuple[list[dict[str, str]], str]:
     command = [sys.executable, "-m", "xbench", "compare", "--config", str(ROOT / "configs" / "families.toml"),
                "--backends", *args.frameworks, "--model", args.model, "--global-batch", str(args.global_batch),
                "--devices", str(args.devices), "--precision", args.precision, "--platform", args.platform,
-               "--variants", *sharded_variants(args.frameworks, compiled=not args.no_compile), "--no-verify",
+               "--variants", *sharded_variants(args.frameworks, compiled=not args.no_compile,
+                                               gpu=args.platform == "gpu"), "--no-verify",
                *shlex.split(args.xbench_args), "--out", str(run_dir)]
     print(f"$ {shlex.join(command[1:])}", flush=True)
     with open(run_dir.parent / "compare.err", "w") as err:
@@ -117,11 +119,14 @@ def program_line(p: dict[str, Any]) -> str:
             f"{p['ms']:9.2f} ms/step  first call {p['first_call_s']:.1f} s")
 
 
-def sharded_variants(frameworks: list[str], compiled: bool) -> list[str]:
-    """The sharded programs to time: `fsdp` of each framework, and torch's compiled one where
-    the minimal torch loop compiles too (like with like)."""
-    return [f"{f}:{v}" for f in frameworks for v in SHARDED_VARIANTS
-            if v == "fsdp" or (f == "torch" and compiled)]
+def sharded_variants(frameworks: list[str], compiled: bool, gpu: bool) -> list[str]:
+    """The sharded programs to time, like with like: torch's `fsdp`, and its compiled one where
+    the minimal torch loop compiles too; jax's `fsdp`, on GPUs `fsdp-cudnn` instead (the
+    minimal jax loop's attention is cuDNN's there; XLA's attention of gpt2-xl at 8 sequences
+    a GPU asks 85 GiB at once)."""
+    wanted = {"torch": ("fsdp", "fsdp-compile") if compiled else ("fsdp",),
+              "jax": ("fsdp-cudnn",) if gpu else ("fsdp",)}
+    return [f"{f}:{v}" for f in frameworks for v in wanted.get(f, ("fsdp",))]
 
 
 def ratio_line(framework: str, minimal: dict | None, rows: list[dict], gpu_target: bool) -> tuple[str, bool]:

@@ -41,8 +41,9 @@ mkdir -p "$keep"
 [ -f "$keep/env.txt" ] || timeout 30 sh -c 'nvidia-smi topo -m; xbench env' >"$keep/env.txt" 2>&1
 cp "$keep/env.txt" "$out/run/"
 for framework in torch jax; do
-  wanted "loops-$framework" && once "loops-$framework" 500 python3 benchmarks/fsdp_loops.py --platform gpu --frameworks "$framework" \
-    --out "$keep/loops-$framework"
+  # LOOPS_TIMEOUT, LOOPS_ARGS: a shorter step, e.g. LOOPS_ARGS='--xbench-args "--replicates 1 --time-budget 0"'
+  wanted "loops-$framework" && eval once "loops-$framework" "${LOOPS_TIMEOUT:-500}" python3 benchmarks/fsdp_loops.py \
+    --platform gpu --frameworks "$framework" --out "$keep/loops-$framework" "${LOOPS_ARGS:-}"
 done
 wanted acceptance && run_or_resume acceptance --config configs/families.toml --backends jax torch --model gpt2-xl --global-batch 8 \
   --devices 1 2 --precision bf16 --variants jax:fsdp torch:fsdp torch:fsdp-compile --single-device data-parallel --replicates 2 \

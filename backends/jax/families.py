@@ -80,9 +80,9 @@ def _nnx_model(trial: Trial, work: Work, device, groups: int) -> JaxModel:
 
 def refusal(trial: Trial, work: Work, device) -> str | None:
     """Why a variant of the model cannot run this trial here, or None."""
-    if trial.variant == nnx_transformer.CUDNN:
+    if trial.variant in nnx_transformer.FUSED_ATTENTION:
         if work.model.family != "transformer":
-            return (f"the {nnx_transformer.CUDNN} variant runs attention through cuDNN; the "
+            return (f"the {trial.variant} variant runs attention through cuDNN; the "
                     f"{work.model.family} family has no attention")
         return nnx_transformer.cudnn_refusal(trial, work, device)
     if trial.variant in RECOMPUTING:

@@ -27,13 +27,15 @@ from xbench_backends.jax.transformer import GELU_APPROXIMATE, LAYER_NORM_EPSILON
 from xbench_backends.recompute import RECOMPUTING
 
 CUDNN = "cudnn"  # the variant whose attention runs cuDNN's fused kernel
+FSDP_CUDNN = "fsdp-cudnn"  # the sharded program (`fsdp`) with cudnn's attention
+FUSED_ATTENTION = (CUDNN, FSDP_CUDNN)  # the variants whose attention is cuDNN's
 # The attention every program computes; tests set a classic slip here and verify must see it.
 CAUSAL = True
 SCALE = None  # None: 1/sqrt(head width), jax's default and the core's
 
 
 def attention_implementation(variant: str) -> str | None:
-    return "cudnn" if variant == CUDNN else None
+    return "cudnn" if variant in FUSED_ATTENTION else None
 
 
 def constructor(trial: Trial, work: Work, variant: str):

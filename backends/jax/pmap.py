@@ -15,7 +15,12 @@ only), the functional pattern under `jax.jit`, as Flax's performance guide advis
 `cudnn`, the functional program with cuDNN's fused attention (transformer, bf16, NVIDIA
 GPUs); `fused`, `FUSED_STEPS` functional steps per compiled call (lax.scan); `fsdp`
 (data-parallel program only), parameters and Adam state sharded over the devices (`sharded`);
-`remat` (transformer), each block under nnx.remat (`nnx_transformer`); `fsdp-remat`, both.
+`remat` (transformer), each block under nnx.remat (`nnx_transformer`); `fsdp-remat`, both;
+`fsdp-cudnn`, `fsdp` with `cudnn`'s attention (the sharded program of MaxText's GPU runs).
+
+Memory: each GPU is allocated as needed (no 75 % grab up front) up to 95 % of it
+(`XLA_PYTHON_CLIENT_MEM_FRACTION`, jax's default 75 %, which refused gpt2-xl's 82 GiB step on
+a 141 GB H200): the share xbench's memory check plans with. A user's own settings win.
 
 Two ways to start it: one process driving every device (`setup`), or one process per device
 (`setup_process`, the spmd launcher) joined by `jax.distributed.initialize`; the pmapped
@@ -34,7 +39,7 @@ import functools
 import importlib.util
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Any, ClassVar
 
@@ -63,7 +68,7 @@ from xbench_backends.jax import nnx_program, sharded
 from xbench_backends.jax.families import FAMILIES, JNP, JaxModel, build, canonical_arrays, refusal
 from xbench_backends.jax.layers import FLOAT64, compute_dtype_name, float64_scope, in_precision
 from xbench_backends.jax.nnx_program import NnxPrepared
-from xbench_backends.jax.nnx_transformer import CUDNN
+from xbench_backends.jax.nnx_transformer import CUDNN, FSDP_CUDNN
 from xbench_backends.jax.steps import (
     AXIS,
     MATMUL_PRECISION,
@@ -85,11 +90,13 @@ from xbench_backends.jax.steps import (
 )
 
 SIMULATED_DEVICE_LIMIT = 8
+GPU_MEMORY_FRACTION = "0.95"  # of each GPU jax may allocate (`allocate_as_needed`)
 # Steps per compiled call of the `fused` variant: enough that the per-call dispatch (tens of
 # µs) is spread thin; measured on an H200, 50 fused steps ran within 2-7 % across processes.
 FUSED_STEPS = 50
 FUNCTIONAL = "functional"
 SHARDED_HOW = "jax.jit with NamedSharding over the data axis; XLA all-gathers and reduce-scatters"
+SHARDED = (*sharding.SHARDED, FSDP_CUDNN)  # the variants that run jax's sharded program (`sharded`)
 VARIANTS = (
     Variant(JNP, "the model in plain jax.numpy (the MLP through flax.linen's apply), no NNX"),
     # the data-parallel program is functional as written (pmap takes the split state)
@@ -105,6 +112,11 @@ VARIANTS = (
     sharding.variant(SHARDED_HOW),
     recompute.variant("nnx.remat"),
     sharding.remat_variant(SHARDED_HOW, "nnx.remat"),
+    # The sharded program a performance engineer runs on GPUs (MaxText's): fsdp with cudnn's attention.
+    replace(sharding.variant(SHARDED_HOW, FSDP_CUDNN), precisions=("bf16",), families=("transformer",),
+            fused_attention=True, same_formula=False,
+            description=f"{sharding.variant(SHARDED_HOW).description}; and cuDNN fused attention as {CUDNN}'s "
+                        "(transformer, bf16, NVIDIA GPUs)"),
 )
 
 
@@ -165,9 +177,7 @@ class JaxPmapBackend:
         extra_work.validate(options, self.name)
 
     def setup(self, devices: int, platform: str) -> DeviceInfo:
-        # Allocate as needed instead of 75 % of each GPU up front, so NVML's "used" means
-        # something (jax preallocates 75 % of it otherwise); a user's own setting wins.
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        allocate_as_needed()
         import jax
 
         use_compile_cache()
@@ -200,12 +210,12 @@ class JaxPmapBackend:
             available=SIMULATED_DEVICE_LIMIT if simulated else len(found),
             details={"jaxlib": metadata.version("jaxlib"), "flax": metadata.version("flax"),
                      "optax": metadata.version("optax"),
-                     "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"]},
+                     **allocator_settings()},
         )
 
     def setup_process(self, process: Process, platform: str) -> DeviceInfo:
         """One device per process: join the job through jax.distributed (gloo on CPU)."""
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        allocate_as_needed()
         import jax
 
         use_compile_cache()
@@ -241,7 +251,7 @@ class JaxPmapBackend:
             details={"jaxlib": metadata.version("jaxlib"), "processes": jax.process_count(),
                      "process_index": jax.process_index(),
                      "cpu_collectives": jax.config.jax_cpu_collectives_implementation,
-                     "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"]},
+                     **allocator_settings()},
         )
 
     def all_gather(self, values: list[float]) -> list[list[float]]:
@@ -261,7 +271,7 @@ class JaxPmapBackend:
             if why:
                 raise Unsupported(why)  # before anything expensive: the core records the reason
             model = build(trial, work, self.devices[0])
-            if trial.variant in sharding.SHARDED:
+            if trial.variant in SHARDED:
                 prepared = sharded.prepare(trial, work, model, self.devices, precision_info(trial), model.notes)
             elif trial.program != PLAIN:
                 prepared = self._prepare(trial, work, model)
@@ -278,7 +288,7 @@ class JaxPmapBackend:
         if trial.variant == FUNCTIONAL and trial.program != PLAIN:
             return ("the data-parallel program is functional as written (pmap takes the split state); "
                     f"{FUNCTIONAL} is a variant of the plain program")
-        if trial.variant in sharding.SHARDED and trial.program == PLAIN:
+        if trial.variant in SHARDED and trial.program == PLAIN:
             return (f"{trial.variant} shards the data-parallel program over its devices; the plain program has "
                     "no devices to shard over")
         return None
@@ -509,6 +519,18 @@ class JaxPmapBackend:
         with float64_scope(prepared.float64):  # a multi-process gather runs a program
             params = prepared.in_order(_gathered(prepared.state[0]))
         return [canonical_arrays(params, replica=r) for r in range(len(self.devices))]
+
+
+def allocate_as_needed() -> None:
+    """Before jax's GPU client starts: allocate as needed instead of 75 % of each GPU up front,
+    so NVML's "used" means something, and allow up to 95 % of it (jax's default cap is 75 %;
+    xbench's memory check plans with the GPU's memory less 5 %). A user's own settings win."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", GPU_MEMORY_FRACTION)
+
+
+def allocator_settings() -> dict[str, str]:
+    return {name: os.environ[name] for name in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION")}
 
 
 def _one_step_per_call(trial: Trial) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from xbench.contract import ALL_GATHER, DATA_PARALLEL, PreparedInfo, Trial, Unsu
 from xbench_backends.extra_work import ExtraWork
 from xbench_backends.jax.families import JaxModel, build, refusal
 from xbench_backends.jax.layers import FLOAT64, float64_scope, in_precision
+from xbench_backends.jax.nnx_transformer import FSDP_CUDNN
 from xbench_backends.jax.pmap import FUNCTIONAL, VARIANTS, JaxPmapBackend, precision_info, program_notes
 from xbench_backends.jax.steps import (
     AXIS,
@@ -73,8 +74,9 @@ class _MeshBackend(JaxPmapBackend):
     # `functional` is a variant of the plain program; these programs are functional as written.
     # `fsdp` is `jax`'s sharded program (jit with NamedShardings already): not a variant of these.
     # `remat` changes how a block is differentiated, not how the step is distributed: `jax`'s to time.
-    # `fsdp-remat` is both: `jax`'s.
-    variants: ClassVar[tuple] = tuple(v for v in VARIANTS if v.name not in (FUNCTIONAL, FSDP, REMAT, FSDP_REMAT))
+    # `fsdp-remat` and `fsdp-cudnn` are `fsdp` and more: `jax`'s.
+    variants: ClassVar[tuple] = tuple(v for v in VARIANTS
+                                      if v.name not in (FUNCTIONAL, FSDP, REMAT, FSDP_REMAT, FSDP_CUDNN))
     runner: ClassVar[str] = ""  # how the step runs, for the notes
 
     def prepare(self, trial: Trial, work: Work) -> MeshPrepared:

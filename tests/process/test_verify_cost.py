@@ -98,7 +98,7 @@ def test_the_built_in_variants_that_change_kernels_or_code_keep_their_float64_ru
     from xbench_backends.jax.pmap import VARIANTS as JAX
     from xbench_backends.torch.ddp import VARIANTS as TORCH
 
-    assert {v.name for v in (*JAX, *TORCH) if not v.same_formula} == {"jnp", "functional", "cudnn"}
+    assert {v.name for v in (*JAX, *TORCH) if not v.same_formula} == {"jnp", "functional", "cudnn", "fsdp-cudnn"}
 
 
 # -- nothing is run that cannot fit ---------------------------------------------------------

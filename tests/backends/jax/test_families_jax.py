@@ -327,10 +327,11 @@ def test_cudnn_variant_is_unsupported_where_cudnn_cannot_run(on_devices):
     from xbench.contract import Unsupported
 
     backend = on_devices("jax", 1)
-    for family, needle in (("transformer", "needs an NVIDIA GPU"), ("cnn", "has no attention")):
-        t = trial(TINY[family], program=PLAIN, precision="bf16", variant="cudnn")
-        with pytest.raises(Unsupported, match=needle):
-            backend.prepare(t, build_work(t.model, t.samples, t.seed))
+    for variant, program in (("cudnn", PLAIN), ("fsdp-cudnn", DATA_PARALLEL)):
+        for family, needle in (("transformer", "needs an NVIDIA GPU"), ("cnn", "has no attention")):
+            t = trial(TINY[family], program=program, precision="bf16", variant=variant)
+            with pytest.raises(Unsupported, match=needle):
+                backend.prepare(t, build_work(t.model, t.samples, t.seed))
 
 
 def test_functional_variant_is_the_plain_programs(on_devices):
