@@ -9,6 +9,7 @@ import pytest
 from xbench.contract import DATA_PARALLEL, PLAIN, Variant
 from xbench.experiment import build_spec
 from xbench.models.model_spec import preset_model
+from xbench.report.verify_text import probes_caption
 from xbench.results.checks import verification_model
 from xbench.results.full_size import (
     FULL_SIZE_REPLICATE,
@@ -20,7 +21,7 @@ from xbench.results.full_size import (
     unreported_shares,
 )
 from xbench.run.plan import Lineup, plan_trials
-from xbench.run.verify_plan import verification_trials
+from xbench.run.verify_plan import borrowed_probes, verification_trials
 from xbench.wire import Reference, load_reference, save_reference
 from xbench.worker.capture import summarize
 
@@ -60,6 +61,24 @@ def test_verify_plans_one_probe_per_trained_program_and_no_run_of_a_variant_on_a
         ("gpt2-small", v, n) for v in ("as-written", "fast-attention") for n in (1, 2)}
     assert all(t.protocol.steps == 0 and t.global_batch == 4 and dict(t.model.dims)["layers"] == 12 for t in probes)
     assert not [t for t in trials if t.variant == "fast-attention" and t.model.name == "resnet18"]
+
+
+def test_a_variant_of_the_same_formula_uses_its_programs_probe_and_a_sharded_one_is_probed_itself():
+    """Measured on 2 H200s: the full-size probes of torch's compiled variants of ResNet-50 took
+    2-3 minutes each, re-checking model code their as-written program's probe checks."""
+    spec = build_spec({"models": [{"preset": "gpt2-small"}], "devices": [1, 2]})
+    compiled = Variant("compile", "the same step compiled", same_formula=True)
+    sharded = Variant("fsdp", "sharded", same_formula=True, sharded=True, programs=(DATA_PARALLEL,))
+    kernel = Variant("cudnn", "another attention kernel")
+    lineup = Lineup(variants=(Lineup().variants[0], compiled, sharded, kernel))
+    trials = verification_trials(spec, ["jax"], [1, 2], lineups={"jax": lineup})
+    probed = {(t.variant, t.devices) for t in trials if t.replicate == FULL_SIZE_REPLICATE}
+    assert probed == {(v, n) for v in ("as-written", "fsdp", "cudnn") for n in (1, 2)}
+    assert {(t.variant, t.devices) for t in trials if t.replicate == 0} >= {("compile", 1), ("compile", 2)}
+    assert borrowed_probes(trials) == {("jax+compile", "gpt2-small"): ("jax", "gpt2-small")}
+    alone = Lineup(variants=(compiled,))  # no as-written program planned: the variant probes itself
+    assert any(t.replicate == FULL_SIZE_REPLICATE and t.variant == "compile"
+               for t in verification_trials(spec, ["jax"], [1, 2], lineups={"jax": alone}))
 
 
 def test_no_run_is_planned_of_a_variant_on_a_program_it_is_not_a_variant_of():
@@ -171,3 +190,11 @@ def test_summaries_are_the_norm_sum_and_two_fixed_sign_projections_chunk_for_chu
         np.testing.assert_allclose(summarize([g, g]), whole, rtol=1e-12)
     finally:
         capture.SUMMARY_CHUNK = chunked
+
+
+def test_verify_says_which_programs_use_another_programs_probe():
+    assert probes_caption({}) is None
+    caption = probes_caption({"torch+compile": "torch", "torch+cuda-graphs": "torch", "jax+fused": "jax"})
+    assert caption == ("jax+fused use jax's full-size probe (the same formula over the same model code and parameter "
+                       "layout: no probe of their own); torch+compile, torch+cuda-graphs use torch's full-size probe "
+                       "(the same formula over the same model code and parameter layout: no probe of their own).")

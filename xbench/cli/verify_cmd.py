@@ -26,7 +26,13 @@ from xbench.cli.options import (
 from xbench.cli.progress import watching_verification
 from xbench.errors import XbenchError
 from xbench.experiment import load_spec
-from xbench.report.verify_text import checks_table, floors_caption, precision_floors_caption, verify_caption
+from xbench.report.verify_text import (
+    checks_table,
+    floors_caption,
+    precision_floors_caption,
+    probes_caption,
+    verify_caption,
+)
 from xbench.results.links import links_record, notes
 from xbench.run import links
 from xbench.run.cluster import resolve_launch
@@ -87,7 +93,7 @@ def verify(
     console.print(checks_table(result.checks))
     err.print(verify_caption(spec, entries[0].name))
     floors = floors_caption(result.floors, result.no_floor, result.floor_of)
-    for caption in (floors, precision_floors_caption(result.precision_floors)):
+    for caption in (floors, precision_floors_caption(result.precision_floors), probes_caption(result.probe_of)):
         if caption:
             err.print(escape(caption))
     if result.shares_unchecked:

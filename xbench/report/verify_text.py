@@ -59,6 +59,17 @@ def floors_caption(floors: Mapping[tuple[str, str], float], no_floor: Mapping[tu
     return "; ".join(parts) + "." if parts else None
 
 
+def probes_caption(borrowed: Mapping[str, str]) -> str | None:
+    """The programs whose full size their as-written program's probe checked (`borrowed`:
+    implementation -> that program); None without any."""
+    by_base: dict[str, list[str]] = {}
+    for name, base in sorted(borrowed.items()):
+        by_base.setdefault(base, []).append(name)
+    parts = [f"{', '.join(names)} use {base}'s full-size probe (the same formula over the same model code and "
+             "parameter layout: no probe of their own)" for base, names in by_base.items()]
+    return "; ".join(parts) + "." if parts else None
+
+
 def precision_floors_caption(floors: Mapping[tuple[str, str, str], tuple[float, float]]) -> str | None:
     """Each backend's low-precision floors per model (its as-written program in that precision
     against its float64 run), which set the tolerances of the programs verified in that

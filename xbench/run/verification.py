@@ -34,7 +34,13 @@ from xbench.run.cluster import Launch
 from xbench.run.memory_check import memory_checks
 from xbench.run.plan import Lineup
 from xbench.run.registry import BackendEntry
-from xbench.run.verify_plan import borrowed_floors, is_low_precision, verification_groups, verification_trials
+from xbench.run.verify_plan import (
+    borrowed_floors,
+    borrowed_probes,
+    is_low_precision,
+    verification_groups,
+    verification_trials,
+)
 from xbench.wire import Reference, load_reference
 
 MISSING = "missing"  # the status of a planned trial that left no record
@@ -75,6 +81,9 @@ class Verification:
     floor_of: dict[str, str] = field(default_factory=dict)
     # trial id of a full-size probe not run -> why (`unfit_probes`: it would not fit)
     not_probed: dict[str, str] = field(default_factory=dict)
+    # implementation -> the as-written program whose full-size probe stands for its own (a
+    # variant of the same formula, not sharded: `verify_plan.borrowed_probes`)
+    probe_of: dict[str, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> set[str]:
@@ -138,7 +147,8 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
             ctx.listener = progress
         launcher.start_fork_servers(groups, ctx)
         launcher.run_groups(groups, ctx, parallel)
-    return replace(verdict(spec, names, trials, records), not_probed=unfit)
+    probe_of = {key[0]: base[0] for key, base in borrowed_probes(trials).items()}
+    return replace(verdict(spec, names, trials, records), not_probed=unfit, probe_of=probe_of)
 
 
 # What a worker holds on its GPU besides the estimate of its step (CUDA context, kernels,

@@ -47,6 +47,7 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any],
                              for (b, m, p), (start, steps) in sorted(result.precision_floors.items())],
         "unverifiable": result.unverifiable,
         "not_probed": result.not_probed,
+        "probe_of": result.probe_of,  # a variant of the same formula -> the program whose full-size probe stands for it
         "shares_unchecked": list(result.shares_unchecked),
         "sizes_checked": [sizes_checked(m, comparison.spec.devices, verification_precision(m))
                           for m in comparison.spec.models],

@@ -56,18 +56,45 @@ def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[i
                 if builds(variant, model)
             ]
     trials += _as_written_for_low_precision(trials, protocol)
-    same = {(backend, v.name) for backend in backends
-            for v in (lineups or {}).get(backend, Lineup()).variants if v.same_formula}
-    return trials + referee_trials(trials, same) + precision_reference_trials(trials) + probe_trials(trials, full)
+    variants = [(backend, v) for backend in backends for v in (lineups or {}).get(backend, Lineup()).variants]
+    same = {(backend, v.name) for backend, v in variants if v.same_formula}
+    unsharded = {(backend, v.name) for backend, v in variants if v.same_formula and not v.sharded}
+    return (trials + referee_trials(trials, same) + precision_reference_trials(trials)
+            + probe_trials(trials, full, unsharded))
 
 
-def probe_trials(trials: Sequence[Trial], full: Mapping[ModelSpec, ModelSpec | None]) -> list[Trial]:
+def probe_trials(trials: Sequence[Trial], full: Mapping[ModelSpec, ModelSpec | None],
+                 borrowers: Collection[tuple[str, str]] = ()) -> list[Trial]:
     """For each program, device count and model that verify trains reduced: the full-size
     probe (`xbench.results.full_size`), the loss and gradients at the start and no step, in
-    the precision the program is verified in."""
+    the precision the program is verified in. A variant in `borrowers` ((backend, variant):
+    the same formula, its parameters laid out as its program's, `Variant.same_formula` and not
+    `sharded`) gets none where its as-written program gets one (`borrowed_probes`): it runs
+    that program's model code, so what only the full size shows (a block past the reduced
+    depth, a weight of the wrong width) shows in that program's probe, and how it runs the
+    code (compiled, captured in a graph, recomputed) was checked on the reduced instance. A
+    sharded variant's layout depends on the size: it is probed itself."""
+    trained = [t for t in trials if t.replicate == 0 and full.get(t.model) is not None]
+    own = {_as_written(t).id for t in trained if t.variant == AS_WRITTEN}
     return [replace(t, model=model, global_batch=model.batch_sizes[0], samples=model.batch_sizes[0],
                     replicate=FULL_SIZE_REPLICATE, protocol=replace(t.protocol, steps=0, steps_per_call=1))
-            for t in trials if t.replicate == 0 and (model := full.get(t.model)) is not None]
+            for t in trained if (model := full[t.model]) is not None
+            and ((t.backend, t.variant) not in borrowers or _as_written(t).id not in own)]
+
+
+def borrowed_probes(trials: Sequence[Trial]) -> dict[tuple[str, str], tuple[str, str]]:
+    """(implementation, model) of each program trained reduced without a full-size probe of
+    its own (`probe_trials`: a variant of the same formula) -> that of its as-written program,
+    whose probe stands for it."""
+    probed = {_probe_key(t) for t in trials if t.replicate == FULL_SIZE_REPLICATE}
+    return {(t.implementation, t.model.name): (_as_written(t).implementation, t.model.name) for t in trials
+            if t.replicate == 0 and t.variant != AS_WRITTEN and _probe_key(t) not in probed
+            and _probe_key(_as_written(t)) in probed}
+
+
+def _probe_key(trial: Trial) -> tuple[str, int, str, str]:
+    """What a trained trial and its full-size probe share (the probe's model is the full one)."""
+    return trial.implementation, trial.devices, trial.model.name, trial.precision
 
 
 def builds(variant: Variant, model: ModelSpec) -> bool:
