@@ -94,7 +94,8 @@ def run_xbench(args, run_dir: Path) -> tuple[list[dict[str, str]], str]:
                               capture_output=True, text=True)
     table = run_dir / "configurations.csv"
     if exported.returncode != 0 or not table.exists():
-        return [], f"compare exit {finished.returncode}, export: {exported.stderr.strip()[-500:]}"
+        said = (run_dir.parent / "compare.err").read_text().strip().splitlines()
+        return [], f"compare exit {finished.returncode}: {said[-1] if said else 'nothing on stderr'}"
     with open(table, newline="") as f:
         return list(csv.DictReader(f)), "" if finished.returncode == 0 else f"compare exit {finished.returncode}"
 

@@ -41,7 +41,7 @@ mkdir -p "$keep"
 [ -f "$keep/env.txt" ] || timeout 30 sh -c 'nvidia-smi topo -m; xbench env' >"$keep/env.txt" 2>&1
 cp "$keep/env.txt" "$out/run/"
 for framework in torch jax; do
-  # LOOPS_TIMEOUT, LOOPS_ARGS: a shorter step, e.g. LOOPS_ARGS='--xbench-args "--replicates 1 --time-budget 0"'
+  # LOOPS_TIMEOUT, LOOPS_ARGS: a shorter step, e.g. LOOPS_ARGS='--rounds 3 --xbench-args "--replicates 2 --repeats 3"'
   wanted "loops-$framework" && eval once "loops-$framework" "${LOOPS_TIMEOUT:-500}" python3 benchmarks/fsdp_loops.py \
     --platform gpu --frameworks "$framework" --out "$keep/loops-$framework" "${LOOPS_ARGS:-}"
 done
