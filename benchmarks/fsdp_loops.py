@@ -94,8 +94,9 @@ def run_xbench(args, run_dir: Path) -> tuple[list[dict[str, str]], str]:
                               capture_output=True, text=True)
     table = run_dir / "configurations.csv"
     if exported.returncode != 0 or not table.exists():
-        said = (run_dir.parent / "compare.err").read_text().strip().splitlines()
-        return [], f"compare exit {finished.returncode}: {said[-1] if said else 'nothing on stderr'}"
+        said = (run_dir.parent / "compare.err").read_text().strip().splitlines() if finished.returncode else []
+        why = said[-1] if said else f"export: {exported.stderr.strip()[-500:]}"
+        return [], f"compare exit {finished.returncode}: {why}"
     with open(table, newline="") as f:
         return list(csv.DictReader(f)), "" if finished.returncode == 0 else f"compare exit {finished.returncode}"
 

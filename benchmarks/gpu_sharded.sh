@@ -42,8 +42,9 @@ mkdir -p "$keep"
 cp "$keep/env.txt" "$out/run/"
 for framework in torch jax; do
   # LOOPS_TIMEOUT, LOOPS_ARGS: a shorter step, e.g. LOOPS_ARGS='--rounds 3 --xbench-args "--replicates 2 --repeats 3"'
-  wanted "loops-$framework" && eval once "loops-$framework" "${LOOPS_TIMEOUT:-500}" python3 benchmarks/fsdp_loops.py \
-    --platform gpu --frameworks "$framework" --out "$keep/loops-$framework" "${LOOPS_ARGS:-}"
+  eval "loops_args=(${LOOPS_ARGS:-})"
+  wanted "loops-$framework" && once "loops-$framework" "${LOOPS_TIMEOUT:-500}" python3 benchmarks/fsdp_loops.py \
+    --platform gpu --frameworks "$framework" --out "$keep/loops-$framework" "${loops_args[@]}"
 done
 wanted acceptance && run_or_resume acceptance --config configs/families.toml --backends jax torch --model gpt2-xl --global-batch 8 \
   --devices 1 2 --precision bf16 --variants jax:fsdp torch:fsdp torch:fsdp-compile --single-device data-parallel --replicates 2 \

@@ -3,6 +3,8 @@ summaries, and each device's share of the batch (xbench.results.full_size)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from xbench.contract import DATA_PARALLEL, PLAIN, Variant
 from xbench.experiment import build_spec
 from xbench.models.model_spec import preset_model
 from xbench.report.verify_text import probes_caption
-from xbench.results.checks import verification_model
+from xbench.results.checks import Check, verification_model
 from xbench.results.full_size import (
     FULL_SIZE_REPLICATE,
     full_size_checks,
@@ -21,7 +23,8 @@ from xbench.results.full_size import (
     unreported_shares,
 )
 from xbench.run.plan import Lineup, plan_trials
-from xbench.run.verify_plan import borrowed_probes, verification_trials
+from xbench.run.verification import _lent_failures
+from xbench.run.verify_plan import lent_probes, probe_borrowers, verification_trials
 from xbench.wire import Reference, load_reference, save_reference
 from xbench.worker.capture import summarize
 
@@ -63,22 +66,55 @@ def test_verify_plans_one_probe_per_trained_program_and_no_run_of_a_variant_on_a
     assert not [t for t in trials if t.variant == "fast-attention" and t.model.name == "resnet18"]
 
 
+def lineup_of_kinds(*extra: Variant) -> Lineup:
+    """As written, a compiled variant (the same formula), a sharded one, another kernel."""
+    compiled = Variant("compile", "the same step compiled", same_formula=True)
+    sharded = Variant("fsdp", "sharded", same_formula=True, sharded=True, programs=(DATA_PARALLEL,))
+    kernel = Variant("cudnn", "another attention kernel")
+    return Lineup(variants=(Lineup().variants[0], compiled, sharded, kernel, *extra))
+
+
 def test_a_variant_of_the_same_formula_uses_its_programs_probe_and_a_sharded_one_is_probed_itself():
     """Measured on 2 H200s: the full-size probes of torch's compiled variants of ResNet-50 took
     2-3 minutes each, re-checking model code their as-written program's probe checks."""
     spec = build_spec({"models": [{"preset": "gpt2-small"}], "devices": [1, 2]})
-    compiled = Variant("compile", "the same step compiled", same_formula=True)
-    sharded = Variant("fsdp", "sharded", same_formula=True, sharded=True, programs=(DATA_PARALLEL,))
-    kernel = Variant("cudnn", "another attention kernel")
-    lineup = Lineup(variants=(Lineup().variants[0], compiled, sharded, kernel))
+    lineup = lineup_of_kinds()
     trials = verification_trials(spec, ["jax"], [1, 2], lineups={"jax": lineup})
-    probed = {(t.variant, t.devices) for t in trials if t.replicate == FULL_SIZE_REPLICATE}
-    assert probed == {(v, n) for v in ("as-written", "fsdp", "cudnn") for n in (1, 2)}
-    assert {(t.variant, t.devices) for t in trials if t.replicate == 0} >= {("compile", 1), ("compile", 2)}
-    assert borrowed_probes(trials) == {("jax+compile", "gpt2-small"): ("jax", "gpt2-small")}
-    alone = Lineup(variants=(compiled,))  # no as-written program planned: the variant probes itself
-    assert any(t.replicate == FULL_SIZE_REPLICATE and t.variant == "compile"
-               for t in verification_trials(spec, ["jax"], [1, 2], lineups={"jax": alone}))
+    borrowers = probe_borrowers(["jax"], {"jax": lineup})
+    assert borrowers == {("jax", "compile")}
+    lent = lent_probes(trials, borrowers)
+    by_id = {t.id: t for t in trials}
+    assert {(by_id[own].variant, by_id[own].devices, by_id[base].variant) for own, base in lent.items()} == {
+        ("compile", 1, "as-written"), ("compile", 2, "as-written")}
+    assert all(by_id[own].replicate == by_id[base].replicate == FULL_SIZE_REPLICATE for own, base in lent.items())
+
+
+def test_a_probe_is_lent_only_where_the_lenders_runs_at_the_same_precision():
+    spec = build_spec({"models": [{"preset": "gpt2-small"}], "devices": [1, 2]})
+    low = Variant("bf16-graphs", "the same step, bf16 only", same_formula=True, precisions=("bf16",))
+    lineup = lineup_of_kinds(low)
+    trials = verification_trials(spec, ["jax"], [1, 2], lineups={"jax": lineup})
+    probes = [t for t in trials if t.replicate == FULL_SIZE_REPLICATE]
+    as_written = [t.id for t in probes if t.variant == "as-written" and t.devices == 1]
+    lent = lent_probes(trials, probe_borrowers(["jax"], {"jax": lineup}), not_run=as_written)
+    by_id = {t.id: t for t in trials}
+    assert {(by_id[own].variant, by_id[own].devices) for own in lent} == {("compile", 2)}  # d1's lender would not fit
+    assert not [own for own in lent if by_id[own].variant == "bf16-graphs"]  # its lender is fp32: it probes itself
+
+
+def test_a_lent_probes_failures_are_its_borrowers_too():
+    failed = Check("full size: N devices = 1 device", "gpt2-small: jax d2 vs jax d1 (tensor 3)", ("jax",),
+                   0.5, 0.5, 0.5, 1e-3, keys=(("jax", 2, "gpt2-small"),))
+    passed = replace(failed, backends=("torch",), norm_rel=0.0, subject="gpt2-small: torch d2 vs torch d1")
+    probe = "torch/gpt2-small/d1/b4/r10"
+    problems, owners, unverifiable = {probe: "crashed"}, {probe: "torch"}, {}
+    _lent_failures({"jax+compile": "jax", "torch+compile": "torch", "tf+xla": "tf"}, [failed, passed], problems, owners,
+                   unverifiable, {"tf": "gpt2-small: out of memory at full size"}, {probe})
+    assert owners["jax+compile: full size"] == "jax+compile"
+    assert "gpt2-small: jax d2 vs jax d1" in problems["jax+compile: full size"]
+    lent = f"{probe} (for torch+compile)"
+    assert owners[lent] == "torch+compile" and problems[lent] == "crashed"
+    assert unverifiable == {"tf+xla": "gpt2-small: out of memory at full size"}
 
 
 def test_no_run_is_planned_of_a_variant_on_a_program_it_is_not_a_variant_of():

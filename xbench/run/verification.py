@@ -27,7 +27,15 @@ from xbench.results.checks import (
     verification_precision,
 )
 from xbench.results.fit import MemoryCheck, out_of_memory
-from xbench.results.full_size import NOT_PROBED, full_size_checks, is_full_size, shard_checks, unreported_shares
+from xbench.results.full_size import (
+    FULL_SIZE,
+    FULL_SIZE_REPLICATE,
+    NOT_PROBED,
+    full_size_checks,
+    is_full_size,
+    shard_checks,
+    unreported_shares,
+)
 from xbench.results.records import Record
 from xbench.run import launcher, zygote
 from xbench.run.cluster import Launch
@@ -36,8 +44,9 @@ from xbench.run.plan import Lineup
 from xbench.run.registry import BackendEntry
 from xbench.run.verify_plan import (
     borrowed_floors,
-    borrowed_probes,
     is_low_precision,
+    lent_probes,
+    probe_borrowers,
     verification_groups,
     verification_trials,
 )
@@ -129,6 +138,10 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     names = [e.name for e in entries]
     trials = verification_trials(spec, names, devices, launchers, lineups)
     unfit = unfit_probes(trials, lineups or {}, device_info or {}, environment)
+    lent = lent_probes(trials, probe_borrowers(names, lineups), unfit)
+    by_id = {t.id: t for t in trials}
+    probe_of = {by_id[own].implementation: by_id[base].implementation for own, base in lent.items()}
+    trials = [t for t in trials if t.id not in lent]
     to_run = [t for t in trials if t.id not in unfit]
     held = memory_parallel(memory_checks(to_run, lineups or {}, device_info or {}, environment), max(1, len(spread)))
     parallel = min(parallel, held or parallel)
@@ -147,8 +160,7 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
             ctx.listener = progress
         launcher.start_fork_servers(groups, ctx)
         launcher.run_groups(groups, ctx, parallel)
-    probe_of = {key[0]: base[0] for key, base in borrowed_probes(trials).items()}
-    return replace(verdict(spec, names, trials, records), not_probed=unfit, probe_of=probe_of)
+    return replace(verdict(spec, names, trials, records, probe_of), not_probed=unfit)
 
 
 # What a worker holds on its GPU besides the estimate of its step (CUDA context, kernels,
@@ -183,13 +195,14 @@ def unfit_probes(trials: Sequence[Trial], lineups: Mapping[str, Lineup], devices
             if (check := checks.get(t.config_id)) is not None and not check.fits}
 
 
-def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: Sequence[Record]
-            ) -> Verification:
+def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: Sequence[Record],
+            probe_of: Mapping[str, str] | None = None) -> Verification:
     """The checks over the records of the planned verification `trials`, and each program's
     standing. The outcome is computed from what ran: a planned trial without an ok record
     (failed, crashed, killed, timed out, or no record at all) is a problem of its program; so
     is a result whose checks lost what they compare it with, and a program that nothing
-    compared is never "passed"."""
+    compared is never "passed". A program whose full-size probe another's stands for
+    (`probe_of`, `verify_plan.lent_probes`) shares that probe's failures (`_lent_failures`)."""
     runs = _sorted_records(records, trials)
     reference = next((n for n in names if n not in runs.unverifiable), names[0])
     per_device = {m.name for m in spec.models if m.kind.batch_statistics}
@@ -226,9 +239,36 @@ def verdict(spec: Spec, names: Sequence[str], trials: Sequence[Trial], records: 
         else:
             unverifiable[name] = "nothing to compare it with (one program on one device: no other result of its models)"
     no_floor = {key: why for key, why in {**runs.no_referee, **rejected}.items() if key[0] not in runs.unverifiable}
+    _lent_failures(probe_of or {}, checks, problems, owners, unverifiable, runs.too_large,
+                   {t.id for t in trials if t.replicate == FULL_SIZE_REPLICATE})
     return Verification(tuple(checks), problems, frozenset(owners.values()), unverifiable, owners, floors, no_floor,
                         low_floors, tuple(sorted(unreported_shares({**runs.refs, **runs.probes}))),
-                        kernel_settings(records), {key[0]: base[0] for key, base in borrowed.items()})
+                        kernel_settings(records), {key[0]: base[0] for key, base in borrowed.items()},
+                        probe_of=dict(probe_of or {}))
+
+
+def _lent_failures(probe_of: Mapping[str, str], checks: Sequence[Check], problems: dict[str, str],
+                   owners: dict[str, str], unverifiable: dict[str, str], too_large: Mapping[str, str],
+                   probe_ids: Collection[str]) -> None:
+    """A lent probe's failures are its borrowers' too (in place): each full-size check its
+    program fails, each problem of its probe runs (crashed, out of memory), a model too large
+    to probe. Without this a borrower would pass where the probe standing for it failed."""
+    lenders: dict[str, list[str]] = {}
+    for borrower, base in sorted(probe_of.items()):
+        lenders.setdefault(base, []).append(borrower)
+    full = [c for c in checks if c.check.startswith(FULL_SIZE) or " (full size):" in c.subject]
+    for base in sorted(failed_backends(full) & lenders.keys()):
+        why = "; ".join(f"{c.check} ({c.subject})" for c in full if base in c.backends and not c.passed)
+        for borrower in lenders[base]:
+            key = f"{borrower}: full size"
+            problems[key], owners[key] = f"the full-size probe of {base}, which stands for it, failed: {why}", borrower
+    for tid, owner in list(owners.items()):
+        if tid in probe_ids and owner in lenders:
+            for borrower in lenders[owner]:
+                problems[f"{tid} (for {borrower})"], owners[f"{tid} (for {borrower})"] = problems[tid], borrower
+    for base in lenders.keys() & too_large.keys():
+        for borrower in lenders[base]:
+            unverifiable.setdefault(borrower, too_large[base])
 
 
 def _with_borrowed(floors: Mapping[tuple[str, str], float], compared: Collection[tuple[str, str]],

@@ -56,44 +56,48 @@ def verification_trials(spec: Spec, backends: Sequence[str], devices: Sequence[i
                 if builds(variant, model)
             ]
     trials += _as_written_for_low_precision(trials, protocol)
-    variants = [(backend, v) for backend in backends for v in (lineups or {}).get(backend, Lineup()).variants]
-    same = {(backend, v.name) for backend, v in variants if v.same_formula}
-    unsharded = {(backend, v.name) for backend, v in variants if v.same_formula and not v.sharded}
-    return (trials + referee_trials(trials, same) + precision_reference_trials(trials)
-            + probe_trials(trials, full, unsharded))
+    same = {(backend, v.name) for backend in backends
+            for v in (lineups or {}).get(backend, Lineup()).variants if v.same_formula}
+    return trials + referee_trials(trials, same) + precision_reference_trials(trials) + probe_trials(trials, full)
 
 
-def probe_trials(trials: Sequence[Trial], full: Mapping[ModelSpec, ModelSpec | None],
-                 borrowers: Collection[tuple[str, str]] = ()) -> list[Trial]:
+def probe_trials(trials: Sequence[Trial], full: Mapping[ModelSpec, ModelSpec | None]) -> list[Trial]:
     """For each program, device count and model that verify trains reduced: the full-size
     probe (`xbench.results.full_size`), the loss and gradients at the start and no step, in
-    the precision the program is verified in. A variant in `borrowers` ((backend, variant):
-    the same formula, its parameters laid out as its program's, `Variant.same_formula` and not
-    `sharded`) gets none where its as-written program gets one (`borrowed_probes`): it runs
-    that program's model code, so what only the full size shows (a block past the reduced
-    depth, a weight of the wrong width) shows in that program's probe, and how it runs the
-    code (compiled, captured in a graph, recomputed) was checked on the reduced instance. A
-    sharded variant's layout depends on the size: it is probed itself."""
-    trained = [t for t in trials if t.replicate == 0 and full.get(t.model) is not None]
-    own = {_as_written(t).id for t in trained if t.variant == AS_WRITTEN}
+    the precision the program is verified in (some are lent out instead: `lent_probes`)."""
     return [replace(t, model=model, global_batch=model.batch_sizes[0], samples=model.batch_sizes[0],
                     replicate=FULL_SIZE_REPLICATE, protocol=replace(t.protocol, steps=0, steps_per_call=1))
-            for t in trained if (model := full[t.model]) is not None
-            and ((t.backend, t.variant) not in borrowers or _as_written(t).id not in own)]
+            for t in trials if t.replicate == 0 and (model := full.get(t.model)) is not None]
 
 
-def borrowed_probes(trials: Sequence[Trial]) -> dict[tuple[str, str], tuple[str, str]]:
-    """(implementation, model) of each program trained reduced without a full-size probe of
-    its own (`probe_trials`: a variant of the same formula) -> that of its as-written program,
-    whose probe stands for it."""
-    probed = {_probe_key(t) for t in trials if t.replicate == FULL_SIZE_REPLICATE}
-    return {(t.implementation, t.model.name): (_as_written(t).implementation, t.model.name) for t in trials
-            if t.replicate == 0 and t.variant != AS_WRITTEN and _probe_key(t) not in probed
-            and _probe_key(_as_written(t)) in probed}
+def probe_borrowers(backends: Sequence[str], lineups: Mapping[str, Lineup] | None) -> set[tuple[str, str]]:
+    """(backend, variant) of the variants that may use their as-written program's full-size
+    probe: the same formula (`Variant.same_formula`) with their program's parameter layout (not
+    `sharded`). Such a variant runs that program's model code, so what only the full size
+    shows (a block past the reduced depth, a weight of the wrong width) shows in that program's
+    probe, and how it runs the code (compiled, captured in a graph, recomputed) was checked on
+    the reduced instance. A sharded variant lays its parameters out by the size: it is probed."""
+    return {(backend, v.name) for backend in backends for v in (lineups or {}).get(backend, Lineup()).variants
+            if v.same_formula and not v.sharded}
+
+
+def lent_probes(trials: Sequence[Trial], borrowers: Collection[tuple[str, str]],
+                not_run: Collection[str] = ()) -> dict[str, str]:
+    """Trial id of each full-size probe left out -> the id of the as-written program's probe
+    that stands for it: the probes of variants in `borrowers` (`probe_borrowers`) whose
+    as-written program's probe of the same device count, model and precision is planned and
+    runs (its id not in `not_run`: it would not fit; the variant's own may, and then runs)."""
+    probes = {_probe_key(t): t for t in trials if t.replicate == FULL_SIZE_REPLICATE and t.id not in not_run}
+    lent = {}
+    for probe in probes.values():
+        base = probes.get(_probe_key(_as_written(probe)))
+        if (probe.backend, probe.variant) in borrowers and probe.variant != AS_WRITTEN and base is not None:
+            lent[probe.id] = base.id
+    return lent
 
 
 def _probe_key(trial: Trial) -> tuple[str, int, str, str]:
-    """What a trained trial and its full-size probe share (the probe's model is the full one)."""
+    """What tells a program's full-size probe from another's (trial ids leave the precision out)."""
     return trial.implementation, trial.devices, trial.model.name, trial.precision
 
 
