@@ -91,7 +91,7 @@ class Verification:
     # trial id of a full-size probe not run -> why (`unfit_probes`: it would not fit)
     not_probed: dict[str, str] = field(default_factory=dict)
     # implementation -> the as-written program whose full-size probe stands for its own (a
-    # variant of the same formula, not sharded: `verify_plan.borrowed_probes`)
+    # variant of the same formula, not sharded: `verify_plan.lent_probes`)
     probe_of: dict[str, str] = field(default_factory=dict)
 
     @property
