@@ -97,6 +97,7 @@ FUSED_STEPS = 50
 FUNCTIONAL = "functional"
 SHARDED_HOW = "jax.jit with NamedSharding over the data axis; XLA all-gathers and reduce-scatters"
 SHARDED = (*sharding.SHARDED, FSDP_CUDNN)  # the variants that run jax's sharded program (`sharded`)
+_FSDP = sharding.variant(SHARDED_HOW)
 VARIANTS = (
     Variant(JNP, "the model in plain jax.numpy (the MLP through flax.linen's apply), no NNX"),
     # the data-parallel program is functional as written (pmap takes the split state)
@@ -109,14 +110,13 @@ VARIANTS = (
     # run of its own (the plain program's step is built otherwise), so a slip shared with it shows there.
     Variant("fused", f"{FUSED_STEPS} functional steps fused into one compiled call (lax.scan)",
             steps_per_call=FUSED_STEPS, same_formula=True),
-    sharding.variant(SHARDED_HOW),
+    _FSDP,
     recompute.variant("nnx.remat"),
     sharding.remat_variant(SHARDED_HOW, "nnx.remat"),
     # The sharded program a performance engineer runs on GPUs (MaxText's): fsdp with cudnn's attention.
-    replace(sharding.variant(SHARDED_HOW, FSDP_CUDNN), precisions=("bf16",), families=("transformer",),
-            fused_attention=True, same_formula=False,
-            description=f"{sharding.variant(SHARDED_HOW).description}; and cuDNN fused attention as {CUDNN}'s "
-                        "(transformer, bf16, NVIDIA GPUs)"),
+    replace(_FSDP, name=FSDP_CUDNN, precisions=("bf16",), families=("transformer",), fused_attention=True,
+            same_formula=False, description=f"{_FSDP.description}; and cuDNN fused attention as {CUDNN}'s "
+                                            "(transformer, bf16, NVIDIA GPUs)"),
 )
 
 
