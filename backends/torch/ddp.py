@@ -196,6 +196,12 @@ class TorchDdpBackend:
     first_call_s: ClassVar[Mapping[str, float]] = {"cpu": 0.6, "gpu": 0.05}
     first_call_per_array_s: ClassVar[Mapping[str, float]] = {"gpu": 0.002}
     fused_attention: ClassVar[bool] = True  # F.scaled_dot_product_attention keeps no probabilities
+    # DDP's buckets, which the gradients are views of, outlive zero_grad(set_to_none=True): the
+    # gradients' memory is held through the forward pass too, and the buckets rebuilt in
+    # gradient-ready order after the first step come while the first set is held (the peak
+    # counts from `prepare`). Measured, gpt2-xl bf16 at 8 sequences a GPU on 2 H200s: 58.2 GiB
+    # against 46.4 for the plain program on one; two gradients' size is 11.6 GiB.
+    reduction_buffers: ClassVar[int] = 2
 
     def __init__(self) -> None:
         self.process: Process | None = None

@@ -89,6 +89,32 @@ def test_a_fused_attention_kernel_is_checked_without_the_attention_probabilities
     assert fused.activations < unfused.activations
 
 
+def test_a_backends_reduction_buffers_are_checked_for_its_replicated_data_parallel_programs():
+    """A backend declares its data-parallel reduction's buffers (DDP's buckets); its unsharded
+    variants carry them, its sharded ones and its plain program do not."""
+    from dataclasses import replace
+
+    from xbench.contract import PLAIN, Availability, Variant
+    from xbench.experiment import Spec
+    from xbench.run.memory_check import memory_checks
+    from xbench.run.readiness import choose_lineups
+    from xbench.run.registry import BackendEntry
+
+    class Bucketed:
+        reduction_buffers = 2
+        programs = ("data-parallel", PLAIN)
+        variants = (Variant("compile", "compiled"), Variant("fsdp", "sharded", sharded=True))
+
+    entries = [BackendEntry("jax", "j:J", Bucketed(), Availability(installed=True))]
+    lineups = choose_lineups(Spec(models=(GPT2,), variants=("jax:compile", "jax:fsdp")), entries)
+    assert {v.name: v.reduction_buffers for v in lineups["jax"].variants} == {"as-written": 2, "compile": 2,
+                                                                               "fsdp": 0}
+    ddp, plain = _trial(GPT2, 8, "as-written"), replace(_trial(GPT2, 8, "as-written"), program=PLAIN)
+    found = memory_checks([ddp, plain], lineups, {"jax": {}}, {})
+    with_buffers, without = found[ddp.config_id].estimate, found[plain.config_id].estimate
+    assert with_buffers.reduction == 2 * without.gradients and without.reduction == 0
+
+
 def _trial(model, global_batch: int, variant: str):
     from dataclasses import replace
 

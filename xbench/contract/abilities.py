@@ -73,6 +73,16 @@ class DeclaresFusedAttention(Protocol):
 
 
 @runtime_checkable
+class DeclaresReductionBuffers(Protocol):
+    """How many gradient-sized buffers (in the gradients' dtype) the data-parallel program's
+    gradient reduction holds at a step's peak beyond the gradients themselves (DDP's buckets),
+    which the memory estimate adds to its replicated rows (`xbench.models.memory`). Without
+    it: none."""
+
+    reduction_buffers: ClassVar[int]
+
+
+@runtime_checkable
 class DeclaresFirstCall(Protocol):
     """A trial's typical first-call seconds (building the model, compiling, any kernel
     search) by platform ("cpu", "gpu"), for the plan's estimate of a run's wall time
@@ -239,6 +249,12 @@ def variants_of(backend: object) -> dict[str, Variant]:
 def fused_attention_of(backend: object) -> bool:
     """Whether the backend's as-written attention is fused (`DeclaresFusedAttention`)."""
     return isinstance(backend, DeclaresFusedAttention) and backend.fused_attention is True
+
+
+def reduction_buffers_of(backend: object) -> int:
+    """The gradient-sized buffers its data-parallel reduction adds (`DeclaresReductionBuffers`)."""
+    declared = backend.reduction_buffers if isinstance(backend, DeclaresReductionBuffers) else 0
+    return declared if isinstance(declared, int) and declared > 0 else 0
 
 
 def families_of(backend: object) -> tuple[str, ...]:

@@ -51,6 +51,10 @@ class Variant:
     # backward pass (FlashAttention, cuDNN's): the memory estimate's; None: as the backend's
     # as-written program (`DeclaresFusedAttention`)
     fused_attention: bool | None = None
+    # gradient-sized buffers its data-parallel reduction holds at a step's peak besides the
+    # gradients (the memory estimate's); the run sets it from the backend's `reduction_buffers`
+    # (`DeclaresReductionBuffers`) for the variants that are not sharded
+    reduction_buffers: int = 0
     # The as-written program's arithmetic: the same operations on the same values, so that
     # only the rounding of the kernels that run them may differ (a compiler, CUDA graphs, steps
     # fused into one call, recomputation, sharding); not another implementation of the model

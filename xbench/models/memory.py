@@ -35,6 +35,9 @@ H200 (gpt2-xl, bf16, 8 sequences of 1,024): torch 46.4 GiB eager, 42.9 compiled,
 each block recomputed; this model says 44.1 and 25.8 GiB (a sum of everything said 65.8 and
 29.1).
 
+A replicated data-parallel program whose reduction keeps buffers of its own (DDP's buckets:
+`reduction_buffers` gradient-sized copies) holds them throughout the step, on top of all this.
+
 It is an estimate: allocator fragmentation, workspace of kernels and the framework's own
 buffers (NCCL's, XLA's temporaries) come on top, so a framework's measured peak is the judge;
 what it is for is saying before launching whether a configuration can fit at all.
@@ -67,11 +70,13 @@ class MemoryEstimate:
     recompute: bool = False  # activations recomputed per block in the backward pass
     compute_copy: int = 0  # the parameters cast to the compute dtype for the step (bf16 over fp32 masters)
     backward_tail: int = 0  # activations still held when the last gradient is made (one recomputed block)
+    reduction: int = 0  # the data-parallel reduction's own gradient-sized buffers, held throughout
 
     @property
     def state(self) -> int:
-        """Parameters, gradients and Adam's moments (and, sharded, what is gathered)."""
-        return self.parameters + self.gradients + self.optimizer + self.gathered
+        """Parameters, gradients and Adam's moments (and, sharded, what is gathered; replicated,
+        the reduction's buffers)."""
+        return self.parameters + self.gradients + self.optimizer + self.gathered + self.reduction
 
     @property
     def total(self) -> int:
@@ -79,7 +84,7 @@ class MemoryEstimate:
         backward pass (every activation at its start, every gradient at its end)."""
         if self.activations is None:
             return self.state
-        held = self.parameters + self.optimizer + self.gathered
+        held = self.parameters + self.optimizer + self.gathered + self.reduction
         return held + max(self.activations + self.compute_copy, self.gradients + self.backward_tail)
 
     def fits(self, capacity_bytes: int) -> bool:
@@ -88,13 +93,14 @@ class MemoryEstimate:
 
 def estimate(family: str, shape: Mapping[str, Any], params: int, per_device_batch: int, devices: int = 1,
              sharded: bool = False, precision: str = "fp32", fused_attention: bool = False,
-             recompute: bool = False) -> MemoryEstimate:
+             recompute: bool = False, reduction_buffers: int = 0) -> MemoryEstimate:
     """Per device: a model of `family` with `shape` (a ModelSpec's `shape`) and `params`
     parameters, `per_device_batch` samples on each device, its state replicated or `sharded`
     over `devices`, its blocks' activations kept or, `recompute`, recomputed in the backward
-    pass."""
-    if devices < 1 or per_device_batch < 0:
-        raise ValueError(f"devices must be at least 1 and the batch not negative; got {devices}, {per_device_batch}")
+    pass; replicated, `reduction_buffers` gradient-sized buffers of its reduction besides."""
+    if devices < 1 or per_device_batch < 0 or reduction_buffers < 0:
+        raise ValueError(f"devices must be at least 1, the batch and the buffers not negative; got {devices}, "
+                         f"{per_device_batch}, {reduction_buffers}")
     if precision not in COMPUTE_BYTES:
         raise ValueError(f"unknown precision {precision!r}; known: {', '.join(COMPUTE_BYTES)}")
     state = 2 * STATE_BYTES if precision == "fp64" else STATE_BYTES
@@ -111,7 +117,8 @@ def estimate(family: str, shape: Mapping[str, Any], params: int, per_device_batc
     return MemoryEstimate(devices, sharded, parameters=share * state, gradients=share * state,
                           optimizer=2 * share * state, gathered=gathered,
                           activations=None if per_sample is None else per_sample * per_device_batch,
-                          recompute=recompute, compute_copy=cast, backward_tail=tail)
+                          recompute=recompute, compute_copy=cast, backward_tail=tail,
+                          reduction=0 if sharded else reduction_buffers * share * state)
 
 
 def shard_of(count: int, devices: int) -> int:

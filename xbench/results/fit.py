@@ -61,14 +61,14 @@ class MemoryCheck:
 
 
 def check(model: ModelSpec, global_batch: int, devices: int, precision: str, sharded: bool,
-          capacity_bytes: int | None, recompute: bool = False, fused_attention: bool = False
-          ) -> MemoryCheck | None:
+          capacity_bytes: int | None, recompute: bool = False, fused_attention: bool = False,
+          reduction_buffers: int = 0) -> MemoryCheck | None:
     """The check of one trial, or None where its memory cannot be estimated (a precision the
-    estimate does not know). `sharded`, `recompute`, `fused_attention`: the trial's variant's
-    flags."""
+    estimate does not know). `sharded`, `recompute`, `fused_attention`, `reduction_buffers`:
+    the trial's variant's and program's."""
     try:
         found = estimate(model.family, model.shape, model.params, global_batch // devices, devices, sharded, precision,
-                         recompute=recompute, fused_attention=fused_attention)
+                         recompute=recompute, fused_attention=fused_attention, reduction_buffers=reduction_buffers)
     except (ValueError, KeyError, TypeError):
         return None
     return MemoryCheck(found, capacity_bytes)

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from xbench.contract import Trial
+from xbench.contract import DATA_PARALLEL, Trial
 from xbench.errors import XbenchError, brief
 from xbench.models.memory import GiB
 from xbench.results.fit import MemoryCheck, check
@@ -74,7 +74,8 @@ def memory_checks(trials: Sequence[Trial], lineups: Mapping[str, Lineup],
         result = check(trial.model, trial.global_batch, trial.devices, trial.precision,
                        variant is not None and variant.sharded, capacity.get(trial.backend),
                        recompute=variant is not None and variant.recompute,
-                       fused_attention=variant is not None and variant.fused_attention is True)
+                       fused_attention=variant is not None and variant.fused_attention is True,
+                       reduction_buffers=variant.reduction_buffers if variant and trial.program == DATA_PARALLEL else 0)
         if result is not None:
             found[trial.config_id] = result
     return found

@@ -19,6 +19,7 @@ from xbench.contract import (
     fused_attention_of,
     launchers_of,
     programs_of,
+    reduction_buffers_of,
     variants_of,
 )
 from xbench.errors import BackendError, XbenchError
@@ -117,7 +118,7 @@ def choose_lineups(spec: Spec, entries: Sequence[BackendEntry]) -> dict[str, Lin
     for name, entry in by_name.items():
         variants = variants_of(entry.backend)
         chosen = tuple(variants[w] for w in dict.fromkeys(wanted[name]))
-        lineups[name] = Lineup(with_fused_attention((AS_WRITTEN_VARIANT, *chosen), entry),
+        lineups[name] = Lineup(with_backend_memory((AS_WRITTEN_VARIANT, *chosen), entry),
                                single_device_programs(spec, entry))
         named = [variants[w] for w in wanted[name] if f"{name}:{w}" in spec.variants]
         _check_programs(name, named, lineups[name], spec.devices)
@@ -135,13 +136,16 @@ def _check_programs(backend: str, named: Sequence[Variant], lineup: Lineup, devi
                               "both times each on 1 device); add them, or drop the variant")
 
 
-def with_fused_attention(variants: tuple[Variant, ...], entry: BackendEntry) -> tuple[Variant, ...]:
-    """The variants that leave attention to the as-written program (`fused_attention` None)
-    marked fused where the backend's as-written attention is (`fused_attention_of`); None
-    stays where it is not, and means not fused."""
-    if not fused_attention_of(entry.backend):
-        return variants
-    return tuple(replace(v, fused_attention=True) if v.fused_attention is None else v for v in variants)
+def with_backend_memory(variants: tuple[Variant, ...], entry: BackendEntry) -> tuple[Variant, ...]:
+    """The variants with what the backend declares of its programs' memory: those that leave
+    attention to the as-written program (`fused_attention` None) marked fused where the
+    backend's as-written attention is (`fused_attention_of`; None stays where it is not, and
+    means not fused), and the unsharded ones given its reduction's buffers
+    (`reduction_buffers_of`)."""
+    fused = fused_attention_of(entry.backend)
+    buffers = reduction_buffers_of(entry.backend)
+    return tuple(replace(v, fused_attention=True if fused and v.fused_attention is None else v.fused_attention,
+                         reduction_buffers=0 if v.sharded else buffers) for v in variants)
 
 
 def single_device_programs(spec: Spec, entry: BackendEntry) -> tuple[str, ...]:
