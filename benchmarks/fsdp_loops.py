@@ -89,16 +89,20 @@ def run_xbench(args, run_dir: Path) -> tuple[list[dict[str, str]], str]:
                *shlex.split(args.xbench_args), "--out", str(run_dir)]
     print(f"$ {shlex.join(command[1:])}", flush=True)
     with open(run_dir.parent / "compare.err", "w") as err:
-        finished = subprocess.run(command, stderr=err, text=True)
+        compare = subprocess.Popen(command, stderr=err, text=True)
+        try:
+            compare.wait()
+        except KeyboardInterrupt:  # the step's timeout: the run stops cleanly, what it measured is read back
+            compare.wait()
     exported = subprocess.run([sys.executable, "-m", "xbench", "export", str(run_dir), "--csv"],
                               capture_output=True, text=True)
     table = run_dir / "configurations.csv"
     if exported.returncode != 0 or not table.exists():
-        said = (run_dir.parent / "compare.err").read_text().strip().splitlines() if finished.returncode else []
+        said = (run_dir.parent / "compare.err").read_text().strip().splitlines() if compare.returncode else []
         why = said[-1] if said else f"export: {exported.stderr.strip()[-500:]}"
-        return [], f"compare exit {finished.returncode}: {why}"
+        return [], f"compare exit {compare.returncode}: {why}"
     with open(table, newline="") as f:
-        return list(csv.DictReader(f)), "" if finished.returncode == 0 else f"compare exit {finished.returncode}"
+        return list(csv.DictReader(f)), "" if compare.returncode == 0 else f"compare exit {compare.returncode}"
 
 
 def xbench_row(row: dict[str, str]) -> dict[str, Any] | None:
@@ -159,6 +163,7 @@ def parent(args) -> int:
         record, why = run_minimal(framework, payload, started)
         if record is not None:
             minimal[framework] = record
+            print(program_line(record), flush=True)  # kept should the step be cut before the report
         if why:
             failures.append(f"minimal {framework}: {why}")
     rows: list[dict] = []

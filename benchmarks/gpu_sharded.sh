@@ -7,11 +7,20 @@
 #                batch 16 (8 sequences of 1,024 per GPU), the ratio xbench/minimal, same call
 #   loops-jax    the same for jax (sharded jax.jit loop with cuDNN attention; jax, jax:fsdp)
 #   acceptance   xbench compare --config configs/families.toml --backends jax torch --model gpt2-xl
-#                --global-batch 8 --devices 1 2 --precision bf16 --variants jax:fsdp torch:fsdp torch:fsdp-compile
+#                --global-batch 8 --devices 1 2 --precision bf16 --variants jax:fsdp-cudnn torch:fsdp
 #                --single-device data-parallel --replicates 2 --time-budget 0, verification on:
-#                the replicated and the sharded programs on 1 and 2 GPUs (the plain 1-GPU
-#                programs left out: 8 configurations, not 12); its run dir stays on the machine's
-#                disk and the next call finishes it (`--resume`)
+#                the replicated and each framework's fastest sharded program (measured by the
+#                loops steps: torch's eager fsdp, jax's with cuDNN attention) on 1 and 2 GPUs,
+#                the plain 1-GPU programs left out; its run dir stays on the machine's disk and
+#                the next call finishes it (`--resume`)
+#   big          the largest preset that does not fit one H200 replicated, gpt3-13b (2,048-token context),
+#                sharded over 2 GPUs with each block recomputed: xbench compare --backends torch jax
+#                --model gpt3-13b --global-batch 8 --devices 2 --variants torch:fsdp-remat jax:fsdp-remat
+#                --compile-cache run --no-verify (a first look; BIG_ARGS adds to it), resumable
+#
+# The loops steps time only the sharded programs where XBENCH_DEVICE_MEMORY_GIB is set below the
+# replicated program's estimate (e.g. 60 at gpt2-xl: 67.5 GiB replicated, 35.6 sharded): the
+# replicated rows are then held back before launching, which saves their minutes.
 #
 #   step         timeout      xbench's estimate (--platform gpu --dry-run)   ours
 #   install, env   ~40 s
@@ -47,8 +56,12 @@ for framework in torch jax; do
     --platform gpu --frameworks "$framework" --out "$keep/loops-$framework" "${loops_args[@]}"
 done
 wanted acceptance && run_or_resume acceptance --config configs/families.toml --backends jax torch --model gpt2-xl --global-batch 8 \
-  --devices 1 2 --precision bf16 --variants jax:fsdp torch:fsdp torch:fsdp-compile --single-device data-parallel --replicates 2 \
+  --devices 1 2 --precision bf16 --variants jax:fsdp-cudnn torch:fsdp --single-device data-parallel --replicates 2 \
   --time-budget 0
+eval "big_args=(${BIG_ARGS:-})"
+wanted big && run_or_resume big --config configs/families.toml --backends torch jax --model gpt3-13b --global-batch 8 \
+  --devices 2 --precision bf16 --variants torch:fsdp-remat jax:fsdp-remat --replicates 2 --time-budget 0 \
+  --compile-cache run --no-verify "${big_args[@]}"
 for f in "$keep"/loops-*.txt; do [ -f "$f" ] && { echo "== $f"; grep -E "^(minimal|xbench|ratio|wall)" "$f"; }; done
 for f in "$out/run"/*.err; do echo "== $f"; grep -v "^\[" "$f" | tail -4; done
 [ "$pending" = 0 ] && echo "all done" || echo "send it again: steps left"

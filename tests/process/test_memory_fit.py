@@ -45,3 +45,22 @@ def test_a_framework_out_of_memory_error_is_a_does_not_fit_row_and_the_run_exits
     assert records["numpy/medium/d1/b16/r0"]["status"] == "ok"
     assert "Did not fit in device memory: numpy on 1 device at batch 32 (out of memory at batch 32 per device " \
            "on 1 device(s)). Fit: numpy (1 of 2 configurations)" in " ".join(out.split())
+
+
+def test_out_of_memory_after_other_trials_in_a_process_is_run_again_in_a_fresh_one(
+        fake_backends, run_cli, tmp_path, monkeypatch):
+    """A framework's allocator may keep what earlier trials of its process freed, in pieces
+    (XLA's does): an out-of-memory error there says nothing of the trial, which runs again
+    first in a fresh process and is measured there."""
+    monkeypatch.delenv(MEMORY_VARIABLE, raising=False)
+    code, out, err = run_cli("compare", "--backends", "numpy", *FAST, "--batch-sizes", "16,32,64", "--devices", "1",
+                             "--option", "numpy.oom_batch_after_others=32", "--order-seed", "1",
+                             "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    records = records_of(tmp_path / "run")
+    assert len(records) == 6 and all(r["status"] == "ok" for r in records.values())
+    log = (tmp_path / "run" / "workers.log").read_text()
+    assert "numpy/medium/d1/b32/r" in log and "out of memory after" in log and "run again in a fresh one" in log
+    retried = [r for trial_id, r in records.items() if "/b32/" in trial_id]
+    others = {r["process"]["pid"] for trial_id, r in records.items() if "/b32/" not in trial_id}
+    assert any(r["process"]["pid"] not in others for r in retried)

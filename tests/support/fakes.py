@@ -58,8 +58,9 @@ def stop_once(what: str) -> None:
         return
 
 
-ACTIONS = ("crash_batch", "hang_batch", "fail_batch", "oom_batch", "work_factor", "rank", "fail_if_env",
-           "delay_rank", "fail_allreduce_bytes")
+ACTIONS = ("crash_batch", "hang_batch", "fail_batch", "oom_batch", "oom_batch_after_others", "work_factor", "rank",
+           "fail_if_env", "delay_rank", "fail_allreduce_bytes")
+_PREPARED_BATCHES: set[int] = set()  # this process's trials' global batches (oom_batch_after_others)
 
 
 @dataclass
@@ -94,6 +95,7 @@ class NumpyBackend:
     def prepare(self, trial: Trial, work: Work) -> NumpyPrepared:
         info = PreparedInfo(params=work.params, weights_hash=work.weights_hash,
                             precision={"numpy": trial.precision})
+        _PREPARED_BATCHES.add(trial.global_batch)
         return NumpyPrepared(info, trial, work.x[: trial.global_batch], work.weights[0][0])
 
     def run(self, prepared: NumpyPrepared, steps: int) -> None:
@@ -113,6 +115,9 @@ class NumpyBackend:
             raise RuntimeError("planned failure")
         if options.get("oom_batch") == batch:  # torch's words for it
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (planned)")
+        if options.get("oom_batch_after_others") == batch and _PREPARED_BATCHES - {batch}:
+            # an allocator's pool left in pieces by the trials before it in this process
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (planned, after other trials)")
         for _ in range(steps * options.get("work_factor", 1)):  # work_factor: a planned slowdown
             np.maximum(prepared.x @ prepared.kernel, 0)
 

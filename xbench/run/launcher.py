@@ -279,7 +279,16 @@ class Gang:
             collective = self.spmd and trial.devices > 1
             ended = status in ("timeout", "crashed") or self.stopped or (collective and status != "ok")
             if ctx.arrays_dir is None:
-                record = fit_or_not(record)
+                fitted = fit_or_not(record)
+                if done and fitted is not record:
+                    # Out of memory after other trials in this process: what they left in its
+                    # allocator's pool (XLA's keeps freed memory, in pieces) is no measure of
+                    # whether this one fits. Unrecorded: the group goes on in a fresh process
+                    # with it first, where an out-of-memory error is the trial's own.
+                    append_log(self.log_path, f"=== {trial.id}: out of memory after {len(done)} trial(s) in this "
+                                              "process; run again in a fresh one\n".encode())
+                    break
+                record = fitted
             if self.process is not None:
                 record["process"] = self.process
             done.append(record)
