@@ -47,3 +47,21 @@ def test_hash_sees_shape_and_values():
     b = a.copy()
     b[0, 0] = 1e-7
     assert hash_arrays([a]) != hash_arrays([b])
+
+
+def test_a_large_normal_array_is_drawn_in_chunks_the_same_whatever_the_threads(monkeypatch):
+    """Chunks of DRAW_CHUNK values, each from a stream spawned in order, drawn on threads: the
+    same values with one thread or many; small arrays come from the generator as before."""
+    import xbench.models as models
+
+    monkeypatch.setattr(models, "DRAW_CHUNK", 1000)
+    small = models.normal(np.random.default_rng(7), 0.02, (10, 100))
+    assert np.array_equal(small, (np.random.default_rng(7).standard_normal((10, 100), dtype=np.float32)
+                                  * np.float32(0.02)))
+    many = models.normal(np.random.default_rng(7), 0.02, (50, 99))
+    monkeypatch.setattr(models.os, "cpu_count", lambda: 1)
+    one = models.normal(np.random.default_rng(7), 0.02, (50, 99))
+    assert many.dtype == np.float32 and many.shape == (50, 99) and np.array_equal(many, one)
+    assert abs(float(many.std()) - 0.02) < 0.002 and len(np.unique(many)) == many.size
+    first = np.random.default_rng(7).spawn(5)[0].standard_normal(1000, dtype=np.float32) * np.float32(0.02)
+    assert np.array_equal(many.reshape(-1)[:1000], first)  # chunk 0 is the first spawned stream's
