@@ -102,6 +102,7 @@ def test_a_backends_reduction_buffers_are_checked_for_its_replicated_data_parall
 
     class Bucketed:
         reduction_buffers = 2
+        float32_softmax = True
         programs = ("data-parallel", PLAIN)
         variants = (Variant("compile", "compiled"), Variant("fsdp", "sharded", sharded=True))
 
@@ -109,6 +110,7 @@ def test_a_backends_reduction_buffers_are_checked_for_its_replicated_data_parall
     lineups = choose_lineups(Spec(models=(GPT2,), variants=("jax:compile", "jax:fsdp")), entries)
     assert {v.name: v.reduction_buffers for v in lineups["jax"].variants} == {"as-written": 2, "compile": 2,
                                                                                "fsdp": 0}
+    assert all(v.float32_softmax for v in lineups["jax"].variants)
     ddp, plain = _trial(GPT2, 8, "as-written"), replace(_trial(GPT2, 8, "as-written"), program=PLAIN)
     found = memory_checks([ddp, plain], lineups, {"jax": {}}, {})
     with_buffers, without = found[ddp.config_id].estimate, found[plain.config_id].estimate

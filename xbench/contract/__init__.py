@@ -57,9 +57,10 @@ process.world_size`; its shard of the global batch is `work.shards(...)[process.
 A backend lists the launchers it supports in `launchers` (first = preferred).
 
 Optional abilities. Beyond `Backend`, a backend may declare `programs`, `variants`,
-`families`, `launchers`, `fork_preload`, `first_call_s`, `fused_attention` and `reduction_buffers`
-(`DeclaresPrograms`, `DeclaresVariants`, `DeclaresFamilies`, `DeclaresLaunchers`, `DeclaresForkPreload`,
-`DeclaresFirstCall`, `DeclaresFusedAttention`, `DeclaresReductionBuffers`) and have the methods of
+`families`, `launchers`, `fork_preload`, `first_call_s`, `fused_attention`, `float32_softmax` and
+`reduction_buffers` (`DeclaresPrograms`, `DeclaresVariants`, `DeclaresFamilies`, `DeclaresLaunchers`,
+`DeclaresForkPreload`, `DeclaresFirstCall`, `DeclaresFusedAttention`, `DeclaresFloat32Softmax`,
+`DeclaresReductionBuffers`) and have the methods of
 `SpmdCapable`, `Verifiable`, `ReportsShardLosses`, `AllReduceCapable`, `GathersAndScatters`, `ReportsMemory`,
 `ForgetsTrials`, `CompilesQuickly` and `ValidatesOptions`.
 Each is a runtime-checkable Protocol: the core asks `isinstance(backend, Verifiable)`, and
@@ -81,6 +82,7 @@ from xbench.contract.abilities import (
     CompilesQuickly,
     DeclaresFamilies,
     DeclaresFirstCall,
+    DeclaresFloat32Softmax,
     DeclaresForkPreload,
     DeclaresFusedAttention,
     DeclaresLaunchers,
@@ -97,6 +99,7 @@ from xbench.contract.abilities import (
     families_of,
     first_call_of,
     first_call_per_array_of,
+    float32_softmax_of,
     fork_preload_of,
     fused_attention_of,
     launchers_of,
@@ -144,12 +147,14 @@ from xbench.models.model_spec import ModelSpec
 __all__ = [
     "ADAM", "ALL_GATHER", "ALL_REDUCE", "AS_WRITTEN", "COLLECTIVES", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL",
     "LAUNCHERS", "PLAIN", "PROGRAMS", "Adam", "AllReduceCapable", "Availability", "Backend", "CompilesQuickly",
-    "DeclaresFamilies", "DeclaresFirstCall", "DeclaresFusedAttention", "DeclaresForkPreload", "DeclaresLaunchers",
+    "DeclaresFamilies", "DeclaresFirstCall",
+    "DeclaresFloat32Softmax", "DeclaresFusedAttention", "DeclaresForkPreload", "DeclaresLaunchers",
     "DeclaresPrograms", "DeclaresReductionBuffers",
     "DeclaresVariants", "DeviceInfo", "DeviceUnavailable", "ForgetsTrials", "GathersAndScatters", "ModelSpec",
     "Param", "Prepared", "PreparedInfo", "Process", "REDUCE_SCATTER", "ReportsMemory", "ReportsShardLosses",
     "SpmdCapable", "TimingProtocol", "Trial", "Unsupported", "ValidatesOptions", "Variant", "Verifiable", "Work",
     "backend_label", "backend_of_implementation", "cnn", "families_of", "first_call_of", "first_call_per_array_of",
+    "float32_softmax_of",
     "fused_attention_of", "fork_preload_of",
     "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of", "lstm", "missing_methods",
     "mlp", "probe_distributions", "programs_of", "reduction_buffers_of", "replicate_id", "transformer", "trial_id",

@@ -73,6 +73,16 @@ class DeclaresFusedAttention(Protocol):
 
 
 @runtime_checkable
+class DeclaresFloat32Softmax(Protocol):
+    """True where the programs' unfused attention takes its softmax in float32 whatever the
+    compute dtype (jax's `dot_product_attention` as XLA runs it), so that the backward pass
+    keeps the float32 probabilities beside their compute-dtype copy: three times the bytes
+    of bf16 probabilities alone, which the memory estimate counts then. Without it: not."""
+
+    float32_softmax: ClassVar[bool]
+
+
+@runtime_checkable
 class DeclaresReductionBuffers(Protocol):
     """How many gradient-sized buffers (in the gradients' dtype) the data-parallel program's
     gradient reduction holds at a step's peak beyond the gradients themselves (DDP's buckets),
@@ -249,6 +259,11 @@ def variants_of(backend: object) -> dict[str, Variant]:
 def fused_attention_of(backend: object) -> bool:
     """Whether the backend's as-written attention is fused (`DeclaresFusedAttention`)."""
     return isinstance(backend, DeclaresFusedAttention) and backend.fused_attention is True
+
+
+def float32_softmax_of(backend: object) -> bool:
+    """Whether the backend's unfused attention softmaxes in float32 (`DeclaresFloat32Softmax`)."""
+    return isinstance(backend, DeclaresFloat32Softmax) and backend.float32_softmax is True
 
 
 def reduction_buffers_of(backend: object) -> int:

@@ -15,7 +15,9 @@ Activations are what the backward pass needs, per sample, in the compute dtype:
 - transformer, per block and token: the LayerNorm inputs (2 width), q, k and v with the
   attention's input and output and the projection's input (6 width), the MLP's input, its
   4-width hidden layer before and after GELU (9 width), and the attention probabilities
-  (heads x context; a fused attention kernel keeps none: `fused_attention`), after Korthikanti
+  (heads x context; a fused attention kernel keeps none: `fused_attention`; a softmax taken in
+  float32 under a narrower compute dtype keeps its float32 output beside the compute-dtype copy:
+  `float32_softmax`), after Korthikanti
   et al., "Reducing Activation Recomputation in Large Transformer Models" (2022), table 2,
   without dropout masks; then the final LayerNorm and the logits, with the float32 copy the
   loss takes and its gradient (the largest single tensor of a GPT-2 step);
@@ -93,7 +95,7 @@ class MemoryEstimate:
 
 def estimate(family: str, shape: Mapping[str, Any], params: int, per_device_batch: int, devices: int = 1,
              sharded: bool = False, precision: str = "fp32", fused_attention: bool = False,
-             recompute: bool = False, reduction_buffers: int = 0) -> MemoryEstimate:
+             recompute: bool = False, reduction_buffers: int = 0, float32_softmax: bool = False) -> MemoryEstimate:
     """Per device: a model of `family` with `shape` (a ModelSpec's `shape`) and `params`
     parameters, `per_device_batch` samples on each device, its state replicated or `sharded`
     over `devices`, its blocks' activations kept or, `recompute`, recomputed in the backward
@@ -110,10 +112,11 @@ def estimate(family: str, shape: Mapping[str, Any], params: int, per_device_batc
     if sharded and devices > 1:
         unit = largest_unit(family, shape, params)
         gathered = PREFETCHED_UNITS * unit * compute + unit * state
-    per_sample = activations_per_sample(family, shape, compute, fused_attention, recompute)
+    per_sample = activations_per_sample(family, shape, compute, fused_attention, recompute, float32_softmax)
     # Sharded programs gather their units in the compute dtype already (counted in `gathered`).
     cast = share * compute if compute < state and not (sharded and devices > 1) else 0
-    tail = recomputed_block(family, shape, compute, fused_attention) * per_device_batch if recompute else 0
+    tail = recomputed_block(family, shape, compute, fused_attention, float32_softmax) * per_device_batch \
+        if recompute else 0
     return MemoryEstimate(devices, sharded, parameters=share * state, gradients=share * state,
                           optimizer=2 * share * state, gathered=gathered,
                           activations=None if per_sample is None else per_sample * per_device_batch,
@@ -137,12 +140,13 @@ def largest_unit(family: str, shape: Mapping[str, Any], params: int) -> int:
 
 
 def activations_per_sample(family: str, shape: Mapping[str, Any], compute_bytes: int,
-                           fused_attention: bool = False, recompute: bool = False) -> int | None:
+                           fused_attention: bool = False, recompute: bool = False,
+                           float32_softmax: bool = False) -> int | None:
     """Bytes the backward pass keeps per sample (see the module's docstring), or None.
     `recompute` changes the transformer's blocks only (the other families have none)."""
     if family == "transformer":
         d, t, layers = shape["width"], shape["context"], shape["layers"]
-        per_block = recomputed_block(family, shape, compute_bytes, fused_attention)
+        per_block = recomputed_block(family, shape, compute_bytes, fused_attention, float32_softmax)
         head = t * (2 * d) * compute_bytes + t * shape["vocab"] * (compute_bytes + 2 * 4)  # logits, f32 copy, grad
         if recompute:  # every block's input kept, one block's activations rebuilt at a time
             return layers * t * d * compute_bytes + per_block + head
@@ -153,12 +157,15 @@ def activations_per_sample(family: str, shape: Mapping[str, Any], compute_bytes:
     return None
 
 
-def recomputed_block(family: str, shape: Mapping[str, Any], compute_bytes: int, fused_attention: bool) -> int:
+def recomputed_block(family: str, shape: Mapping[str, Any], compute_bytes: int, fused_attention: bool,
+                     float32_softmax: bool = False) -> int:
     """One transformer block's activations per sample (0 for the other families)."""
     if family != "transformer":
         return 0
-    scores = 0 if fused_attention else shape["heads"] * shape["context"]
-    return shape["context"] * (17 * shape["width"] + scores) * compute_bytes
+    t = shape["context"]
+    probability_bytes = compute_bytes + (4 if float32_softmax and compute_bytes < 4 else 0)
+    scores = 0 if fused_attention else shape["heads"] * t * probability_bytes
+    return t * (17 * shape["width"] * compute_bytes + scores)
 
 
 def per_device_table(family: str, shape: Mapping[str, Any], params: int, per_device_batch: int,

@@ -62,13 +62,14 @@ class MemoryCheck:
 
 def check(model: ModelSpec, global_batch: int, devices: int, precision: str, sharded: bool,
           capacity_bytes: int | None, recompute: bool = False, fused_attention: bool = False,
-          reduction_buffers: int = 0) -> MemoryCheck | None:
+          reduction_buffers: int = 0, float32_softmax: bool = False) -> MemoryCheck | None:
     """The check of one trial, or None where its memory cannot be estimated (a precision the
-    estimate does not know). `sharded`, `recompute`, `fused_attention`, `reduction_buffers`:
-    the trial's variant's and program's."""
+    estimate does not know). `sharded`, `recompute`, `fused_attention`, `reduction_buffers`,
+    `float32_softmax`: the trial's variant's and program's."""
     try:
         found = estimate(model.family, model.shape, model.params, global_batch // devices, devices, sharded, precision,
-                         recompute=recompute, fused_attention=fused_attention, reduction_buffers=reduction_buffers)
+                         recompute=recompute, fused_attention=fused_attention, reduction_buffers=reduction_buffers,
+                         float32_softmax=float32_softmax)
     except (ValueError, KeyError, TypeError):
         return None
     return MemoryCheck(found, capacity_bytes)

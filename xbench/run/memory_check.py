@@ -75,7 +75,8 @@ def memory_checks(trials: Sequence[Trial], lineups: Mapping[str, Lineup],
                        variant is not None and variant.sharded, capacity.get(trial.backend),
                        recompute=variant is not None and variant.recompute,
                        fused_attention=variant is not None and variant.fused_attention is True,
-                       reduction_buffers=variant.reduction_buffers if variant and trial.program == DATA_PARALLEL else 0)
+                       reduction_buffers=variant.reduction_buffers if variant and trial.program == DATA_PARALLEL else 0,
+                       float32_softmax=variant is not None and variant.float32_softmax)
         if result is not None:
             found[trial.config_id] = result
     return found

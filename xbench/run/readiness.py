@@ -16,6 +16,7 @@ from xbench.contract import (
     PLAIN,
     ValidatesOptions,
     Variant,
+    float32_softmax_of,
     fused_attention_of,
     launchers_of,
     programs_of,
@@ -140,12 +141,14 @@ def with_backend_memory(variants: tuple[Variant, ...], entry: BackendEntry) -> t
     """The variants with what the backend declares of its programs' memory: those that leave
     attention to the as-written program (`fused_attention` None) marked fused where the
     backend's as-written attention is (`fused_attention_of`; None stays where it is not, and
-    means not fused), and the unsharded ones given its reduction's buffers
-    (`reduction_buffers_of`)."""
+    means not fused), all given its softmax's dtype (`float32_softmax_of`), and the unsharded
+    ones its reduction's buffers (`reduction_buffers_of`)."""
     fused = fused_attention_of(entry.backend)
     buffers = reduction_buffers_of(entry.backend)
+    float32_softmax = float32_softmax_of(entry.backend)
     return tuple(replace(v, fused_attention=True if fused and v.fused_attention is None else v.fused_attention,
-                         reduction_buffers=0 if v.sharded else buffers) for v in variants)
+                         reduction_buffers=0 if v.sharded else buffers, float32_softmax=float32_softmax)
+                 for v in variants)
 
 
 def single_device_programs(spec: Spec, entry: BackendEntry) -> tuple[str, ...]:
