@@ -14,13 +14,14 @@
 #                the plain 1-GPU programs left out; its run dir stays on the machine's disk and
 #                the next call finishes it (`--resume`)
 #   big          the largest preset that does not fit one H200 replicated, gpt3-13b (2,048-token context),
-#                sharded over 2 GPUs with each block recomputed: xbench compare --backends torch jax
-#                --model gpt3-13b --global-batch 8 --devices 2 --variants torch:fsdp-remat jax:fsdp-remat
-#                --compile-cache run --no-verify (a first look; BIG_ARGS adds to it), resumable
+#                sharded over 2 GPUs with each block recomputed: xbench compare --backends B --model gpt3-13b
+#                --global-batch 8 --devices 2 --variants B:fsdp-remat --compile-cache run --no-verify for
+#                each B of BIG_BACKENDS (default torch jax), one run each (a first look; BIG_ARGS adds
+#                to them), resumable
 #
-# The loops steps time only the sharded programs where XBENCH_DEVICE_MEMORY_GIB is set below the
-# replicated program's estimate (e.g. 60 at gpt2-xl: 67.5 GiB replicated, 35.6 sharded): the
-# replicated rows are then held back before launching, which saves their minutes.
+# LOOPS_MEMORY_GIB=N: the loops steps time only the sharded programs, the replicated ones held
+# back before launching by xbench's memory check against N GiB (XBENCH_DEVICE_MEMORY_GIB for
+# those steps only; e.g. 60 at gpt2-xl: 100 GiB replicated, 33 sharded), which saves their minutes.
 #
 #   step         timeout      xbench's estimate (--platform gpu --dry-run)   ours
 #   install, env   ~40 s
@@ -52,16 +53,19 @@ cp "$keep/env.txt" "$out/run/"
 for framework in torch jax; do
   # LOOPS_TIMEOUT, LOOPS_ARGS: a shorter step, e.g. LOOPS_ARGS='--rounds 3 --xbench-args "--replicates 2 --repeats 3"'
   eval "loops_args=(${LOOPS_ARGS:-})"
-  wanted "loops-$framework" && once "loops-$framework" "${LOOPS_TIMEOUT:-500}" python3 benchmarks/fsdp_loops.py \
+  wanted "loops-$framework" && once "loops-$framework" "${LOOPS_TIMEOUT:-500}" \
+    env ${LOOPS_MEMORY_GIB:+XBENCH_DEVICE_MEMORY_GIB=$LOOPS_MEMORY_GIB} python3 benchmarks/fsdp_loops.py \
     --platform gpu --frameworks "$framework" --out "$keep/loops-$framework" "${loops_args[@]}"
 done
 wanted acceptance && run_or_resume acceptance --config configs/families.toml --backends jax torch --model gpt2-xl --global-batch 8 \
   --devices 1 2 --precision bf16 --variants jax:fsdp-cudnn torch:fsdp --single-device data-parallel --replicates 2 \
   --time-budget 0
 eval "big_args=(${BIG_ARGS:-})"
-wanted big && run_or_resume big --config configs/families.toml --backends torch jax --model gpt3-13b --global-batch 8 \
-  --devices 2 --precision bf16 --variants torch:fsdp-remat jax:fsdp-remat --replicates 2 --time-budget 0 \
-  --compile-cache run --no-verify "${big_args[@]}"
+for backend in ${BIG_BACKENDS:-torch jax}; do  # one run each, torch's first: what a cut call keeps is whole
+  wanted big && run_or_resume "big-$backend" --config configs/families.toml --backends "$backend" --model gpt3-13b \
+    --global-batch 8 --devices 2 --precision bf16 --variants "$backend:fsdp-remat" --replicates 2 --time-budget 0 \
+    --compile-cache run --no-verify "${big_args[@]}"
+done
 for f in "$keep"/loops-*.txt; do [ -f "$f" ] && { echo "== $f"; grep -E "^(minimal|xbench|ratio|wall)" "$f"; }; done
 for f in "$out/run"/*.err; do echo "== $f"; grep -v "^\[" "$f" | tail -4; done
 [ "$pending" = 0 ] && echo "all done" || echo "send it again: steps left"
