@@ -45,9 +45,9 @@ from xbench.results.records import (
     RunInfo,
     StoredDeviceInfo,
     VerificationOutcome,
-    finished_trials,
     read_records,
     read_run,
+    recorded_trials,
     write_atomic,
 )
 from xbench.results.summary import Row, fastest_rows, full_rows, rows_from_records
@@ -125,12 +125,13 @@ def build_report(records: Sequence[Record], run: RunInfo | None,
 
 def incomplete_section(run: RunInfo | None, run_dir: Path | None) -> list[Block]:
     """A run that did not finish says so first: how many of its planned trial replicates
-    (run.json's "planned" ids) have a final record, which have none, by backend and devices,
-    and the command that runs them."""
+    (run.json's "planned" ids) have a record, which have none, by backend and devices, and the
+    command that runs them. A row held back (does not fit, verification failed) or failed has
+    its record, and its reason in the tables: the run decided it."""
     planned = run.get("planned") if run is not None else None
     if run_dir is None or not isinstance(planned, list) or not planned:
         return []
-    done = finished_trials(run_dir)
+    done = recorded_trials(run_dir)
     missing = [str(trial_id) for trial_id in planned if trial_id not in done]
     if not missing:
         return []
@@ -146,8 +147,8 @@ def incomplete_section(run: RunInfo | None, run_dir: Path | None) -> list[Block]
     command = words[1] if len(words) > 1 and words[1] in ("compare", "sweep") else "compare"
     return [Heading("Incomplete run"), Paragraph(
         f"**This run is incomplete:** {len(planned) - len(missing)} of its {len(planned)} planned trial replicates "
-        f"ran; {len(missing)} did not (never started, or failed): {which}. The tables and the bottom line below "
-        f"cover only what ran. `xbench {command} --resume {run_dir}` runs the rest.")]
+        f"ran; {len(missing)} did not (never started, or stopped before they ended): {which}. The tables and the "
+        f"bottom line below cover only what ran. `xbench {command} --resume {run_dir}` runs the rest.")]
 
 
 def bottom_line_section(rows: Sequence[Row], controls: Sequence[Mapping[str, Any]] = ()) -> list[Block]:

@@ -206,6 +206,13 @@ def finished_trials(run_dir: Path) -> set[str]:
     return {r["trial_id"] for r in latest_per_trial(list(iter_records(path))) if r["status"] not in RETRIED_STATUSES}
 
 
+def recorded_trials(run_dir: Path) -> set[str]:
+    """Trial ids with any record: run to an end, whether a resumed run would retry them
+    (failed, skipped) or not; those without one never ran, or were stopped before they ended."""
+    path = Path(run_dir) / RECORDS_FILE
+    return {r["trial_id"] for r in iter_records(path)} if path.exists() else set()
+
+
 def last_line_torn(path: Path) -> int | None:
     """The number of the file's last line when a crash cut it off mid-write (no newline, not
     JSON): an interrupted append, which readers leave out and a resumed run reruns."""
