@@ -1,6 +1,6 @@
 import numpy as np
 
-from xbench.contract.work import build_work, hash_arrays
+from xbench.contract.work import build_work, hash_arrays, init_weights
 from xbench.models.model_spec import PRESETS, ModelSpec
 
 
@@ -65,3 +65,26 @@ def test_a_large_normal_array_is_drawn_in_chunks_the_same_whatever_the_threads(m
     assert abs(float(many.std()) - 0.02) < 0.002 and len(np.unique(many)) == many.size
     first = np.random.default_rng(7).spawn(5)[0].standard_normal(1000, dtype=np.float32) * np.float32(0.02)
     assert np.array_equal(many.reshape(-1)[:1000], first)  # chunk 0 is the first spawned stream's
+
+
+def test_a_large_array_is_hashed_by_its_blocks_the_same_whatever_the_threads(monkeypatch):
+    import hashlib
+
+    import xbench.contract.work as work
+
+    small = np.arange(64, dtype=np.float32)
+    plain = hashlib.sha256(b"<f4(64,)" + small.tobytes()).hexdigest()[:16]
+    monkeypatch.setattr(work, "HASH_BLOCK", 1024)
+    assert hash_arrays([small]) == plain  # under the block size: the bytes themselves, as before
+    large = np.arange(1000, dtype=np.float32).reshape(10, 100)
+    many = hash_arrays([large])
+    monkeypatch.setattr(work.os, "cpu_count", lambda: 1)
+    assert hash_arrays([large]) == many and hash_arrays([np.asfortranarray(large)]) == many
+    changed = large.copy()
+    changed[9, 99] = -1.0  # in the last, short block
+    assert hash_arrays([changed]) != many and hash_arrays([large.reshape(100, 10)]) != many
+
+
+def test_initial_weights_hold_no_negative_zero_and_stay_writable():
+    arrays = init_weights(preset("medium"), 0)
+    assert all(a.flags.writeable and not np.signbit(a[a == 0]).any() for a in arrays)
