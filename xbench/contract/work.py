@@ -138,7 +138,7 @@ def hash_arrays(arrays: Iterable[np.ndarray]) -> str:
     for array in arrays:
         array = np.ascontiguousarray(array)
         digest.update(f"{array.dtype.str}{array.shape}".encode())
-        data = memoryview(array.reshape(-1).view(np.uint8))  # no copy, as tobytes() made
+        data = array.reshape(-1).view(np.uint8).data  # no copy, as tobytes() made
         digest.update(data if len(data) <= HASH_BLOCK else b"".join(_block_digests(data)))
     return digest.hexdigest()[:16]
 
