@@ -41,7 +41,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -343,6 +343,9 @@ class TorchDdpBackend:
         if fsdp:  # sharded before the optimizer is built, so that Adam holds the shards
             canonical = fsdp_module().shard(model, built.canonical, device, process.world_size, compute_dtype,
                                             tuning.compile_units)
+            # The family's reader holds the whole unsharded parameters: dropped, they are freed
+            # now, not when prepare returns (gpt3-13b: 51 GB a GPU beside the shards).
+            built = replace(built, canonical=canonical)
         # FSDP2's mixed-precision policy casts the parameters itself: no autocast under it.
         step_loss = TrainingLoss(model, built.loss, None if fsdp else compute_dtype)
         # Forward and loss are compiled as one region, as experts compile them: for the
@@ -381,10 +384,10 @@ class TorchDdpBackend:
         xs_d = built.place_inputs(_placed(xs[process.rank], device, param_dtype))
         ys_d = built.place_targets(_placed(ys[process.rank], device, param_dtype))
 
-        readback = _numpy(canonical(False))
         info = PreparedInfo(
             params=sum(p.numel() for p in built.trainable),
-            weights_hash=hash_weights(readback),
+            # one parameter on the device and the host at a time (a sharded one gathered whole)
+            weights_hash=hash_weights(t.cpu().numpy() for t in canonical(False, lazily=True)),
             precision={
                 "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
                 "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),

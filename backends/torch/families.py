@@ -32,7 +32,7 @@ class Built:
     """A family's model on the device and how the step program talks to it."""
 
     model: Any  # the nn.Module, in train mode
-    canonical: Callable[[bool], list[Any]]  # views of the weights (False) or gradients (True), canonical layout
+    canonical: Callable[..., Any]  # views of the weights (False) or gradients (True), canonical layout
     # The mean loss of this rank's batch (float32, float64 in fp64): loss(output, targets).
     loss: Callable[[Any, Any], Any]
     place_inputs: Callable[[Any], Any] = _same  # the inputs on the device -> the model's layout and dtype
@@ -124,13 +124,14 @@ def load(model, work, slots: Sequence[Slot], device, extra: Mapping[str, Any] | 
     model.train()
 
 
-def canonical_reader(model, slots: Sequence[Slot]) -> Callable[[bool], list[Any]]:
-    """`canonical(grad)`: the slots' parameters (or gradients) in canonical order and layout,
-    as views on the device."""
+def canonical_reader(model, slots: Sequence[Slot]) -> Callable[..., Any]:
+    """`canonical(grad, lazily=False)`: the slots' parameters (or gradients) in canonical order
+    and layout, as views on the device; `lazily`, an iterator that makes each as it is read."""
     params = [model.get_parameter(slot.name) for slot in slots]
 
-    def canonical(grad: bool = False) -> list[Any]:
-        return [slot.to_canonical((p.grad if grad else p).detach()) for slot, p in zip(slots, params)]
+    def canonical(grad: bool = False, lazily: bool = False) -> Any:
+        found = (slot.to_canonical((p.grad if grad else p).detach()) for slot, p in zip(slots, params))
+        return found if lazily else list(found)
 
     return canonical
 

@@ -48,8 +48,8 @@ def refusal(trial: Trial, work: Work, world: int) -> str | None:
     return sharding.refusal([tuple(p.shape) for p in work.parameters], world)
 
 
-def shard(model, canonical: Callable[[bool], list[Any]], device, world: int, compute_dtype=None,
-          compile_mode: str | None = None) -> Callable[[bool], list[Any]]:
+def shard(model, canonical: Callable[..., Any], device, world: int, compute_dtype=None,
+          compile_mode: str | None = None) -> Callable[..., Any]:
     """`fully_shard` each unit of `model` and then its root, in place, over all `world`
     ranks, each unit first compiled in place with `compile_mode` where one is given
     (`fsdp-compile`: torchtitan's order, so that FSDP2's hooks stay outside the compiled
@@ -134,15 +134,18 @@ def _canonical_places(model, views: list[Any]) -> list[tuple[str, bool]]:
     return places
 
 
-def _gathered_reader(model, places: list[tuple[str, bool]]) -> Callable[[bool], list[Any]]:
+def _gathered_reader(model, places: list[tuple[str, bool]]) -> Callable[..., Any]:
     params = [(model.get_parameter(name), transposed) for name, transposed in places]
 
-    def canonical(grad: bool = False) -> list[Any]:
-        found = []
-        for param, transposed in params:
-            tensor = (param.grad if grad else param).detach()
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            found.append(full.T if transposed else full)
-        return found
+    def gathered(param, transposed: bool, grad: bool) -> Any:
+        tensor = (param.grad if grad else param).detach()
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        return full.T if transposed else full
+
+    def canonical(grad: bool = False, lazily: bool = False) -> Any:
+        """Every parameter (or gradient) gathered whole; `lazily`, each as it is read, so that
+        the device holds one at a time (every rank must read all of them: a gather is collective)."""
+        found = (gathered(param, transposed, grad) for param, transposed in params)
+        return found if lazily else list(found)
 
     return canonical

@@ -20,7 +20,7 @@ def build(work: Work, device, compute_dtype=None, param_dtype=None) -> Built:
     families existed; inputs and targets as the core draws them (float32; the step program
     makes them `param_dtype` where that is float64)."""
     model, linears = build_model(work, device, param_dtype)
-    return Built(model=model, canonical=lambda grad=False: layer_tensors(linears, grad), loss=loss)
+    return Built(model=model, canonical=lambda grad=False, lazily=False: layer_tensors(linears, grad), loss=loss)
 
 
 def build_model(work: Work, device, param_dtype=None):
