@@ -37,6 +37,7 @@ import csv
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,7 @@ CPU_DEFAULTS = {"model": "transformer-tiny", "global_batch": 8}
 ROUNDS, WINDOW_S, WARMUP = 5, 2.0, 3
 QUICK_ROUNDS, QUICK_WINDOW_S, QUICK_WARMUP = 3, 0.1, 1
 XBENCH_ARGS = "--replicates 2 --time-budget 0"
+COMPARE_STOP_S = 60  # for an interrupted xbench compare to record what it finished and exit
 QUICK_XBENCH_ARGS = "--replicates 2 --time-budget 0 --repeats 2 --min-window 0"
 
 
@@ -93,7 +95,12 @@ def run_xbench(args, run_dir: Path) -> tuple[list[dict[str, str]], str]:
         try:
             compare.wait()
         except KeyboardInterrupt:  # the step's timeout: the run stops cleanly, what it measured is read back
-            compare.wait()
+            compare.send_signal(signal.SIGINT)  # it has it already where the signal went to the group
+            try:
+                compare.wait(timeout=COMPARE_STOP_S)
+            except subprocess.TimeoutExpired:
+                compare.kill()
+                compare.wait()
     exported = subprocess.run([sys.executable, "-m", "xbench", "export", str(run_dir), "--csv"],
                               capture_output=True, text=True)
     table = run_dir / "configurations.csv"
@@ -163,7 +170,8 @@ def parent(args) -> int:
         record, why = run_minimal(framework, payload, started)
         if record is not None:
             minimal[framework] = record
-            print(program_line(record), flush=True)  # kept should the step be cut before the report
+            # kept should the step be cut before the report (which prints it again, unprefixed)
+            print(f"[{time.monotonic() - started:4.0f} s] {program_line(record)}", flush=True)
         if why:
             failures.append(f"minimal {framework}: {why}")
     rows: list[dict] = []

@@ -14,10 +14,11 @@
 #                the plain 1-GPU programs left out; its run dir stays on the machine's disk and
 #                the next call finishes it (`--resume`)
 #   big          the largest preset that does not fit one H200 replicated, gpt3-13b (2,048-token context),
-#                sharded over 2 GPUs with each block recomputed: xbench compare --backends B --model gpt3-13b
-#                --global-batch 8 --devices 2 --variants B:fsdp-remat --compile-cache run --no-verify for
-#                each B of BIG_BACKENDS (default torch jax), one run each (a first look; BIG_ARGS adds
-#                to them), resumable
+#                sharded over 2 GPUs with each block recomputed: xbench compare --config configs/families.toml
+#                --backends B --model gpt3-13b --global-batch 8 --devices 2 --precision bf16 --variants
+#                B:fsdp-remat --replicates 2 --time-budget 0 --compile-cache run --no-verify for each B of
+#                BIG_BACKENDS (default torch jax), one run each (a first look; BIG_ARGS adds to them),
+#                resumable
 #
 # LOOPS_MEMORY_GIB=N: the loops steps time only the sharded programs, the replicated ones held
 # back before launching by xbench's memory check against N GiB (XBENCH_DEVICE_MEMORY_GIB for
@@ -29,11 +30,17 @@
 #                                                                            (1.56 B weights built in each rank,
 #                                                                            one block compiled), 4 xbench
 #                                                                            replicates ~40-70 s each
-#   loops-jax      500 s      compare ~8 min (4 replicates)                  ~4-6 min (jax compiles gpt2-xl in
-#                                                                            each of its 4 replicates)
+#   loops-jax      500 s      compare ~8 min (4 replicates)                  measured: 309 s with
+#                                                                            LOOPS_MEMORY_GIB=60 and --compile-cache
+#                                                                            run (2 sharded replicates); 500+ s
+#                                                                            with the replicated rows
 #   acceptance     what the   32 min: verify ~3 min, 16 replicates ~29 min   ~15-20 min
 #                  call has
 #                  left
+#   big            what is    32 min a backend (~16 min a configuration)     measured: 8 min 21 s a torch
+#                  left                                                      replicate, 45 s of it timed
+#                                                                            (weights drawn on threads, hashed
+#                                                                            on one, held twice in prepare)
 # xbench's estimate assumes 40 % of 100 TFLOP/s per GPU (2.1 s a step at batch 16); an H100 at
 # 30-40 % MFU runs a step in ~0.25 s, so the first calls (compilation, building 1.56 B weights)
 # dominate and are the unknown. Expect 4-6 calls in all; a step that runs past its timeout is

@@ -29,7 +29,8 @@ def test_a_partly_recorded_run_reports_itself_incomplete_at_the_top(tmp_path, fa
     report = (out / "report.md").read_text()
     top = report[:report.index("## Bottom line")] if "## Bottom line" in report else report
     assert "## Incomplete run" in top
-    assert "2 of its 4 planned trial replicates ran; 2 did not (never started, or stopped before they ended)" in top
+    assert ("2 of its 4 planned trial replicates have a result; 2 have none (never started, or stopped before "
+            "they ended)") in top
     assert "numpy (1 device: 2)" in top
     assert f"`xbench compare --resume {out}` runs the rest" in top
 

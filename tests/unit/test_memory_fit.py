@@ -104,13 +104,13 @@ def test_a_backends_reduction_buffers_are_checked_for_its_replicated_data_parall
         reduction_buffers = 2
         float32_softmax = True
         programs = ("data-parallel", PLAIN)
-        variants = (Variant("compile", "compiled"), Variant("fsdp", "sharded", sharded=True))
+        variants = (Variant("compile", "compiled"), Variant("fsdp", "sharded", sharded=True),
+                    Variant("own", "says for itself", reduction_buffers=1, float32_softmax=False))
 
     entries = [BackendEntry("jax", "j:J", Bucketed(), Availability(installed=True))]
-    lineups = choose_lineups(Spec(models=(GPT2,), variants=("jax:compile", "jax:fsdp")), entries)
-    assert {v.name: v.reduction_buffers for v in lineups["jax"].variants} == {"as-written": 2, "compile": 2,
-                                                                               "fsdp": 0}
-    assert all(v.float32_softmax for v in lineups["jax"].variants)
+    lineups = choose_lineups(Spec(models=(GPT2,), variants=("jax:compile", "jax:fsdp", "jax:own")), entries)
+    assert {v.name: (v.reduction_buffers, v.float32_softmax) for v in lineups["jax"].variants} == {
+        "as-written": (2, True), "compile": (2, True), "fsdp": (0, True), "own": (1, False)}
     ddp, plain = _trial(GPT2, 8, "as-written"), replace(_trial(GPT2, 8, "as-written"), program=PLAIN)
     found = memory_checks([ddp, plain], lineups, {"jax": {}}, {})
     with_buffers, without = found[ddp.config_id].estimate, found[plain.config_id].estimate

@@ -59,7 +59,7 @@ def test_a_large_normal_array_is_drawn_in_chunks_the_same_whatever_the_threads(m
     assert np.array_equal(small, (np.random.default_rng(7).standard_normal((10, 100), dtype=np.float32)
                                   * np.float32(0.02)))
     many = models.normal(np.random.default_rng(7), 0.02, (50, 99))
-    monkeypatch.setattr(models.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(models, "threads", lambda: 1)
     one = models.normal(np.random.default_rng(7), 0.02, (50, 99))
     assert many.dtype == np.float32 and many.shape == (50, 99) and np.array_equal(many, one)
     assert abs(float(many.std()) - 0.02) < 0.002 and len(np.unique(many)) == many.size
@@ -71,6 +71,7 @@ def test_a_large_array_is_hashed_by_its_blocks_the_same_whatever_the_threads(mon
     import hashlib
 
     import xbench.contract.work as work
+    import xbench.models as models
 
     small = np.arange(64, dtype=np.float32)
     plain = hashlib.sha256(b"<f4(64,)" + small.tobytes()).hexdigest()[:16]
@@ -78,13 +79,21 @@ def test_a_large_array_is_hashed_by_its_blocks_the_same_whatever_the_threads(mon
     assert hash_arrays([small]) == plain  # under the block size: the bytes themselves, as before
     large = np.arange(1000, dtype=np.float32).reshape(10, 100)
     many = hash_arrays([large])
-    monkeypatch.setattr(work.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(models, "threads", lambda: 1)
     assert hash_arrays([large]) == many and hash_arrays([np.asfortranarray(large)]) == many
     changed = large.copy()
     changed[9, 99] = -1.0  # in the last, short block
     assert hash_arrays([changed]) != many and hash_arrays([large.reshape(100, 10)]) != many
 
 
-def test_initial_weights_hold_no_negative_zero_and_stay_writable():
-    arrays = init_weights(preset("medium"), 0)
-    assert all(a.flags.writeable and not np.signbit(a[a == 0]).any() for a in arrays)
+def test_negative_zeros_become_positive_in_place_where_writable_else_in_a_copy():
+    from xbench.contract.work import _positive_zeros
+
+    writable = np.array([-0.0, 1.0, -2.0], dtype=np.float32)
+    fixed = _positive_zeros(writable)
+    assert np.shares_memory(fixed, writable) and not np.signbit(fixed[:2]).any() and fixed[2] == -2.0
+    frozen = np.array([-0.0, 1.0], dtype=np.float32)
+    frozen.flags.writeable = False
+    copy = _positive_zeros(frozen)
+    assert not np.shares_memory(copy, frozen) and not np.signbit(copy).any() and np.signbit(frozen[0])
+    assert all(a.flags.writeable for a in init_weights(preset("medium"), 0))

@@ -75,7 +75,7 @@ class DeclaresFusedAttention(Protocol):
 @runtime_checkable
 class DeclaresFloat32Softmax(Protocol):
     """True where the programs' unfused attention takes its softmax in float32 whatever the
-    compute dtype (jax's `dot_product_attention` as XLA runs it), so that the backward pass
+    compute dtype (as one backend's library attention does under its compiler), so that the backward pass
     keeps the float32 probabilities beside their compute-dtype copy: three times the bytes
     of bf16 probabilities alone, which the memory estimate counts then. Without it: not."""
 
@@ -85,7 +85,7 @@ class DeclaresFloat32Softmax(Protocol):
 @runtime_checkable
 class DeclaresReductionBuffers(Protocol):
     """How many gradient-sized buffers (in the gradients' dtype) the data-parallel program's
-    gradient reduction holds at a step's peak beyond the gradients themselves (DDP's buckets),
+    gradient reduction holds at a step's peak beyond the gradients themselves (a bucketed reduction's),
     which the memory estimate adds to its replicated rows (`xbench.models.memory`). Without
     it: none."""
 

@@ -52,13 +52,13 @@ class Variant:
     # as-written program (`DeclaresFusedAttention`)
     fused_attention: bool | None = None
     # gradient-sized buffers its data-parallel reduction holds at a step's peak besides the
-    # gradients (the memory estimate's); the run sets it from the backend's `reduction_buffers`
-    # (`DeclaresReductionBuffers`) for the variants that are not sharded
-    reduction_buffers: int = 0
-    # its attention's softmax in float32 under a narrower compute dtype, the backward pass
-    # keeping that output and its compute-dtype copy (the memory estimate's); the run sets it
-    # from the backend's `float32_softmax` (`DeclaresFloat32Softmax`)
-    float32_softmax: bool = False
+    # gradients (the memory estimate's); None: the backend's `reduction_buffers`
+    # (`DeclaresReductionBuffers`), which a sharded variant does not take
+    reduction_buffers: int | None = None
+    # its unfused attention's softmax in float32 under a narrower compute dtype, the backward
+    # pass keeping that output and its compute-dtype copy (the memory estimate's); None: the
+    # backend's `float32_softmax` (`DeclaresFloat32Softmax`)
+    float32_softmax: bool | None = None
     # The as-written program's arithmetic: the same operations on the same values, so that
     # only the rounding of the kernels that run them may differ (a compiler, CUDA graphs, steps
     # fused into one call, recomputation, sharding); not another implementation of the model

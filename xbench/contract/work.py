@@ -8,14 +8,12 @@ load these and prove it by hashing the weights they read back (`hash_arrays`).
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from xbench.models import Param
+from xbench.models import Param, map_on_threads
 from xbench.models.model_spec import ModelSpec
 
 # Distinct streams so that changing the data size never changes the weights.
@@ -146,5 +144,4 @@ def hash_arrays(arrays: Iterable[np.ndarray]) -> str:
 def _block_digests(data: memoryview) -> list[bytes]:
     """sha256 of each `HASH_BLOCK` bytes of `data`, in order."""
     blocks = [data[start:start + HASH_BLOCK] for start in range(0, len(data), HASH_BLOCK)]
-    with ThreadPoolExecutor(max_workers=min(len(blocks), os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda block: hashlib.sha256(block).digest(), blocks))
+    return map_on_threads(lambda block: hashlib.sha256(block).digest(), blocks)

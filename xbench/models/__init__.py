@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -106,8 +106,25 @@ def glorot_uniform(rng: np.random.Generator, fan_in: int, fan_out: int, shape: t
 # An array of at least two such chunks is drawn in chunks, each from a stream of its own spawned
 # from the generator, on threads side by side (numpy draws without the GIL): gpt3-13b's 12.9 B
 # values took minutes from one stream. The chunks, not the threads, decide the values, so they
-# are the same on every machine; smaller arrays come from the generator itself, as before.
+# are the same on every machine. Smaller arrays come from the generator itself; as a large one
+# no longer advances it, those after a large one differ from what one stream gave (weights
+# hashes of transformers changed with this).
 DRAW_CHUNK = 1 << 22
+
+
+def threads() -> int:
+    """The cores this process may run on: its affinity (a container's or a rank's share), not
+    the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
+def map_on_threads(function: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    """`function` of each item, in order, on up to `threads()` threads side by side."""
+    with ThreadPoolExecutor(max_workers=max(1, min(len(items), threads()))) as pool:
+        return list(pool.map(function, items))
 
 
 def normal(rng: np.random.Generator, std: float, shape: tuple[int, ...]) -> np.ndarray:
@@ -122,8 +139,7 @@ def normal(rng: np.random.Generator, std: float, shape: tuple[int, ...]) -> np.n
         streams[index].standard_normal(out=chunk, dtype=np.float32)
         chunk *= np.float32(std)
 
-    with ThreadPoolExecutor(max_workers=min(len(streams), os.cpu_count() or 1)) as pool:
-        list(pool.map(fill, range(len(streams))))
+    map_on_threads(fill, range(len(streams)))
     return out.reshape(shape)
 
 

@@ -37,7 +37,7 @@ H200 (gpt2-xl, bf16, 8 sequences of 1,024): torch 46.4 GiB eager, 42.9 compiled,
 each block recomputed; this model says 44.1 and 25.8 GiB (a sum of everything said 65.8 and
 29.1).
 
-A replicated data-parallel program whose reduction keeps buffers of its own (DDP's buckets:
+A replicated data-parallel program whose reduction keeps buffers of its own (a bucketed one's:
 `reduction_buffers` gradient-sized copies) holds them throughout the step, on top of all this.
 
 It is an estimate: allocator fragmentation, workspace of kernels and the framework's own

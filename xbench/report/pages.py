@@ -147,8 +147,8 @@ def incomplete_section(run: RunInfo | None, run_dir: Path | None) -> list[Block]
     command = words[1] if len(words) > 1 and words[1] in ("compare", "sweep") else "compare"
     return [Heading("Incomplete run"), Paragraph(
         f"**This run is incomplete:** {len(planned) - len(missing)} of its {len(planned)} planned trial replicates "
-        f"ran; {len(missing)} did not (never started, or stopped before they ended): {which}. The tables and the "
-        f"bottom line below cover only what ran. `xbench {command} --resume {run_dir}` runs the rest.")]
+        f"have a result; {len(missing)} have none (never started, or stopped before they ended): {which}. The "
+        f"tables and the bottom line below cover only what ran. `xbench {command} --resume {run_dir}` runs the rest.")]
 
 
 def bottom_line_section(rows: Sequence[Row], controls: Sequence[Mapping[str, Any]] = ()) -> list[Block]:

@@ -280,11 +280,12 @@ class Gang:
             ended = status in ("timeout", "crashed") or self.stopped or (collective and status != "ok")
             if ctx.arrays_dir is None:
                 fitted = fit_or_not(record)
-                if done and fitted is not record:
+                if done and fitted is not record and not ctx.launch.multi_node:
                     # Out of memory after other trials in this process: what they left in its
-                    # allocator's pool (XLA's keeps freed memory, in pieces) is no measure of
+                    # allocator's pool (kept after it is freed, in pieces) is no measure of
                     # whether this one fits. Unrecorded: the group goes on in a fresh process
-                    # with it first, where an out-of-memory error is the trial's own.
+                    # with it first, where an out-of-memory error is the trial's own. Not across
+                    # nodes: the other node's ranks record the trial and go on to the next.
                     append_log(self.log_path, f"=== {trial.id}: out of memory after {len(done)} trial(s) in this "
                                               "process; run again in a fresh one\n".encode())
                     break

@@ -71,12 +71,13 @@ def memory_checks(trials: Sequence[Trial], lineups: Mapping[str, Lineup],
     found = {}
     for trial in trials:
         variant = variants.get((trial.backend, trial.variant))
+        buffers = (variant.reduction_buffers or 0) if variant is not None and trial.program == DATA_PARALLEL else 0
         result = check(trial.model, trial.global_batch, trial.devices, trial.precision,
                        variant is not None and variant.sharded, capacity.get(trial.backend),
                        recompute=variant is not None and variant.recompute,
                        fused_attention=variant is not None and variant.fused_attention is True,
-                       reduction_buffers=variant.reduction_buffers if variant and trial.program == DATA_PARALLEL else 0,
-                       float32_softmax=variant is not None and variant.float32_softmax)
+                       reduction_buffers=buffers,
+                       float32_softmax=variant is not None and variant.float32_softmax is True)
         if result is not None:
             found[trial.config_id] = result
     return found

@@ -138,17 +138,21 @@ def _check_programs(backend: str, named: Sequence[Variant], lineup: Lineup, devi
 
 
 def with_backend_memory(variants: tuple[Variant, ...], entry: BackendEntry) -> tuple[Variant, ...]:
-    """The variants with what the backend declares of its programs' memory: those that leave
-    attention to the as-written program (`fused_attention` None) marked fused where the
-    backend's as-written attention is (`fused_attention_of`; None stays where it is not, and
-    means not fused), all given its softmax's dtype (`float32_softmax_of`), and the unsharded
-    ones its reduction's buffers (`reduction_buffers_of`)."""
+    """The variants with what the backend declares of its programs' memory where they leave it
+    to the backend (None): fused attention where its as-written attention is
+    (`fused_attention_of`; None stays where it is not, and means not fused), its softmax's dtype
+    (`float32_softmax_of`), and, unsharded, its reduction's buffers (`reduction_buffers_of`)."""
     fused = fused_attention_of(entry.backend)
     buffers = reduction_buffers_of(entry.backend)
     float32_softmax = float32_softmax_of(entry.backend)
-    return tuple(replace(v, fused_attention=True if fused and v.fused_attention is None else v.fused_attention,
-                         reduction_buffers=0 if v.sharded else buffers, float32_softmax=float32_softmax)
-                 for v in variants)
+
+    def given(v: Variant) -> Variant:
+        return replace(v, fused_attention=True if fused and v.fused_attention is None else v.fused_attention,
+                       reduction_buffers=(0 if v.sharded else buffers) if v.reduction_buffers is None
+                       else v.reduction_buffers,
+                       float32_softmax=float32_softmax if v.float32_softmax is None else v.float32_softmax)
+
+    return tuple(given(v) for v in variants)
 
 
 def single_device_programs(spec: Spec, entry: BackendEntry) -> tuple[str, ...]:
