@@ -140,17 +140,18 @@ def _check_programs(backend: str, named: Sequence[Variant], lineup: Lineup, devi
 def with_backend_memory(variants: tuple[Variant, ...], entry: BackendEntry) -> tuple[Variant, ...]:
     """The variants with what the backend declares of its programs' memory where they leave it
     to the backend (None): fused attention where its as-written attention is
-    (`fused_attention_of`; None stays where it is not, and means not fused), its softmax's dtype
-    (`float32_softmax_of`), and, unsharded, its reduction's buffers (`reduction_buffers_of`)."""
+    (`fused_attention_of`), a float32 softmax where its is (`float32_softmax_of`), and,
+    unsharded, its reduction's buffers (`reduction_buffers_of`). None stays where the backend
+    declares nothing, and means none."""
     fused = fused_attention_of(entry.backend)
     buffers = reduction_buffers_of(entry.backend)
     float32_softmax = float32_softmax_of(entry.backend)
 
     def given(v: Variant) -> Variant:
         return replace(v, fused_attention=True if fused and v.fused_attention is None else v.fused_attention,
-                       reduction_buffers=(0 if v.sharded else buffers) if v.reduction_buffers is None
+                       reduction_buffers=buffers if buffers and not v.sharded and v.reduction_buffers is None
                        else v.reduction_buffers,
-                       float32_softmax=float32_softmax if v.float32_softmax is None else v.float32_softmax)
+                       float32_softmax=True if float32_softmax and v.float32_softmax is None else v.float32_softmax)
 
     return tuple(given(v) for v in variants)
 
