@@ -320,7 +320,6 @@ def test_sweep_then_recommend_and_validate(run_cli, fake_backends, tmp_path):
     out = tmp_path / "sweep"
     code, stdout, err = run_cli("sweep", "--backends", "numpy", "--params", "3e3", "1e4", "3e4",
                                 "--batch-sizes", "8", "32", "128", "--replicates", "2", "--window-budget", "0.5",
-                                "--time-budget", "0",  # no adaptive rounds: their number follows the machine
                                 "--no-verify", "--out", str(out))
     assert code == 0, err
     assert "plan:" in err and "estimated" in err and "roughly" not in err  # one up-front estimate, the plan's
