@@ -21,13 +21,13 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from xbench.contract.work import hash_arrays, init_weights  # noqa: E402
-from xbench.models import threads as threads_here  # noqa: E402
+from xbench.models import usable_cores  # noqa: E402
 from xbench.models.model_spec import preset_model  # noqa: E402
 
 
 def timed(model, threads: int | None) -> tuple[float, float, str]:
     """Seconds to draw and to hash `model`'s weights (threads None: all cores), and the hash."""
-    with mock.patch("xbench.models.threads", (lambda: threads) if threads else threads_here):
+    with mock.patch("xbench.models.usable_cores", (lambda: threads) if threads else usable_cores):
         started = time.perf_counter()
         arrays = init_weights(model, 0)
         drawn = time.perf_counter()
@@ -42,7 +42,7 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["gpt2-xl"])
     parser.add_argument("--all-threads-only", action="store_true", help="skip the one-thread run (minutes at 13 B)")
     args = parser.parse_args()
-    print(f"{threads_here()} cores for this process")
+    print(f"{usable_cores()} cores for this process")
     timed(preset_model("gpt2-small"), None)  # warm-up: the first draw of a process is the slowest
     ok = True
     for name in args.models:

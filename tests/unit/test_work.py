@@ -59,7 +59,7 @@ def test_a_large_normal_array_is_drawn_in_chunks_the_same_whatever_the_threads(m
     assert np.array_equal(small, (np.random.default_rng(7).standard_normal((10, 100), dtype=np.float32)
                                   * np.float32(0.02)))
     many = models.normal(np.random.default_rng(7), 0.02, (50, 99))
-    monkeypatch.setattr(models, "threads", lambda: 1)
+    monkeypatch.setattr(models, "usable_cores", lambda: 1)
     one = models.normal(np.random.default_rng(7), 0.02, (50, 99))
     assert many.dtype == np.float32 and many.shape == (50, 99) and np.array_equal(many, one)
     assert abs(float(many.std()) - 0.02) < 0.002 and len(np.unique(many)) == many.size
@@ -79,7 +79,7 @@ def test_a_large_array_is_hashed_by_its_blocks_the_same_whatever_the_threads(mon
     assert hash_arrays([small]) == plain  # under the block size: the bytes themselves, as before
     large = np.arange(1000, dtype=np.float32).reshape(10, 100)
     many = hash_arrays([large])
-    monkeypatch.setattr(models, "threads", lambda: 1)
+    monkeypatch.setattr(models, "usable_cores", lambda: 1)
     assert hash_arrays([large]) == many and hash_arrays([np.asfortranarray(large)]) == many
     changed = large.copy()
     changed[9, 99] = -1.0  # in the last, short block

@@ -112,18 +112,16 @@ def glorot_uniform(rng: np.random.Generator, fan_in: int, fan_out: int, shape: t
 DRAW_CHUNK = 1 << 22
 
 
-def threads() -> int:
-    """The cores this process may run on: its affinity (a container's or a rank's share), not
-    the machine's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity on this platform
-        return os.cpu_count() or 1
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the system has one: a container's
+    or a rank's share), not the machine's count."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
 def map_on_threads(function: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-    """`function` of each item, in order, on up to `threads()` threads side by side."""
-    with ThreadPoolExecutor(max_workers=max(1, min(len(items), threads()))) as pool:
+    """`function` of each item, in order, on up to `usable_cores()` threads side by side."""
+    with ThreadPoolExecutor(max_workers=max(1, min(len(items), usable_cores()))) as pool:
         return list(pool.map(function, items))
 
 

@@ -13,7 +13,6 @@ the time budget, which counts the planned replicates' own seconds too (`adaptive
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -22,6 +21,7 @@ from xbench.contract import Trial, first_call_of, first_call_per_array_of
 from xbench.contract.abilities import positive_seconds
 from xbench.contract.timing import TimingProtocol
 from xbench.experiment import Spec
+from xbench.models import usable_cores
 from xbench.results.allreduce import sizes_for
 from xbench.run.adaptive import adaptive
 from xbench.run.plan import Lineup, plan_trials
@@ -250,12 +250,6 @@ def host_flops(clock: Callable[[], float] = time.perf_counter, seconds: float = 
         a @ a
         fastest = min(fastest, clock() - before)
     return 2 * n**3 / max(fastest, 1e-9) * usable_cores()
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity where the system has one)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
 def costs_for(platform: str, measured_flops: float | None = None, backends: Mapping[str, object] | None = None
