@@ -26,13 +26,14 @@ def main() -> int:
     parser.add_argument("--config", help="a spec whose [[models]] are verified one at a time")
     parser.add_argument("--model", nargs="*", default=[], help="presets, when no --config names them")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per model")
+    parser.add_argument("--log", type=Path, help="a folder for each model's whole verify output (MODEL.log)")
     known, rest = parser.parse_known_args()
     models = known.model or _config_models(known.config)
     if not models:
         parser.error("name the models: --config FILE or --model NAME ...")
     failed = 0
     for model in models:
-        failed += _verify_one(model, known.config, rest, known.timeout)
+        failed += _verify_one(model, known.config, rest, known.timeout, known.log)
     return 1 if failed else 0
 
 
@@ -43,7 +44,7 @@ def _config_models(config: str | None) -> list[str]:
     return [t.get("name") or t["preset"] for t in tables]
 
 
-def _verify_one(model: str, config: str | None, rest: list[str], timeout: float) -> int:
+def _verify_one(model: str, config: str | None, rest: list[str], timeout: float, log: Path | None) -> int:
     spec = ["--config", config] if config else []
     command = [sys.executable, "-m", "xbench", "verify", *spec, "--model", model, *rest]
     sampler = _GpuPeaks()
@@ -51,9 +52,14 @@ def _verify_one(model: str, config: str | None, rest: list[str], timeout: float)
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        code, tail = done.returncode, (done.stdout + done.stderr).strip().splitlines()[-3:]
-    except subprocess.TimeoutExpired:
+        code, output = done.returncode, done.stdout + done.stderr
+        tail = output.strip().splitlines()[-3:]
+    except subprocess.TimeoutExpired as cut:
         code, tail = 124, [f"timed out after {timeout:g} s"]
+        output = "".join(_text(part) for part in (cut.stdout, cut.stderr))
+    if log:
+        log.mkdir(parents=True, exist_ok=True)
+        (log / f"{model}.log").write_text(output)
     wall = time.perf_counter() - start
     sampler.stop()
     peaks = sampler.peaks_gib()
@@ -64,6 +70,10 @@ def _verify_one(model: str, config: str | None, rest: list[str], timeout: float)
     for line in tail:
         print(f"  {line}")
     return int(code != 0)
+
+
+def _text(part: bytes | str | None) -> str:
+    return part.decode(errors="replace") if isinstance(part, bytes) else part or ""
 
 
 class _GpuPeaks:

@@ -15,6 +15,7 @@ from xbench.report.verify_text import probes_caption
 from xbench.results.checks import Check, verification_model
 from xbench.results.full_size import (
     FULL_SIZE_REPLICATE,
+    FULL_SIZE_TOLERANCES,
     full_size_checks,
     full_size_model,
     shard_checks,
@@ -152,6 +153,32 @@ def test_a_summary_error_tracks_the_tensors_normwise_error():
     assert 1e-5 < error <= 4e-4  # ||g - g'|| / ||g|| = 1e-4, within the projections' factor of a few
 
 
+def test_a_sum_that_cancels_is_judged_against_its_terms_not_the_norm():
+    """A gradient whose terms cancel (a weight feeding a normalisation sums to ~0): rounding
+    of 0.4 % in one direction moved GPT-2 small's bf16 probe's sums by 2.4 x the tensor's norm
+    on a GPU, same program as the fp32 one; against the absolute sum it is the 0.4 % it is. A
+    real shift of the whole tensor is still of order one."""
+    g = np.random.default_rng(0).standard_normal(1_000_000)
+    g -= g.mean()
+    rounded = g + 4e-3 * np.abs(g)
+    assert abs(rounded.sum() - g.sum()) / np.linalg.norm(g) > 2  # what the norm alone said
+    error, _ = summary_error(probe(2.3, [rounded]), probe(2.3, [g]))
+    assert error < FULL_SIZE_TOLERANCES["bf16"] / 10
+    shifted = g + np.abs(g).mean()
+    assert summary_error(probe(2.3, [shifted]), probe(2.3, [g]))[0] >= 0.5
+
+
+def test_summaries_recorded_before_the_absolute_sum_are_still_compared():
+    def four_columns(reference):
+        return replace(reference, summaries=reference.summaries[:, :4])
+
+    four = four_columns(probe(2.3, gradients()))
+    skipped = gradients()
+    skipped[2] = np.zeros_like(skipped[2])
+    older = four_columns(probe(2.3, skipped))
+    assert summary_error(four, four)[0] == 0.0 and summary_error(older, four)[0] >= 1.0
+
+
 def test_full_size_checks_compare_n_devices_with_one_and_each_backend_with_the_reference():
     ref = {("jax", 1, "m"): probe(2.3, gradients()), ("jax", 2, "m"): probe(2.3, gradients()),
            ("torch", 1, "m"): probe(2.3, gradients())}
@@ -208,7 +235,7 @@ def test_a_model_too_large_to_probe_leaves_its_program_unverified_with_a_one_lin
     assert why["reason"].startswith("gpt2-small is too large to verify on 1 device(s) here: failed: RESOURCE_EXHAUSTED")
 
 
-def test_summaries_are_the_norm_sum_and_two_fixed_sign_projections_chunk_for_chunk():
+def test_summaries_are_the_norm_sum_two_fixed_sign_projections_and_absolute_sum_chunk_for_chunk():
     """Summaries taken a chunk at a time equal those of the whole tensor: the norm, the sum,
     and the projections on signs that depend only on the tensor's index (not on the chunks)."""
     from xbench.worker import capture
@@ -217,6 +244,7 @@ def test_summaries_are_the_norm_sum_and_two_fixed_sign_projections_chunk_for_chu
     whole = summarize([g, g])
     assert whole[0, 0] == pytest.approx(np.linalg.norm(g.astype(np.float64)))
     assert whole[0, 1] == pytest.approx(g.astype(np.float64).sum())
+    assert whole[0, 4] == pytest.approx(np.abs(g.astype(np.float64)).sum())
     assert whole[0, 2] != whole[1, 2]  # another tensor, other signs
     signs = capture._signs(capture._sign_stream(0, 1), g.size)
     assert set(np.unique(signs)) == {-1.0, 1.0} and whole[0, 2] == pytest.approx(g.astype(np.float64) @ signs)

@@ -21,7 +21,8 @@ from xbench.wire import Reference
 # ||g - g'|| when g does, so the columns' differences, divided by the norm, measure the
 # tensor's normwise error (a skipped layer: 1; a wrong width: no match at all) without
 # writing or comparing 124 M-parameter arrays.
-SUMMARY_COLUMNS = ("norm", "sum", "projection 1", "projection 2")
+# The absolute sum is the sum's yardstick (`xbench.results.full_size.summary_error`).
+SUMMARY_COLUMNS = ("norm", "sum", "projection 1", "projection 2", "absolute sum")
 MAX_SHARDS = 8  # a 1-device run reports its slice losses for every slice count up to this
 SUMMARY_CHUNK = 1 << 22  # values of a gradient summarised at once (32 MiB in float64; a multiple of 8)
 # Where a verification run's seconds go, in order (each includes the compilation its first
@@ -94,18 +95,20 @@ def summarize(gradients: list[Any]) -> np.ndarray:
 
 
 def _summary(g: np.ndarray, index: int) -> list[float]:
-    """Norm, sum and projections of one flattened tensor, a chunk at a time: a 1.5 B-parameter
-    model's gradient is never held in float64 whole, nor are its signs (one random bit each)."""
-    squares = total = 0.0
+    """Norm, sum, projections and absolute sum of one flattened tensor, a chunk at a time: a
+    1.5 B-parameter model's gradient is never held in float64 whole, nor are its signs (one
+    random bit each)."""
+    squares = total = absolute = 0.0
     projections = [0.0, 0.0]
     streams = [_sign_stream(index, k) for k in (1, 2)]
     for start in range(0, g.size, SUMMARY_CHUNK):
         part = g[start:start + SUMMARY_CHUNK].astype(np.float64)
         squares += float(part @ part)
         total += float(part.sum())
+        absolute += float(np.abs(part).sum())
         for j, stream in enumerate(streams):
             projections[j] += float(part @ _signs(stream, part.size))
-    return [squares ** 0.5, total, *projections]
+    return [squares ** 0.5, total, *projections, absolute]
 
 
 def _sign_stream(index: int, k: int) -> np.random.Generator:
