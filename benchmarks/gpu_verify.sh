@@ -9,7 +9,8 @@
 #              probes at 1.56 B parameters (2-3 minutes each on one H200 before)
 #   allreduce  the all-reduce with P2P on and off side by side, NCCL's own account of the
 #              transports each used
-# Everything it writes is packed into $OUT/results.tgz. FAMILIES_TIMEOUT, XL_TIMEOUT: the steps' limits.
+# Everything it writes is packed into $OUT/results.tgz. FAMILIES_TIMEOUT, XL_TIMEOUT: the steps' limits;
+# DEVICES: the verify steps' device count (default 2; 1 on a one-GPU machine).
 #   bash benchmarks/gpu_verify.sh families gpt2-xl
 set -uo pipefail
 steps=" $* "
@@ -27,10 +28,10 @@ verify_step() {  # verify_step NAME TIMEOUT VERIFY-ARGS...: xbench verify with i
   memory_peaks "$name"
 }
 
-wanted families && verify_step families "${FAMILIES_TIMEOUT:-300}" --config configs/families.toml --backends jax torch --devices 2 \
-  --variants all
+wanted families && verify_step families "${FAMILIES_TIMEOUT:-300}" --config configs/families.toml --backends jax torch \
+  --devices "${DEVICES:-2}" --variants all
 wanted gpt2-xl && verify_step gpt2-xl "${XL_TIMEOUT:-220}" --config configs/families.toml --model gpt2-xl --backends jax torch \
-  --devices 2 --variants jax:fsdp torch:fsdp torch:fsdp-compile
+  --devices "${DEVICES:-2}" --variants jax:fsdp torch:fsdp torch:fsdp-compile
 
 if wanted allreduce; then
   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_DEBUG_FILE="$out/run/nccl.%h.%p.log" \

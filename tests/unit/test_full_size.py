@@ -47,6 +47,23 @@ def test_the_reduced_instance_keeps_width_and_caps_depth_and_length():
     assert dict(verification_model(preset_model("resnet50"), [1, 2]).dims)["image"] == 32
 
 
+def test_a_resnet_is_verified_at_two_blocks_a_stage_of_its_own_kind():
+    """ResNet-50 trains as ResNet-26 (bottleneck blocks, a projection and an identity block in
+    every stage), ResNet-34 as ResNet-18 (basic); the full-size probe keeps every block."""
+    from xbench.models import cnn
+
+    resnet50 = preset_model("resnet50")
+    reduced = dict(verification_model(resnet50, [1, 2]).dims)
+    assert reduced["depth"] == 26 and cnn.bottleneck(reduced)
+    assert dict(full_size_model(resnet50, [1, 2]).dims)["depth"] == 50
+    blocks = [conv.name.split(".")[:2] for conv in cnn.convolutions(reduced) if conv.name[1].isdigit()]
+    assert sorted({tuple(b) for b in blocks}) == [(f"s{s}", f"b{b}") for s in range(4) for b in range(2)]
+    assert sum(conv.name.endswith(".down.conv") for conv in cnn.convolutions(reduced)) == 4
+    resnet34 = replace(resnet50, dims=tuple(sorted({**dict(resnet50.dims), "depth": 34}.items())))
+    assert dict(verification_model(resnet34, [1]).dims)["depth"] == 18
+    assert dict(verification_model(preset_model("resnet18"), [1]).dims)["depth"] == 18
+
+
 def test_only_a_model_the_reduced_instance_shrinks_is_probed_at_full_size():
     assert full_size_model(preset_model("medium"), [1, 2]) is None
     assert full_size_model(preset_model("transformer-tiny"), [1, 2]) is None

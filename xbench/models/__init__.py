@@ -59,6 +59,8 @@ class Family(Protocol):
     #   verification_dims: Mapping[str, int] -- caps on shape keys for the reduced instance that
     #       verify trains (the CNN: image 32; the transformer: 2 layers, 64 tokens); a model
     #       they shrink is also probed at full size (xbench.results.full_size)
+    #   verification_reduce(dims) -> dict -- the reduced instance's dims after those caps, for a
+    #       key a cap cannot shrink (the CNN's depth: two blocks a stage, of the model's kind)
     #   verification_per_device: int -- samples per device verify uses (default: a global 32)
     #   verification_precision: str -- "fp32" (default) or "fp64" for a family whose fp32
     #       gradients are too ill-conditioned to compare at 1e-4 (BatchNorm + ReLU networks)

@@ -213,10 +213,9 @@ def _finite(ref: Reference) -> bool:
 def verification_model(model: ModelSpec, devices: Sequence[int]) -> ModelSpec:
     """The model as verify trains it: dropout off, one batch size every device count divides
     (32, or `verification_per_device` times the most devices where the family says so), and
-    the family's `verification_dims` as caps (`reduced_dims`). The CNN's: 32 x 32 images, 8
-    per device (at 4 per device, ten steps in float64 amplify rounding from 3e-14 to 4e-5).
-    Its parameters do not depend on the image size, so the weights are the same; small
-    because a ReLU network's gradient jumps where an activation lies within rounding
+    the family's `verification_dims` as caps (`reduced_dims`). The CNN's: 32 x 32 images, two
+    blocks a stage, 8 per device (at 4 per device, ten steps in float64 amplify rounding from
+    3e-14 to 4e-5). Small because a ReLU network's gradient jumps where an activation lies within rounding
     of zero, and two correct fp32 programs then differ by percent: at about 1e-6 chance per
     activation, a ResNet-18 batch of 32 at 32 x 32 (1.5 M activations) hits one about half
     the time (measured: 1.8e-2 between two built-in backends, from one activation at 4.9e-7),
@@ -229,10 +228,13 @@ def verification_model(model: ModelSpec, devices: Sequence[int]) -> ModelSpec:
 
 
 def reduced_dims(model: ModelSpec) -> dict[str, int]:
-    """The model's dims with the family's `verification_dims` as caps: the instance verify
-    trains (a model they do not shrink is trained at full size)."""
+    """The model's dims with the family's `verification_dims` as caps, then its
+    `verification_reduce` where it has one: the instance verify trains (a model they do not
+    shrink is trained at full size)."""
     caps = dict(getattr(model.kind, "verification_dims", {}) or {})
-    return {key: min(value, caps.get(key, value)) for key, value in model.dims}
+    dims = {key: min(value, caps.get(key, value)) for key, value in model.dims}
+    reduce = getattr(model.kind, "verification_reduce", None)
+    return dict(reduce(dims)) if reduce and dims else dims
 
 
 def verification_precision(model: ModelSpec) -> str:
