@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.process.test_verify_killed import kill_when_paused
-from tests.support.fakes import PAUSE_DIR, PAUSE_TRIAL
+from tests.support.fakes import OOM_ONCE, PAUSE_DIR, PAUSE_TRIAL
 
 PARALLEL = 1  # a worker per backend and device count, about (`GROUPS_PER_SLOT`)
 
@@ -21,7 +21,7 @@ def numpy_mlp_spec():
                             "single_device": "data-parallel"})
 
 
-def verify_numpy_mlp(tmp_path, monkeypatch):
+def verify_numpy_mlp(tmp_path, monkeypatch, parallel=PARALLEL):
     """Its verification's result, its runs, the worker processes it planned for them, and the
     workers' log lines that say a worker started."""
     from xbench.run import verification
@@ -37,7 +37,7 @@ def verify_numpy_mlp(tmp_path, monkeypatch):
     arrays = tmp_path / "arrays"
     arrays.mkdir()
     result = verification.verify(spec, ready.entries, [2], arrays, {}, log_dir=tmp_path, launchers=ready.launchers,
-                                 lineups=ready.lineups, parallel=PARALLEL)
+                                 lineups=ready.lineups, parallel=parallel)
     starts = [line for line in (tmp_path / "workers.log").read_text().splitlines()
               if line.startswith("=== ") and "worker pid(s)" in line]
     return result, verification_trials(spec, ["numpy-mlp"], [2], ready.launchers, ready.lineups), planned[0], starts
@@ -89,6 +89,29 @@ def test_a_run_killed_in_a_shared_worker_fails_its_program_and_the_rest_go_on_in
     for trial_id in after:  # ran, and left arrays; at most unchecked for want of the killed run's
         assert (tmp_path / "arrays" / f"{trial_id.replace('/', '_')}.npz").exists(), trial_id
         assert first in result.problems.get(trial_id, first), result.problems[trial_id]
+
+
+@pytest.mark.parametrize("parallel", [2, 1])
+def test_a_run_out_of_memory_beside_other_workers_runs_again_alone(fake_backends, tmp_path, monkeypatch, parallel):
+    """Side by side (parallel 2), a run that ran out of memory runs again in a worker of its
+    own, after the others, and counts; alone from the start (parallel 1) its failure stands."""
+    pytest.importorskip("ml_dtypes")
+    from xbench.run.readiness import ready_backends
+    from xbench.run.verify_plan import verification_trials
+
+    spec = numpy_mlp_spec()
+    ready = ready_backends(spec, tmp_path)
+    [victim] = [t.id for t in verification_trials(spec, ["numpy-mlp"], [2], ready.launchers, ready.lineups)
+                if t.implementation == "numpy-mlp" and t.devices == 2 and t.precision == "fp32"]
+    monkeypatch.setenv(OOM_ONCE, victim)
+    monkeypatch.setenv(PAUSE_DIR, str(tmp_path))
+    result, _, groups, starts = verify_numpy_mlp(tmp_path, monkeypatch, parallel)
+    assert (tmp_path / "out-of-memory-once").exists()
+    if parallel == 2:
+        assert len(starts) == len(groups) + 1, starts
+        assert result.failed == {"numpy-mlp+bf16-scaled"} and not result.problems, (result.failed, result.problems)
+    else:
+        assert "out of memory" in result.problems[victim] and "numpy-mlp" in result.failed, result.problems
 
 
 @pytest.mark.parametrize("devices, workers", [(1, 1), (2, 2)])

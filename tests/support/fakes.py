@@ -220,6 +220,7 @@ class IncompleteBackend:
 
 PAUSE_TRIAL = "XBENCH_TEST_PAUSE_TRIAL"  # a verification trial id: its worker stops in `gradients`
 PAUSE_DIR = "XBENCH_TEST_PAUSE_DIR"  # ... after writing its pid to PAUSE_DIR/pid (to be killed)
+OOM_ONCE = "XBENCH_TEST_OOM_ONCE"  # a verification trial id: out of memory the first time (marker in PAUSE_DIR)
 
 
 @dataclass
@@ -282,6 +283,11 @@ class NumpyMlpBackend(NumpyBackend):
         if os.environ.get(PAUSE_TRIAL) == prepared.trial.id:
             (Path(os.environ[PAUSE_DIR]) / "pid").write_text(str(os.getpid()))
             time.sleep(120)  # until the test kills this worker
+        if os.environ.get(OOM_ONCE) == prepared.trial.id:
+            marker = Path(os.environ[PAUSE_DIR]) / "out-of-memory-once"
+            if not marker.exists():  # as beside other workers that hold the device's memory
+                marker.write_text(str(os.getpid()))
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (planned, once)")
         return self._all_reduced(prepared)
 
     def train(self, prepared: MlpPrepared, steps: int) -> list[float]:

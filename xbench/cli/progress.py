@@ -141,6 +141,12 @@ class VerificationWatch:
             self.task = self.bar.add_task(self._description(), total=self.total)
             self.bar.start()
 
+    def again(self, trials: Sequence[Trial]) -> None:
+        with self.lock:
+            self.total += len(trials)
+            self.console.print(f"{len(trials)} run(s) ran out of memory beside others: again, one at a time")
+            self._show()
+
     def trial_started(self, trial: Trial) -> None:
         with self.lock:
             self.running[trial.id] = verification_label(trial)

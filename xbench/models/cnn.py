@@ -34,7 +34,8 @@ from xbench.models import Dim, Param, glorot_uniform, training_flops
 BATCH_NORM_EPSILON = 1e-5
 BATCH_NORM_MOMENTUM = 0.1  # the weight of the new batch's statistics
 STAGE_WIDTHS = (64, 128, 256, 512)
-BLOCKS = {18: (2, 2, 2, 2), 26: (2, 2, 2, 2), 34: (3, 4, 6, 3), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+BLOCKS = {18: (2, 2, 2, 2), 26: (2, 2, 2, 2), 34: (3, 4, 6, 3), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3),
+          152: (3, 8, 36, 3)}
 BOTTLENECK_DEPTHS = (26, 50, 101, 152)
 MIN_IMAGE = 32  # the stem and four stages divide the image by 32
 

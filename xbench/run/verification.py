@@ -40,7 +40,7 @@ from xbench.results.records import Record
 from xbench.run import launcher, zygote
 from xbench.run.cluster import Launch
 from xbench.run.memory_check import memory_checks
-from xbench.run.plan import Lineup
+from xbench.run.plan import Group, Lineup
 from xbench.run.registry import BackendEntry
 from xbench.run.verify_plan import (
     borrowed_floors,
@@ -61,6 +61,9 @@ class Progress(launcher.Listener, Protocol):
 
     def planned(self, trials: Sequence[Trial]) -> None:
         """Verification is about to run these trials."""
+
+    def again(self, trials: Sequence[Trial]) -> None:
+        """These trials ran out of memory beside others: each runs again, alone."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,23 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
             ctx.listener = progress
         launcher.start_fork_servers(groups, ctx)
         launcher.run_groups(groups, ctx, parallel)
+        alone = out_of_memory_beside_others(groups, records, parallel)
+        if alone and progress is not None:
+            progress.again([group.trials[0] for group in alone])
+        launcher.run_groups(alone, ctx, 1)  # their new records replace the failed ones (`_sorted_records`)
     return replace(verdict(spec, names, trials, records, probe_of), not_probed=unfit)
+
+
+def out_of_memory_beside_others(groups: Sequence[Group], records: Sequence[Record], parallel: int) -> list[Group]:
+    """The trials that ran out of memory while other workers shared the devices, each in a
+    group of its own, to run again with nothing beside it: the others' memory (an allocator
+    keeps what it freed until its process ends) is no verdict on the model. On one H200,
+    gpt2-xl's full-size probe failed asking for 26 GiB while the GPU's 139 GiB were in use."""
+    if parallel <= 1:
+        return []
+    failed = {r["trial_id"] for r in records if r["status"] == "failed" and out_of_memory(r.get("reason"))}
+    return [replace(group, trials=(trial,), positions=(position,)) for group in groups
+            for trial, position in zip(group.trials, group.positions) if trial.id in failed]
 
 
 # What a worker holds on its GPU besides the estimate of its step (CUDA context, kernels,
