@@ -61,13 +61,16 @@ sample_memory() {  # sample_memory NAME: each GPU's and every process's memory e
   gpu_sampler=$!
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 100 >"$out/run/$1-apps.csv" &
   apps_sampler=$!
+  vmstat -n 1 >"$out/run/$1-cpu.txt" 2>/dev/null &  # the host's cores: verification compiles there
+  cpu_sampler=$!
 }
 
 memory_peaks() {  # memory_peaks NAME: stop the samplers, write NAME-memory.txt
-  kill "$gpu_sampler" "$apps_sampler" 2>/dev/null
+  kill "$gpu_sampler" "$apps_sampler" "$cpu_sampler" 2>/dev/null
   {
     awk -F', ' '{ if ($2 > peak[$1]) peak[$1] = $2 } END { for (g in peak) printf "gpu%s peak %.1f GiB (all processes)\n", g, peak[g] / 1024 }' "$out/run/$1-gpu.csv"
     awk -F', ' '$2 ~ /^[0-9]+$/ { if ($2 > peak) peak = $2 } END { printf "largest single process %.1f GiB\n", peak / 1024 }' "$out/run/$1-apps.csv"
+    awk '$15 ~ /^[0-9]+$/ { n++; idle += $15; if ($1 > most) most = $1 } END { if (n) printf "host cores %.0f %% busy on average over %d s, at most %d runnable\n", 100 - idle / n, n, most }' "$out/run/$1-cpu.txt"
   } >"$out/run/$1-memory.txt"
   gzip -f "$out/run/$1-gpu.csv" "$out/run/$1-apps.csv"
 }
