@@ -120,7 +120,7 @@ def test_a_family_model_by_keys_and_a_preset_with_changes():
     ({"name": "x", "family": "transformer", "layers": 1, "heads": 3, "width": 8, "context": 4, "vocab": 16,
       "batch_sizes": [2]}, ("heads (3) must divide width (8)",)),
     ({"preset": "resnet18", "image": 16}, ("image 16 is too small", "image >= 32")),
-    ({"preset": "resnet18", "depth": 20}, ("depth 20 is not a ResNet depth", "18, 26, 34, 50")),
+    ({"preset": "resnet18", "depth": 20}, ("depth 20 is not a ResNet depth", "10, 18, 26, 34, 50")),
     ({"name": "x", "family": "lstm", "layers": 1, "sequence": 4, "batch_sizes": [2]}, ("needs 'hidden'",)),
     ({"preset": "resnet18", "heads": 2}, ("unknown key 'heads'", "family 'cnn'")),
     ({"preset": "lstm-small", "dropout": 0.1}, ("family 'lstm' has no dropout",)),

@@ -6,7 +6,7 @@ Fixed choices every backend follows (docs/model-families.md says where framework
 - Stem: 7x7 convolution, stride 2, padding 3 on every side; BatchNorm, ReLU; 3x3 max pool,
   stride 2, padding 1 on every side (explicit symmetric padding: "SAME" pads only the end
   for a stride of 2). Other convolutions: 3x3 with padding 1, 1x1 with none; no biases.
-- Blocks: basic (two 3x3, depth 18 and 34) or bottleneck (1x1, 3x3, 1x1 to 4x, depth 26,
+- Blocks: basic (two 3x3, depth 10, 18 and 34) or bottleneck (1x1, 3x3, 1x1 to 4x, depth 26,
   50, 101, 152); a projection shortcut (1x1 convolution with the block's stride, BatchNorm)
   where the shape changes; ReLU after the sum. Global average pool, then a dense head.
 - BatchNorm: epsilon 1e-5, statistics of the batch each device holds (no cross-device
@@ -34,7 +34,7 @@ from xbench.models import Dim, Param, glorot_uniform, training_flops
 BATCH_NORM_EPSILON = 1e-5
 BATCH_NORM_MOMENTUM = 0.1  # the weight of the new batch's statistics
 STAGE_WIDTHS = (64, 128, 256, 512)
-BLOCKS = {18: (2, 2, 2, 2), 26: (2, 2, 2, 2), 34: (3, 4, 6, 3), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3),
+BLOCKS = {10: (1, 1, 1, 1), 18: (2, 2, 2, 2), 26: (2, 2, 2, 2), 34: (3, 4, 6, 3), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3),
           152: (3, 8, 36, 3)}
 BOTTLENECK_DEPTHS = (26, 50, 101, 152)
 MIN_IMAGE = 32  # the stem and four stages divide the image by 32
@@ -67,7 +67,7 @@ class ResNet:
     verification_per_device: ClassVar[int] = 8  # images per device: fewer, and 10 steps amplify rounding
     verification_precision: ClassVar[str] = "fp64"  # fp32 gradients are too ill-conditioned: xbench.results.checks
     dims: ClassVar[Mapping[str, Dim]] = {
-        "depth": Dim(18, 152, None, f"ResNet depth, one of {', '.join(map(str, BLOCKS))}"),
+        "depth": Dim(10, 152, None, f"ResNet depth, one of {', '.join(map(str, BLOCKS))}"),
         "image": Dim(1, 100_000, None, "image height and width in pixels"),
         "channels": Dim(1, 1_000, 3, "image channels"),
         "classes": Dim(2, 1_000_000, None, "classes of the head"),

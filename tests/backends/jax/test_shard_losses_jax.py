@@ -36,7 +36,7 @@ MODELS = {
                            dims=tuple(sorted({**dict(preset_model("transformer-tiny").dims),
                                               "context": 16, "vocab": 64}.items()))),
     "cnn": ModelSpec(name="cnn-test", family="cnn", batch_sizes=(BATCH,),
-                     dims=tuple(sorted(dict(depth=18, image=32, channels=3, classes=10).items()))),
+                     dims=tuple(sorted(dict(depth=10, image=32, channels=3, classes=10).items()))),
 }
 # (backend, devices, program, variant, steps per call): every program and variant on CPU
 PROGRAMS = [

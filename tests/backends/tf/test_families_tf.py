@@ -9,8 +9,8 @@ test_tf_variants: the number of simulated CPU devices is fixed at TensorFlow's s
   LayerNorm epsilon 1e-3, Keras's erf GELU, "same" padding in the stem, LSTM gates i and f
   swapped) must fail them; the `xla` variant and bf16 run too.
 - "d2": two simulated devices, data-parallel: the N devices = 1 device check (not for the
-  cnn, whose BatchNorm sees each device's own batch); resnet18 in fp64: replicas agree.
-- "fp64": resnet18 (image 32, batch 8) with `precision="fp64"`, as verify runs it: the
+  cnn, whose BatchNorm sees each device's own batch); ResNet-10 in fp64: replicas agree.
+- "fp64": ResNet-10 (image 32, batch 8) with `precision="fp64"`, as verify runs a ResNet: the
   data-parallel and plain programs and the `xla` variant agree far below 1e-8, a build with
   Keras's BatchNorm epsilon 1e-3 fails the float64 checks, everything reads back float64;
   the gradients match an independent float64 computation (a GradientTape on the bare Keras
@@ -48,7 +48,7 @@ FP64_AGREE = 1e-11  # two correct float64 programs: far below FLOAT64_TOLERANCES
 
 def _models() -> dict:
     """Small models of each family, cheap on a CPU."""
-    from xbench.models.model_spec import ModelSpec, preset_model
+    from xbench.models.model_spec import ModelSpec
 
     def dims(**keys):
         return tuple(sorted(keys.items()))
@@ -56,7 +56,8 @@ def _models() -> dict:
     return {
         "transformer": ModelSpec(name="transformer-t", family="transformer", batch_sizes=(GLOBAL_BATCH,),
                                  dims=dims(layers=2, heads=4, width=64, context=16, vocab=256)),
-        "cnn": preset_model("resnet18", batch_sizes=(GLOBAL_BATCH,)),
+        "cnn": ModelSpec(name="resnet10", family="cnn", batch_sizes=(GLOBAL_BATCH,),  # a block of each kind
+                         dims=dims(depth=10, image=32, channels=3, classes=10)),
         "lstm": ModelSpec(name="lstm-t", family="lstm", batch_sizes=(GLOBAL_BATCH,),
                           dims=dims(layers=2, hidden=32, sequence=12, inputs=8, outputs=2)),
     }
@@ -483,7 +484,7 @@ def test_resnet_halves_use_their_own_batch_statistics(runs):
     reference = d1["shards", "cnn", "correct"]
     for name in ("again", "xla"):
         assert _relative(d1["shards", "cnn", name]["start"], reference["start"]) <= SHARDS_AGREE, name
-    print(f"resnet18 halves: 2 replicas {two['start']}, 1 device {plain} (fp64); 1 device fp32 {reference['start']}")
+    print(f"resnet10 halves: 2 replicas {two['start']}, 1 device {plain} (fp64); 1 device fp32 {reference['start']}")
     assert _relative(two["start"], plain) <= SHARDS_AGREE
     assert _relative(np.mean(two["start"]), two["loss"]) <= 1e-9
     assert _relative(np.mean(reference["start"]), reference["loss"]) > 1e-3
@@ -503,7 +504,7 @@ def test_fp64_resnet_programs_agree_far_below_the_tolerance(runs):
     for other in ("plain", "xla"):
         checks = _checks(fp64[other][1], correct, float64=True)
         for name, check in checks.items():
-            print(f"resnet18 fp64 {other}: {name} {check.norm_rel:.2e}")
+            print(f"resnet10 fp64 {other}: {name} {check.norm_rel:.2e}")
             assert check.passed and check.norm_rel < FP64_AGREE, (other, name, check)
         assert _float64_arrays(fp64[other][1]), other
 
@@ -515,7 +516,7 @@ def test_fp64_wrong_batch_norm_epsilon_fails(runs):
     assert info.weights_hash == fp64["hash"]
     checks = _checks(wrong, fp64["correct"][1], float64=True)
     for name, check in checks.items():
-        print(f"resnet18 fp64 with BatchNorm epsilon 1e-3: {name} {check.norm_rel:.2e}")
+        print(f"resnet10 fp64 with BatchNorm epsilon 1e-3: {name} {check.norm_rel:.2e}")
     assert not checks["initial loss and gradients across backends"].passed
 
 
