@@ -308,20 +308,10 @@ def test_two_nodes_on_localhost(tmp_path):
 
 
 @pytest.mark.slow
-def test_allreduce_with_one_process_per_device(run_cli, tmp_path):
-    """Ranks other than 0 may finish and exit first; that is not a failure (seen on 4 H200s)."""
-    out = tmp_path / "allreduce.json"
-    code, _, err = run_cli("allreduce", "--backends", "torch", "--devices", "2,4", "--sizes", "4KiB", "1MiB",
-                           "--json", str(out))
-    assert code == 0, err
-    statuses = [(r["devices"], r["status"]) for r in json.loads(out.read_text())]
-    assert statuses == [(2, "ok"), (2, "ok"), (4, "ok"), (4, "ok")]
-
-
-@pytest.mark.slow
 def test_all_gather_and_reduce_scatter_on_2_and_4_simulated_devices(run_cli, tmp_path):
     """jax (one process) and torch (one process per device) time all three collectives; the
-    all-gather's and reduce-scatter's sizes fall to whole elements per device."""
+    all-gather's and reduce-scatter's sizes fall to whole elements per device. torch's ranks
+    other than 0 may finish and exit first; that is not a failure (seen on 4 H200s)."""
     out = tmp_path / "collectives.json"
     code, stdout, err = run_cli("allreduce", "--backends", "jax", "torch", "--devices", "2,4", "--sizes", "4100",
                                 "--collectives", "allreduce", "allgather", "reducescatter", "--json", str(out))
