@@ -70,7 +70,7 @@ memory_peaks() {  # memory_peaks NAME: stop the samplers, write NAME-memory.txt
   {
     awk -F', ' '{ if ($2 > peak[$1]) peak[$1] = $2 } END { for (g in peak) printf "gpu%s peak %.1f GiB (all processes)\n", g, peak[g] / 1024 }' "$out/run/$1-gpu.csv"
     awk -F', ' '$2 ~ /^[0-9]+$/ { if ($2 > peak) peak = $2 } END { printf "largest single process %.1f GiB\n", peak / 1024 }' "$out/run/$1-apps.csv"
-    awk '$15 ~ /^[0-9]+$/ { n++; idle += $15; if ($1 > most) most = $1 } END { if (n) printf "host cores %.0f %% busy on average over %d s, at most %d runnable\n", 100 - idle / n, n, most }' "$out/run/$1-cpu.txt"
+    awk '$15 ~ /^[0-9]+$/ && seen++ { n++; idle += $15; if ($1 > most) most = $1 } END { if (n) printf "host cores %.0f %% busy on average over %d s, at most %d runnable\n", 100 - idle / n, n, most }' "$out/run/$1-cpu.txt"
   } >"$out/run/$1-memory.txt"
   gzip -f "$out/run/$1-gpu.csv" "$out/run/$1-apps.csv"
 }

@@ -194,6 +194,10 @@ def test_summaries_recorded_before_the_absolute_sum_are_still_compared():
     skipped[2] = np.zeros_like(skipped[2])
     older = four_columns(probe(2.3, skipped))
     assert summary_error(four, four)[0] == 0.0 and summary_error(older, four)[0] >= 1.0
+    g = np.random.default_rng(0).standard_normal(10_000)
+    g -= g.mean()
+    rounded = g + 4e-3 * np.abs(g)  # four columns: the sum still divided by the norm
+    assert summary_error(four_columns(probe(2.3, [rounded])), four_columns(probe(2.3, [g])))[0] > 0.2
 
 
 def test_full_size_checks_compare_n_devices_with_one_and_each_backend_with_the_reference():

@@ -147,3 +147,21 @@ def test_a_finished_verification_run_says_where_its_seconds_went():
              line.startswith("verifying 2")]
     assert re.search(r": ok in \d+ s \(gradients 20 s, train 65 s\) \(\d+ s elapsed\)$", lines[0])  # under 1 s left out
     assert re.search(r": ok in \d+ s \(\d+ s elapsed\)$", lines[1])
+
+
+def test_runs_again_alone_are_said_and_counted():
+    console = piped()
+    spec = load_spec(None, {"models": ["medium"], "devices": [2]})
+    planned = verification_trials(spec, ["jax"], spec.devices)
+    with watching_verification(console, "verifying identical work") as watch:
+        watch.bar.disable = True
+        watch.planned(planned)
+        watch.trial_started(planned[0])
+        watch.trial_finished(planned[0], {"status": "failed", "reason": "CUDA out of memory"})
+        watch.again(planned[:1])
+        watch.trial_started(planned[0])
+        watch.trial_finished(planned[0], {"status": "ok"})
+        assert watch.bar.tasks[0].total == len(planned) + 1
+    text = console.export_text()
+    assert "1 run(s) ran out of memory beside others: again, one at a time" in text
+    assert f"verifying 2/{len(planned) + 1}: jax medium d1 fp32: ok" in text

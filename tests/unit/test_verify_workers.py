@@ -7,7 +7,7 @@ import pytest
 from xbench.contract import DATA_PARALLEL, PLAIN, Variant
 from xbench.experiment import build_spec
 from xbench.run.plan import AS_WRITTEN_VARIANT, Lineup, group_trials
-from xbench.run.verify_plan import GROUPS_PER_SLOT, verification_groups, verification_trials
+from xbench.run.verify_plan import GROUPS_PER_SLOT, groups_per_slot, verification_groups, verification_trials
 
 TARGETS = {"a": "x:A", "b": "x:B"}
 LINEUP = Lineup((AS_WRITTEN_VARIANT, Variant("compiled", "the same, compiled", same_formula=True),
@@ -67,7 +67,7 @@ def test_the_longest_workers_come_first_and_start_on_the_gpus_in_turn():
     sizes = [len(g.trials) for g in groups]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
     assert [g.positions[0] for g in groups] == list(range(len(groups)))  # `launcher.spread_environment`
-    cap = -(-sum(sizes) // (GROUPS_PER_SLOT * 8))
+    cap = -(-sum(sizes) // (groups_per_slot(8) * 8))
     assert max(sizes) <= cap
 
 

@@ -145,6 +145,8 @@ class VerificationWatch:
         with self.lock:
             self.total += len(trials)
             self.console.print(f"{len(trials)} run(s) ran out of memory beside others: again, one at a time")
+            if self.task is not None:
+                self.bar.update(self.task, total=self.total)
             self._show()
 
     def trial_started(self, trial: Trial) -> None:

@@ -100,6 +100,8 @@ def summary_error(probe: Reference, base: Reference) -> tuple[float, str]:
     mine, theirs = probe.summaries, base.summaries
     loss = abs(probe.loss - base.loss) / max(abs(base.loss), 1e-30)
     if mine is None or theirs is None or mine.shape != theirs.shape:
+        if mine is not None and theirs is not None and len(mine) == len(theirs):
+            return float("inf"), f" (summaries of {mine.shape[1]} and {theirs.shape[1]} columns: rerun both)"
         return float("inf"), f" (gradient shapes differ: {_rows(mine)} against {_rows(theirs)} tensors)"
     per_tensor = np.max(np.abs(mine - theirs) / _yardsticks(theirs), axis=1)
     per_tensor[(theirs[:, 0] == 0) & (np.max(np.abs(mine), axis=1) == 0)] = 0.0

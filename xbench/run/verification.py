@@ -137,7 +137,8 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     each job's devices starting at its own one of the GPUs `spread`
     (`launcher.spread_environment`); `progress` hears of each run. A full-size
     probe whose estimated memory does not fit its backend's devices (`device_info`, see
-    `unfit_probes`) is not run."""
+    `unfit_probes`) is not run; a run that ran out of memory beside other workers runs again
+    alone after them (`out_of_memory_beside_others`)."""
     names = [e.name for e in entries]
     trials = verification_trials(spec, names, devices, launchers, lineups)
     unfit = unfit_probes(trials, lineups or {}, device_info or {}, environment)
@@ -175,9 +176,10 @@ def out_of_memory_beside_others(groups: Sequence[Group], records: Sequence[Recor
     group of its own, to run again with nothing beside it: the others' memory (an allocator
     keeps what it freed until its process ends) is no verdict on the model. On one H200,
     gpt2-xl's full-size probe failed asking for 26 GiB while the GPU's 139 GiB were in use."""
-    if parallel <= 1:
+    if min(parallel, len(groups)) <= 1:
         return []
-    failed = {r["trial_id"] for r in records if r["status"] == "failed" and out_of_memory(r.get("reason"))}
+    failed = {r["trial_id"] for r in records
+              if r["status"] in ("failed", "crashed") and out_of_memory(r.get("reason"))}
     return [replace(group, trials=(trial,), positions=(position,)) for group in groups
             for trial, position in zip(group.trials, group.positions) if trial.id in failed]
 
@@ -191,7 +193,7 @@ def memory_parallel(checks: Mapping[str, MemoryCheck], gpus: int) -> int | None:
     """How many verification workers the devices' memory holds at once, were each to hold
     the largest run's estimate (`checks`) and `WORKER_CONTEXT_BYTES`, over `gpus` GPUs; None
     where the memory is not known. Side by side, workers that each fit would otherwise run
-    out of memory together, which reads as a model too large to verify."""
+    out of memory together (what the estimate misses is run again alone afterwards)."""
     known = [check for check in checks.values() if check.usable_bytes is not None]
     if not known:
         return None

@@ -48,7 +48,7 @@ COUNTED = ("transformer-tiny", "gpt2-small", "resnet18", "resnet50", "lstm-small
 SMALL = {
     # transformer-tiny's width (at width 32 even 10 steps of the erf GELU stay under 1e-4)
     "transformer": ("transformer-tiny", {"context": 16, "vocab": 64}),
-    "cnn": ("resnet18", {"depth": 10}),  # image 32, 10 classes, a block of each kind
+    "cnn": ("resnet18", {"depth": 10}),  # ResNet-10 (its preset's 32 x 32, 10 classes): a block of each kind
     "lstm": ("lstm-small", {"hidden": 16, "sequence": 8, "inputs": 4, "outputs": 2}),
 }
 # name -> (family, {module: {constant: wrong value}}); "correct" and "again" patch nothing.
