@@ -3,6 +3,7 @@ progress, and plain lines where stderr is not a terminal."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -112,11 +113,16 @@ def test_piped_output_is_a_plain_line_per_finished_replicate():
     assert len(lines) == 2 and "\x1b" not in console.export_text(styles=True)
 
 
+def medium_plan():
+    """Verification's runs of jax on the medium MLP, 1 and 2 devices."""
+    spec = load_spec(None, {"models": ["medium"], "devices": [2]})
+    return verification_trials(spec, ["jax"], spec.devices)
+
+
 @pytest.mark.parametrize("live", [True, False], ids=["terminal", "piped"])
 def test_verification_says_which_run_and_how_many(live):
     console = terminal() if live else piped()
-    spec = load_spec(None, {"models": ["medium"], "devices": [2]})
-    planned = verification_trials(spec, ["jax"], spec.devices)
+    planned = medium_plan()
     with watching_verification(console, "verifying identical work") as watch:
         watch.bar.disable = True
         watch.planned(planned)
@@ -133,13 +139,18 @@ def test_verification_says_which_run_and_how_many(live):
     assert (line is None) == live  # a line per finished run where there is no live bar
 
 
-def test_a_finished_verification_run_says_where_its_seconds_went():
-    console = piped()
-    spec = load_spec(None, {"models": ["medium"], "devices": [2]})
-    planned = verification_trials(spec, ["jax"], spec.devices)
+@contextlib.contextmanager
+def watched_plan():
+    """A plain-line verification watch of `medium_plan()`'s runs, planned."""
+    console, planned = piped(), medium_plan()
     with watching_verification(console, "verifying identical work") as watch:
         watch.bar.disable = True
         watch.planned(planned)
+        yield console, watch, planned
+
+
+def test_a_finished_verification_run_says_where_its_seconds_went():
+    with watched_plan() as (console, watch, planned):
         for trial, phases in zip(planned, [{"work": 0.2, "gradients": 20.4, "train": 65.0}, {"work": 0.3}]):
             watch.trial_started(trial)
             watch.trial_finished(trial, {"status": "ok", "phases": phases})
@@ -150,12 +161,7 @@ def test_a_finished_verification_run_says_where_its_seconds_went():
 
 
 def test_runs_again_alone_are_said_and_counted():
-    console = piped()
-    spec = load_spec(None, {"models": ["medium"], "devices": [2]})
-    planned = verification_trials(spec, ["jax"], spec.devices)
-    with watching_verification(console, "verifying identical work") as watch:
-        watch.bar.disable = True
-        watch.planned(planned)
+    with watched_plan() as (console, watch, planned):
         watch.trial_started(planned[0])
         watch.trial_finished(planned[0], {"status": "failed", "reason": "CUDA out of memory"})
         watch.again(planned[:1])
