@@ -57,11 +57,11 @@ def _verify_one(model: str, config: str | None, rest: list[str], timeout: float,
     except subprocess.TimeoutExpired as cut:
         code, tail = 124, [f"timed out after {timeout:g} s"]
         output = "".join(_text(part) for part in (cut.stdout, cut.stderr))
+    wall = time.perf_counter() - start
+    sampler.stop()
     if log:
         log.mkdir(parents=True, exist_ok=True)
         (log / f"{model}.log").write_text(output)
-    wall = time.perf_counter() - start
-    sampler.stop()
     peaks = sampler.peaks_gib()
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
     memory = (", ".join(f"gpu{i} {p:.1f} GiB" for i, p in enumerate(peaks)) if peaks

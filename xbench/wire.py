@@ -334,6 +334,11 @@ def _one_line(text: str) -> str:
 
 # -- verification arrays ---------------------------------------------------------------------
 
+# The columns of a full-size probe's gradient summaries, one row per tensor
+# (`xbench.worker.capture.summarize` writes them, `xbench.results.full_size` compares them).
+SUMMARY_COLUMNS = ("norm", "sum", "projection 1", "projection 2", "absolute sum")
+
+
 @dataclass(frozen=True)
 class Reference:
     """What one (backend, devices, model) produced from the common start."""

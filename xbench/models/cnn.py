@@ -80,8 +80,8 @@ class ResNet:
     def verification_reduce(self, dims: Mapping[str, int]) -> dict[str, int]:
         """Two blocks a stage, of the model's kind (each stage's second block has no
         projection): depth 26 for a bottleneck network, 18 for a basic one. Compiling
-        ResNet-50's step at full depth (torch.compile, float64) took about a minute a run on
-        an H200; the full-size probe runs every block."""
+        ResNet-50's step at full depth (a compiled variant, float64) took about a minute a run
+        on an H200; the full-size probe runs every block."""
         return {**dims, "depth": min(dims["depth"], 26 if bottleneck(dims) else 18)}
 
     def check(self, dims: Mapping[str, Any]) -> None:

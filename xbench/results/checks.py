@@ -215,8 +215,8 @@ def verification_model(model: ModelSpec, devices: Sequence[int]) -> ModelSpec:
     (32, or `verification_per_device` times the most devices where the family says so), and
     the family's `verification_dims` as caps (`reduced_dims`). The CNN's: 32 x 32 images, two
     blocks a stage, 8 per device (at 4 per device, ten steps in float64 amplify rounding from
-    3e-14 to 4e-5). Small because a ReLU network's gradient jumps where an activation lies within rounding
-    of zero, and two correct fp32 programs then differ by percent: at about 1e-6 chance per
+    3e-14 to 4e-5). Small because a ReLU network's gradient jumps where an activation lies
+    within rounding of zero, and two correct fp32 programs then differ by percent: at about 1e-6 chance per
     activation, a ResNet-18 batch of 32 at 32 x 32 (1.5 M activations) hits one about half
     the time (measured: 1.8e-2 between two built-in backends, from one activation at 4.9e-7),
     ResNet-50 at 224 x 224 always."""

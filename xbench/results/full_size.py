@@ -6,7 +6,7 @@ transformer blocks on 64 tokens, 32 x 32 images) through every check of `checks`
 that instance is smaller than the model, probes the model itself once per program and device
 count: the loss and the gradient at the common start, on a few samples per device, in the
 precision the program is verified in, the gradient kept as per-tensor summaries
-(`xbench.worker.capture.SUMMARY_COLUMNS`). What depends on size (the same code path at full
+(`xbench.wire.SUMMARY_COLUMNS`). What depends on size (the same code path at full
 width and depth, the layout of the weights, a layer past the reduced depth) shows there as an
 error of order 1; what needs many steps and a float64 referee (formulas, rounding, the ten-step
 trajectory) was checked on the reduced instance.
@@ -40,7 +40,7 @@ from xbench.results.checks import (
     verification_model,
 )
 from xbench.stats import relative_errors
-from xbench.wire import Reference
+from xbench.wire import SUMMARY_COLUMNS, Reference
 
 FULL_SIZE_REPLICATE = 10  # a full-size probe's trial id ends in "/r10"
 FULL_SIZE_PER_DEVICE = 2  # samples per device at the most devices (1 device takes them all)
@@ -54,7 +54,7 @@ FULL_SIZE_TOLERANCES = {"fp64": 1e-6, "fp32": 1e-3, "tf32": 1e-2, "bf16": 0.25, 
 SHARD_TOLERANCES = {"fp64": FLOAT64_TOLERANCES["gradients"], "fp32": TOLERANCES["gradients"], "tf32": 1e-3,
                     "bf16": 1e-2, "fp16": 1e-2}
 
-SUM, ABSOLUTE_SUM = 1, 4  # columns of `xbench.worker.capture.SUMMARY_COLUMNS`
+SUM, ABSOLUTE_SUM = SUMMARY_COLUMNS.index("sum"), SUMMARY_COLUMNS.index("absolute sum")
 NOT_PROBED = "full size not probed"  # the reason of a probe left out before it ran (it would not fit)
 FULL_SIZE = "full size: "  # the start checks' names, so prefixed
 SHARES = "each device's share"  # its slice's loss on N devices = the slice's on 1

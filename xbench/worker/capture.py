@@ -14,15 +14,14 @@ import numpy as np
 
 from xbench.contract import Backend, ReportsShardLosses, Trial, Unsupported, Verifiable, missing_methods
 from xbench.stats import relative_errors
-from xbench.wire import Reference
+from xbench.wire import SUMMARY_COLUMNS, Reference
 
 # What a full-size probe keeps of each gradient tensor g (flattened, n values): its norm, its
 # sum, its projections on two fixed random sign vectors and its absolute sum. A projection
 # moves by about ||g - g'|| when g does, so the columns' differences, divided by the norm
 # (the sum's and the absolute sum's by the absolute sum, `xbench.results.full_size`), measure
 # the tensor's normwise error (a skipped layer: 1; a wrong width: no match at all) without
-# writing or comparing 124 M-parameter arrays.
-SUMMARY_COLUMNS = ("norm", "sum", "projection 1", "projection 2", "absolute sum")
+# writing or comparing 124 M-parameter arrays. The columns: `xbench.wire.SUMMARY_COLUMNS`.
 MAX_SHARDS = 8  # a 1-device run reports its slice losses for every slice count up to this
 SUMMARY_CHUNK = 1 << 22  # values of a gradient summarised at once (32 MiB in float64; a multiple of 8)
 # Where a verification run's seconds go, in order (each includes the compilation its first
