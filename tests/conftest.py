@@ -112,29 +112,6 @@ def run_cli(capsys):
     return run
 
 
-# Under `pytest -n --dist loadgroup` (pytest-xdist) each module runs in one worker, so that its
-# module fixture (a real run, children that train) runs once, and modules that share a session
-# fixture run in one worker too, which runs it once. Under pytest 9 pytest-xdist 3.8 ignores
-# these groups, so `make test` runs `--dist loadfile` (a module per worker; a session fixture two
-# modules share may run in each worker). The jax
-# modules that run jax in the test process may go to either worker: each starts it with the same
-# simulated device count (tests/backends/jax/cpu_devices.py); as one group they kept one worker
-# busy for much of the suite.
-SHARED_PROCESS = {
-    "process/test_backends_real.py": "real_run", "process/test_report.py": "real_run",
-    "process/test_remat_verify.py": "transformer variants", "process/test_fsdp_verify.py": "transformer variants",
-}
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if not item.path.is_relative_to(ROOT / "tests"):
-            continue
-        where = item.path.relative_to(ROOT / "tests").as_posix()
-        group = next((g for prefix, g in SHARED_PROCESS.items() if where.startswith(prefix)), where)
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 TINY = ("--batch-sizes", "16", "--repeats", "3", "--steps", "2", "--warmup-steps", "0")
 # A short unverified protocol for runs of the numpy fakes.
 FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0", "--no-verify")
@@ -143,23 +120,28 @@ FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps",
 @pytest.fixture(scope="session")
 def real_run(tmp_path_factory):
     """One small real comparison of tf and jax on 1 and 2 simulated CPU devices, both seed
-    models, verification included; (exit code, run directory). Tests must not modify it. Its
-    workers' temporary directory is the run directory's sibling "tmp" (what they leave there)."""
-    from xbench.cli.main import main
+    models, verification included; (exit code, run directory), made once for every module and
+    worker that asks. Tests must not modify it. Its workers' temporary directory is the run
+    directory's sibling "tmp" (what they leave there)."""
+    from tests.support.shared import once_per_session, shared_directory
 
-    out = tmp_path_factory.mktemp("real") / "run"
-    (out.parent / "tmp").mkdir()
-    before = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(out.parent / "tmp")  # read by the workers, started afresh
-    try:
-        code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "large",
-                     "--devices", "1,2", *TINY, "--out", str(out)])
-    finally:
-        if before is None:
-            os.environ.pop("TMPDIR")
-        else:
-            os.environ["TMPDIR"] = before
-    return code, out
+    def make(directory: Path) -> int:
+        from xbench.cli.main import main
+
+        (directory / "tmp").mkdir()
+        before = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = str(directory / "tmp")  # read by the workers, started afresh
+        try:
+            return main(["compare", "--backends", "tf", "jax", "--model", "medium", "large",
+                         "--devices", "1,2", *TINY, "--out", str(directory / "run")])
+        finally:
+            if before is None:
+                os.environ.pop("TMPDIR")
+            else:
+                os.environ["TMPDIR"] = before
+
+    code = once_per_session(tmp_path_factory, "real_run", make)
+    return code, shared_directory(tmp_path_factory, "real_run") / "run"
 
 
 def order_seed_starting_with(trial_id: str, backend: str, batch_sizes: list[int], devices: list[int],

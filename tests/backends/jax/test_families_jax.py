@@ -134,6 +134,18 @@ def reference(on_devices, model: ModelSpec, backend: str = "jax", devices: int =
     return reference_run(chosen, chosen.prepare(t, build_work(model, t.samples, t.seed)), t.protocol.steps)
 
 
+_CORRECT: dict = {}
+
+
+def correct_reference(on_devices, model: ModelSpec, backend: str = "jax", devices: int = 1, **kwargs):
+    """`reference` of a correct build, made once per module: many tests compare against the
+    same ones (call it before any monkeypatch of a builder, never after)."""
+    key = repr(trial(model, backend, devices, **kwargs))  # defaults spelled out: one key per program
+    if key not in _CORRECT:
+        _CORRECT[key] = reference(on_devices, model, backend, devices, **kwargs)
+    return _CORRECT[key]
+
+
 # -- parameters: counted by jax, read back bit for bit ------------------------------------
 
 
@@ -190,8 +202,8 @@ def test_wrong_build_fails_verification(on_devices, monkeypatch, model, variant,
     full = model in presets()
     spec = preset_model(model, batch_sizes=(VERIFY_BATCH,)) if full else TINY[model]
     sizes = dict(batch=VERIFY_BATCH, steps=VERIFY_STEPS, variant=variant) if full else dict(variant=variant)
-    refs = {("jax", 1, spec.name): reference(on_devices, spec, **sizes),
-            ("jax-plain", 1, spec.name): reference(on_devices, spec, program=PLAIN, **sizes)}
+    refs = {("jax", 1, spec.name): correct_reference(on_devices, spec, **sizes),
+            ("jax-plain", 1, spec.name): correct_reference(on_devices, spec, program=PLAIN, **sizes)}
     monkeypatch.setattr(module, constant, wrong)
     refs[("jax-wrong", 1, spec.name)] = reference(on_devices, spec, program=PLAIN, **sizes)
     checks = run_checks(refs, "jax")
@@ -205,7 +217,7 @@ def test_wrong_build_fails_verification(on_devices, monkeypatch, model, variant,
 @pytest.mark.parametrize("family", [pytest.param("transformer", marks=SLOW), "lstm"])
 def test_data_parallel_programs_agree(on_devices, backend, family):
     model = TINY[family]
-    refs = {("jax", 1, model.name): reference(on_devices, model),
+    refs = {("jax", 1, model.name): correct_reference(on_devices, model),
             (backend, 1, model.name): reference(on_devices, model, backend),
             (backend, DEVICES, model.name): reference(on_devices, model, backend, DEVICES)}
     checks = run_checks(refs, "jax")
@@ -218,8 +230,8 @@ def test_batchnorm_statistics_are_per_device(on_devices, backend):
     """N devices normalise over their own rows: the same as `jax` on N devices, and not the
     same as 1 device (whose statistics cover the whole batch)."""
     model = TINY["cnn"]
-    refs = {("jax", DEVICES, model.name): reference(on_devices, model, "jax", DEVICES),
-            ("jax", 1, model.name): reference(on_devices, model, "jax", 1),
+    refs = {("jax", DEVICES, model.name): correct_reference(on_devices, model, "jax", DEVICES),
+            ("jax", 1, model.name): correct_reference(on_devices, model, "jax", 1),
             (backend, DEVICES, model.name): reference(on_devices, model, backend, DEVICES)}
     same = run_checks({("jax", 1, "m"): refs[("jax", DEVICES, model.name)],
                        (backend, 1, "m"): refs[(backend, DEVICES, model.name)]}, "jax")
@@ -232,7 +244,7 @@ def test_batchnorm_statistics_are_per_device(on_devices, backend):
 @pytest.mark.parametrize("family", ["transformer", pytest.param("cnn", marks=SLOW), "lstm"])
 def test_fused_steps_match_single_steps(on_devices, family):
     model = TINY[family]
-    single = reference(on_devices, model, devices=DEVICES)
+    single = correct_reference(on_devices, model, devices=DEVICES)
     fused = reference(on_devices, model, devices=DEVICES, steps_per_call=STEPS)
     checks = run_checks({("jax", 1, "m"): single, ("jax-fused", 1, "m"): fused}, "jax")
     if family != "cnn":
@@ -316,9 +328,9 @@ def test_nnx_and_jnp_models_agree(on_devices, family):
     model = TINY[family]
     float64 = family == "cnn"
     sizes = dict(precision="fp64") if float64 else {}
-    refs = {("jax", 1, model.name): reference(on_devices, model, **sizes),
+    refs = {("jax", 1, model.name): correct_reference(on_devices, model, **sizes),
             ("jax+jnp", 1, model.name): reference(on_devices, model, variant=JNP, **sizes),
-            ("jax plain", 1, model.name): reference(on_devices, model, program=PLAIN, **sizes)}
+            ("jax plain", 1, model.name): correct_reference(on_devices, model, program=PLAIN, **sizes)}
     checks = run_checks(refs, "jax", float64={model.name} if float64 else ())
     assert len(checks) == 4 and all(c.passed for c in checks), [c for c in checks if not c.passed]
 
@@ -386,7 +398,7 @@ def test_fp64_resnet_builds_agree_and_a_wrong_one_fails(on_devices, monkeypatch)
 @pytest.mark.parametrize("backend", ["jax-shardmap", "jax-auto"])
 def test_fp64_resnet_on_two_devices_agrees_with_jax(on_devices, backend):
     model = fp64_model(FP64_CNN)
-    refs = {("jax", DEVICES, model.name): reference(on_devices, model, "jax", DEVICES, **FP64_SIZES),
+    refs = {("jax", DEVICES, model.name): correct_reference(on_devices, model, "jax", DEVICES, **FP64_SIZES),
             (backend, DEVICES, model.name): reference(on_devices, model, backend, DEVICES, **FP64_SIZES)}
     assert all(float64_all(r) for r in refs.values())
     checks = run_checks(refs, "jax", per_device_statistics={model.name}, float64={model.name})
@@ -399,9 +411,9 @@ def test_fp64_runs_every_family_in_float64(on_devices, family):
     core's float32 arrays, and float64 gradients that agree with the float32 ones to float32
     rounding (so nothing is silently lost or changed on the way)."""
     model = TINY.get(family) or ModelSpec(name="mlp-test", widths=(32, 32), batch_sizes=(BATCH,), inputs=16)
-    fp32 = reference(on_devices, model)
+    fp32 = correct_reference(on_devices, model)
     for program in (DATA_PARALLEL, PLAIN):
-        ref = reference(on_devices, model, program=program, precision="fp64")
+        ref = correct_reference(on_devices, model, program=program, precision="fp64")
         assert float64_all(ref), program
         checks = run_checks({("jax", 1, "m"): fp32, ("jax-fp64", 1, "m"): ref}, "jax")
         grads = next(c for c in checks if c.check == GRADIENTS)
@@ -437,8 +449,8 @@ def test_a_bf16_attention_program_is_verified_against_float64_and_a_slip_fails(o
 
     model = preset_model("transformer-tiny", batch_sizes=(VERIFY_BATCH,))
     sizes = dict(batch=VERIFY_BATCH, steps=VERIFY_STEPS)
-    exact = {("jax", 1, model.name): reference(on_devices, model, precision="fp64", **sizes)}
-    bf16 = {("jax", model.name, "bf16"): reference(on_devices, model, precision="bf16", **sizes)}
+    exact = {("jax", 1, model.name): correct_reference(on_devices, model, precision="fp64", **sizes)}
+    bf16 = {("jax", model.name, "bf16"): correct_reference(on_devices, model, precision="bf16", **sizes)}
     monkeypatch.setattr(nnx_transformer, "cudnn_refusal", lambda *args: None)
     monkeypatch.setattr(nnx_transformer, "attention_implementation", lambda variant: "xla")
     if slip:
