@@ -112,6 +112,50 @@ def run_cli(capsys):
     return run
 
 
+# The order `make test`'s two workers take modules in (`--dist loadfile --no-loadscope-reorder`):
+# the longest first, so that none starts near the end and leaves the other worker idle, and the
+# modules that mostly wait on a bound (a stopped or hung worker) beside ones that compute, so
+# that the two cores stay busy. Worker-seconds from `--durations` of a full run (2-core machine,
+# 2026-12-04; (w): waits). Modules not listed follow in collection order (quick ones, tests/unit
+# last); a module that grows past a minute belongs here.
+LONGEST_FIRST = (
+    "backends/jax/test_families_jax.py",  # 250
+    "process/test_bounded_waits.py",  # 116 (w)
+    "backends/tf/test_families_tf.py",  # 97
+    "process/test_fork_server.py",  # 88 (w)
+    "process/test_launcher_spmd.py",  # 189, half (w)
+    "process/test_backends_real.py",  # 83, makes real_run (test_report reads it later)
+    "process/test_breakdown.py",  # 69
+    "process/test_variants.py",  # 60
+    "process/test_fsdp_remat_verify.py",  # 54, makes transformer_variants_verified
+    "process/test_readme_commands.py",  # 58
+    "process/test_scaling.py",  # 56
+    "process/test_step_model.py",  # 55
+    "process/test_verify.py",  # 55
+    "backends/torch/test_torch_tuned.py",  # 53
+    "process/test_estimate_wall_time.py",  # 50
+    "backends/jax/test_jax_shardmap.py",  # 49
+    "backends/torch/test_families_torch.py",  # 47
+    "backends/jax/test_shard_losses_jax.py",  # 46
+    "process/test_benchmark_fsdp_loops.py",  # 46
+    "backends/tf/test_remat_tf.py",  # 39
+    "backends/jax/test_fsdp_jax.py",  # 33
+    "backends/torch/test_fsdp_torch.py",  # 31
+    "process/test_faults.py",  # 31
+    "process/test_compare_cli.py",  # 23, half (w)
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+
+    def module_rank(item) -> int:
+        where = item.path.relative_to(ROOT / "tests").as_posix() if item.path.is_relative_to(ROOT / "tests") else ""
+        return rank.get(where, len(rank))
+
+    items.sort(key=module_rank)  # stable: each module's own order kept
+
+
 TINY = ("--batch-sizes", "16", "--repeats", "3", "--steps", "2", "--warmup-steps", "0")
 # A short unverified protocol for runs of the numpy fakes.
 FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0", "--no-verify")
