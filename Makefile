@@ -16,13 +16,12 @@ compare: $(VENV)/.installed-all
 
 # Lint and types first (seconds), then the tests in two pytest-xdist workers (TEST_WORKERS=1: one
 # process), each module's tests in one worker, so that its module fixture (a real run, children
-# that train) runs once. --dist loadfile, not loadgroup: under pytest 9 pytest-xdist 3.8's
-# loadgroup no longer sees the groups (it renames node ids through an attribute pytest 9 does not
-# read) and spreads a module's tests over both workers, each running its fixtures. Measured on a
-# fresh clone of the 2-core machine with other work running beside it: 1,685 passed in 37.8 min
-# with two workers (one worker, idle: 31-34 min). The slowest modules come first (tests/backends,
-# then tests/process; tests/unit's quick tests fill in at the end), so the progress percentage
-# lags the time. The slowest tests are listed at the end.
+# that train) runs once (--dist loadfile: under pytest 9, pytest-xdist 3.8's loadgroup no longer
+# sees groups). Modules start in the order tests/conftest.py's LONGEST_FIRST gives (the longest
+# first, the ones that wait on a bound beside ones that compute; tests/unit's quick ones last),
+# not xdist's default (by test count), so the progress percentage lags the time. Measured on a
+# fresh clone of the 2-core machine, idle: 1,717 passed in 20 min, both cores busy throughout
+# (2026-12-04). The slowest tests are listed at the end.
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
