@@ -320,8 +320,8 @@ def test_sweep_then_recommend_and_validate(run_cli, fake_backends, tmp_path):
     out, spec = tmp_path / "sweep", tmp_path / "sweep.toml"
     spec.write_text("[protocol]\nmin_window_s = 0.02\n")  # windows of 20 ms: 54 replicates in seconds
     code, stdout, err = run_cli("sweep", "--config", str(spec), "--backends", "numpy", "--params", "3e3", "1e4",
-                                "3e4", "--batch-sizes", "8", "32", "128", "--replicates", "2", "--window-budget", "0.1",
-                                "--no-verify", "--out", str(out))
+                                "3e4", "--batch-sizes", "8", "32", "128", "--replicates", "2",
+                                "--window-budget", "0.15", "--no-verify", "--out", str(out))
     assert code == 0, err
     assert "plan:" in err and "estimated" in err and "roughly" not in err  # one up-front estimate, the plan's
     stored = read_fits(out / FIT_FILE)

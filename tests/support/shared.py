@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,14 @@ def once_per_session(tmp_path_factory, name: str, make: Callable[[Path], Any]) -
     """`make(directory)`'s result (JSON-able), made by the first worker to ask and read back by the
     others, which wait on a lock meanwhile. A `make` that raises leaves nothing: the next asks again."""
     directory = shared_directory(tmp_path_factory, name)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.parent.mkdir(parents=True, exist_ok=True)
     result = directory.parent / f"{name}.json"
     with open(directory.parent / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not result.exists():
-            made = make(directory)
-            result.write_text(json.dumps(made))
+            shutil.rmtree(directory, ignore_errors=True)  # what a `make` that raised left behind
+            directory.mkdir()
+            written = result.with_suffix(".partial")
+            written.write_text(json.dumps(make(directory)))
+            os.replace(written, result)  # whole or absent, even if this worker dies mid-write
         return json.loads(result.read_text())
