@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,20 @@ def shared_directory(tmp_path_factory, name: str) -> Path:
     return shared_root(tmp_path_factory) / "shared" / name
 
 
-def once_per_session(tmp_path_factory, name: str, make: Callable[[Path], Any]) -> Any:
+# How long a worker waits for another's `make` (the longest, a real run, takes about a minute
+# alone and two on a busy 2-core machine).
+WAIT_S = 900
+
+
+def once_per_session(tmp_path_factory, name: str, make: Callable[[Path], Any], wait_s: float = WAIT_S) -> Any:
     """`make(directory)`'s result (JSON-able), made by the first worker to ask and read back by the
-    others, which wait on a lock meanwhile. A `make` that raises leaves nothing: the next asks again."""
+    others, which wait on a lock meanwhile, `wait_s` at most. A `make` that raised leaves
+    nothing behind for the next to trip on: it makes it again."""
     directory = shared_directory(tmp_path_factory, name)
     directory.parent.mkdir(parents=True, exist_ok=True)
     result = directory.parent / f"{name}.json"
     with open(directory.parent / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock_within(lock, wait_s, name)
         if not result.exists():
             shutil.rmtree(directory, ignore_errors=True)  # what a `make` that raised left behind
             directory.mkdir()
@@ -40,3 +47,16 @@ def once_per_session(tmp_path_factory, name: str, make: Callable[[Path], Any]) -
             written.write_text(json.dumps(make(directory)))
             os.replace(written, result)  # whole or absent, even if this worker dies mid-write
         return json.loads(result.read_text())
+
+
+def _lock_within(lock, wait_s: float, name: str) -> None:
+    """The lock, or a TimeoutError after `wait_s` (a worker stuck in `make` must not hang the others)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"another test worker held {name!r} for over {wait_s:g} s") from None
+            time.sleep(0.2)
