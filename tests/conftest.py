@@ -88,13 +88,19 @@ def piped_width():
         os.environ["COLUMNS"] = saved
 
 
-@pytest.fixture
-def fake_backends(monkeypatch):
-    """The installed backends plus test fakes; workers can import `tests.support.fakes`."""
+def use_fake_backends(monkeypatch) -> None:
+    """The installed backends plus test fakes, until `monkeypatch` undoes it (then call
+    `registry.refresh()`); workers can import `tests.support.fakes`."""
     installed = registry.list_entry_points()
     monkeypatch.setattr(registry, "list_entry_points", lambda: installed + FAKES)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     registry.refresh()
+
+
+@pytest.fixture
+def fake_backends(monkeypatch):
+    """The installed backends plus test fakes; workers can import `tests.support.fakes`."""
+    use_fake_backends(monkeypatch)
     yield
     registry.refresh()
 
@@ -115,34 +121,38 @@ def run_cli(capsys):
 # The order `make test`'s two workers take modules in (`--dist loadfile --no-loadscope-reorder`):
 # the longest first, so that none starts near the end and leaves the other worker idle, and the
 # modules that mostly wait on a bound (a stopped or hung worker) beside ones that compute, so
-# that the two cores stay busy. Worker-seconds from `--durations` of a full run (2-core machine,
-# 2026-12-04; (w): waits). Modules not listed follow in collection order (quick ones, tests/unit
-# last); a module that grows past a minute belongs here.
+# that the two cores stay busy (fork_server after launcher_spmd: side by side, both waited and a
+# core idled for a minute). Worker-seconds from a full run (2-core machine, 2026-12-05; (w):
+# mostly waits). Modules not listed follow in collection order (quick ones, tests/unit last); a
+# module that grows past half a minute belongs here.
 LONGEST_FIRST = (
-    "backends/jax/test_families_jax.py",  # 250
-    "process/test_bounded_waits.py",  # 116 (w)
-    "backends/tf/test_families_tf.py",  # 97
-    "process/test_fork_server.py",  # 88 (w)
-    "process/test_launcher_spmd.py",  # 189, half (w)
-    "process/test_backends_real.py",  # 83, makes real_run (test_report reads it later)
-    "process/test_breakdown.py",  # 69
-    "process/test_variants.py",  # 60
-    "process/test_fsdp_remat_verify.py",  # 54, makes transformer_variants_verified
-    "process/test_readme_commands.py",  # 58
-    "process/test_scaling.py",  # 56
-    "process/test_step_model.py",  # 55
-    "process/test_verify.py",  # 55
-    "backends/torch/test_torch_tuned.py",  # 53
-    "process/test_estimate_wall_time.py",  # 50
+    "backends/jax/test_families_jax.py",  # 268
+    "process/test_bounded_waits.py",  # 120 (w)
+    "backends/tf/test_families_tf.py",  # 127
+    "process/test_launcher_spmd.py",  # 150, a third (w)
+    "process/test_backends_real.py",  # 98, makes real_run (test_report reads it later)
+    "process/test_breakdown.py",  # 80
+    "process/test_fork_server.py",  # 55 (w)
+    "process/test_variants.py",  # 73
+    "process/test_fsdp_remat_verify.py",  # 74, makes transformer_variants_verified
+    "process/test_scaling.py",  # 87
+    "backends/torch/test_torch_tuned.py",  # 72
+    "process/test_readme_commands.py",  # 72
+    "process/test_verify.py",  # 63
+    "backends/torch/test_families_torch.py",  # 58
+    "backends/jax/test_shard_losses_jax.py",  # 55
+    "process/test_docs_commands.py",  # 52
+    "process/test_benchmark_fsdp_loops.py",  # 51
     "backends/jax/test_jax_shardmap.py",  # 49
-    "backends/torch/test_families_torch.py",  # 47
-    "backends/jax/test_shard_losses_jax.py",  # 46
-    "process/test_benchmark_fsdp_loops.py",  # 46
-    "backends/tf/test_remat_tf.py",  # 39
-    "backends/jax/test_fsdp_jax.py",  # 33
-    "backends/torch/test_fsdp_torch.py",  # 31
-    "process/test_faults.py",  # 31
-    "process/test_compare_cli.py",  # 23, half (w)
+    "process/test_compare_cli.py",  # 40, half (w)
+    "backends/tf/test_remat_tf.py",  # 45
+    "process/test_faults.py",  # 40
+    "backends/torch/test_fsdp_torch.py",  # 38
+    "process/test_estimate_wall_time.py",  # 36
+    "process/test_step_model.py",  # 31
+    "process/test_report.py",  # 30
+    "process/test_plugin_example.py",  # 30
+    "backends/jax/test_fsdp_jax.py",  # 29
 )
 
 

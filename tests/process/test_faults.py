@@ -12,13 +12,16 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import use_fake_backends
 from tests.process.test_compare_cli import FAST
 from xbench.results import records as records_module
 from xbench.results.records import RECORDS_FILE, RUN_FILE, read_records
+from xbench.run import registry
 from xbench.run.rundir import LOCK_FILE, RunDirLock
 
 RUN = ("compare", "--backends", "numpy", *FAST, "--batch-sizes", "16,32", "--devices", "1")
@@ -48,12 +51,24 @@ def lines_are_whole(path: Path) -> None:
         json.loads(line)
 
 
-@pytest.fixture
-def finished_run(fake_backends, run_cli, tmp_path):
-    out = tmp_path / "run"
-    code, _, err = run_cli(*RUN, "--out", str(out))
-    assert code == 0, err
+@pytest.fixture(scope="module")
+def made_run(tmp_path_factory):
+    """One finished run for the module (its processes take seconds; 40 tests read or damage it)."""
+    from xbench.cli.main import main
+
+    out = tmp_path_factory.mktemp("faults") / "run"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        use_fake_backends(monkeypatch)
+        code = main([*RUN, "--out", str(out)])
+    registry.refresh()
+    assert code == 0
     return out
+
+
+@pytest.fixture
+def finished_run(fake_backends, made_run, tmp_path):
+    """A copy of the module's finished run, the test's own to damage."""
+    return Path(shutil.copytree(made_run, tmp_path / "run"))
 
 
 def no_space(*args, **kwargs):

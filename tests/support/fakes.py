@@ -58,8 +58,8 @@ def stop_once(what: str) -> None:
         return
 
 
-ACTIONS = ("crash_batch", "hang_batch", "fail_batch", "oom_batch", "oom_batch_after_others", "work_factor", "rank",
-           "fail_if_env", "delay_rank", "fail_allreduce_bytes")
+ACTIONS = ("crash_batch", "hang_batch", "hang_replicate", "fail_batch", "oom_batch", "oom_batch_after_others",
+           "work_factor", "rank", "fail_if_env", "delay_rank", "fail_allreduce_bytes")
 _PREPARED_BATCHES: set[int] = set()  # this process's trials' global batches (oom_batch_after_others)
 
 
@@ -109,7 +109,8 @@ class NumpyBackend:
             raise RuntimeError("planned failure (environment)")
         if options.get("crash_batch") == batch:
             os._exit(3)
-        if options.get("hang_batch") == batch:
+        if options.get("hang_batch") == batch and options.get("hang_replicate", prepared.trial.replicate) == (
+                prepared.trial.replicate):  # hang_replicate: only that replicate hangs (each costs a timeout)
             time.sleep(3600)
         if options.get("fail_batch") == batch:
             raise RuntimeError("planned failure")
