@@ -119,7 +119,8 @@ def run_cli(capsys):
 
 
 # The order `make test`'s two workers take modules in (`--dist loadfile --no-loadscope-reorder`):
-# the longest first, so that none starts near the end and leaves the other worker idle, and the
+# about the longest first, so that none starts near the end and leaves the other worker idle (a
+# module that makes a shared fixture before the modules that read it), and the
 # modules that mostly wait on a bound (a stopped or hung worker) beside ones that compute, so
 # that the two cores stay busy (fork_server after launcher_spmd: side by side, both waited and a
 # core idled for a minute). Worker-seconds from a full run (2-core machine, 2026-12-05; (w):

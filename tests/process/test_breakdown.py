@@ -209,7 +209,8 @@ def test_compute_only_is_not_slower_than_the_full_step(breakdown_run):
 @pytest.mark.slow
 def test_allreduce_command(run_cli, tmp_path):
     """The command's output for one backend (tf's all-reduce runs in breakdown_run's, through the
-    same phase: test_breakdown_records_are_complete)."""
+    same phase: test_breakdown_records_are_complete; two backends' blocks in one output:
+    test_launcher_spmd's collectives test, jax and torch)."""
     code, out, _ = run_cli("allreduce", "--backends", "jax", "--devices", "2", "--sizes", "4KiB", "64KiB",
                            "--json", str(tmp_path / "ar.json"))
     assert code == 0 and "#       size         count      type   redop    root     time   algbw   busbw #wrong" in out

@@ -53,15 +53,17 @@ def lines_are_whole(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def made_run(tmp_path_factory):
-    """One finished run for the module (its processes take seconds; 40 tests read or damage it)."""
-    from xbench.cli.main import main
+    """One finished run for the module (its processes take seconds; 19 tests read or damage a copy)."""
+    from tests.process.conftest import captured_main
 
     out = tmp_path_factory.mktemp("faults") / "run"
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        use_fake_backends(monkeypatch)
-        code = main([*RUN, "--out", str(out)])
-    registry.refresh()
-    assert code == 0
+    try:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            use_fake_backends(monkeypatch)
+            code, _, err = captured_main(*RUN, "--out", str(out))
+    finally:
+        registry.refresh()  # the fakes stay out of later modules' registry, whatever happened
+    assert code == 0, err
     return out
 
 

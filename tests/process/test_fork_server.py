@@ -77,7 +77,10 @@ def test_a_forked_worker_that_crashes_or_hangs_costs_only_its_trial(fake_backend
                            "--option", "numpy.hang_batch=32", "--option", "numpy.hang_replicate=0",
                            "--trial-timeout", "30", "--out", str(out))
     assert code != 0 and "Traceback" not in err, err
-    for record in read_records(out):
+    records = read_records(out)
+    assert sorted((r["trial"]["global_batch"], r["trial"]["replicate"]) for r in records) == [
+        (b, k) for b in (16, 32, 64) for k in (0, 1)]
+    for record in records:
         batch, status = record["trial"]["global_batch"], record["status"]
         hung = "timeout" if record["trial"]["replicate"] == 0 else "ok"
         assert status == {16: "crashed", 32: hung, 64: "ok"}[batch], record

@@ -110,11 +110,12 @@ def test_killed_and_hung_rank_cost_only_their_trial(run_cli, fake_backends, tmp_
                            "--option", "numpy-spmd.hang_batch=32", "--option", "numpy-spmd.hang_replicate=0",
                            "--trial-timeout", "10",
                            "--out", str(tmp_path / "run"))
-    records = {r["trial"]["global_batch"]: r for r in read_records(tmp_path / "run") if r["trial"]["replicate"] == 0}
+    records = {(r["trial"]["global_batch"], r["trial"]["replicate"]): r for r in read_records(tmp_path / "run")}
     assert code == 1
-    assert records[16]["status"] == "crashed" and records[16]["reason"].startswith("rank 1: worker exit code 3")
-    assert records[32]["status"] == "timeout"
-    assert records[48]["status"] == "ok" and len(records[48]["timing"]["ranks"]) == 2
+    assert {key: r["status"] for key, r in records.items()} == {
+        (16, 0): "crashed", (16, 1): "crashed", (32, 0): "timeout", (32, 1): "ok", (48, 0): "ok", (48, 1): "ok"}
+    assert all(records[16, k]["reason"].startswith("rank 1: worker exit code 3") for k in (0, 1))
+    assert all(len(records[b, k]["timing"]["ranks"]) == 2 for b in (32, 48) for k in (0, 1) if (b, k) != (32, 0))
     assert tagged_processes(tag) == []
 
 

@@ -1,7 +1,8 @@
 """Backends for tests: a numpy one that really computes, and plugins that misbehave.
 
 The numpy backend can be told, through its options, to crash, hang, fail or run out of memory on one global
-batch size, so tests can check that the launcher loses nothing else.
+batch size (hang_replicate: hang in that replicate only, as each hang costs a whole trial timeout), so tests
+can check that the launcher loses nothing else.
 """
 
 from __future__ import annotations
