@@ -154,6 +154,7 @@ class Result(_Event):
     timing: dict[str, Any] | None = None  # mode time: first_call_s, window_s, steps_per_window, stopped, ranks
     arrays: str | None = None  # mode verify: the file of the trial's Reference
     phases: dict[str, float] | None = None  # mode verify: seconds of each phase (xbench.worker.capture.PHASES)
+    framework_memory: dict[str, Any] | None = None  # mode verify: the framework's own peak (ReportsMemory)
     telemetry: dict[str, Any] | None = None  # mode time: GPU samples over the windows, framework memory
     replicate: dict[str, Any] | None = None  # mode time: host state around the trial, settings, throttling
 

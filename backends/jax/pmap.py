@@ -60,6 +60,7 @@ from xbench.contract import (
     Variant,
     Work,
     hash_weights,
+    memory_share,
     probe_distributions,
 )
 from xbench_backends import extra_work, recompute, sharding
@@ -528,8 +529,13 @@ class JaxPmapBackend:
 def allocate_as_needed() -> None:
     """Before jax's GPU client starts: allocate as needed instead of 75 % of each GPU up front,
     so NVML's "used" means something, and allow up to 95 % of it (jax's default cap is 75 %;
-    xbench's memory check plans with the GPU's memory less 5 %). A user's own settings win."""
+    xbench's memory check plans with the GPU's memory less 5 %). A user's own settings win,
+    except where workers share the GPUs (verification): there a worker's share caps XLA's pool
+    (`memory_share`), whose reservation otherwise grows past what its programs use."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    share = memory_share()
+    if share is not None:
+        os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{share:.4f}"
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", GPU_MEMORY_FRACTION)
 
 

@@ -65,6 +65,7 @@ from xbench.contract import (
     Variant,
     Work,
     hash_weights,
+    memory_share,
     probe_distributions,
 )
 from xbench_backends import extra_work, recompute, sharding
@@ -251,6 +252,10 @@ class TorchDdpBackend:
             available = count
             details.update(cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
                            nccl=".".join(map(str, torch.cuda.nccl.version())))
+            share = memory_share()
+            if share is not None:  # workers share this GPU (verification): see xbench.contract
+                torch.cuda.set_per_process_memory_fraction(share, device)
+                details["memory_share"] = share
         else:
             if process.world_size > SIMULATED_DEVICE_LIMIT:
                 raise DeviceUnavailable(f"asked for {process.world_size} CPU processes; "

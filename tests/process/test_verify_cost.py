@@ -178,6 +178,39 @@ def test_verification_workers_at_once_are_as_many_as_the_largest_runs_memory_all
     assert memory_parallel(checks, 2) == 2 * one
 
 
+@pytest.mark.parametrize("parallel, gpus, share", [(1, 1, None), (2, 2, None), (3, 1, "0.3167"), (5, 2, "0.3167"),
+                                                   (4, 2, "0.4750")])
+def test_workers_that_share_a_gpu_are_each_told_their_share_of_its_memory(parallel, gpus, share):
+    from xbench.contract import MEMORY_SHARE_VARIABLE
+    from xbench.run.verification import memory_share_environment
+
+    assert memory_share_environment(parallel, gpus).get(MEMORY_SHARE_VARIABLE) == share
+
+
+@pytest.mark.parametrize("given, share", [("", None), ("0.25", 0.25), ("1", 1.0), ("0", None), ("1.5", None),
+                                          ("half", None)])
+def test_a_backend_reads_its_share_of_the_devices_memory(monkeypatch, given, share):
+    from xbench.contract import MEMORY_SHARE_VARIABLE, memory_share
+
+    monkeypatch.setenv(MEMORY_SHARE_VARIABLE, given)
+    assert memory_share() == share
+
+
+def test_verify_says_the_largest_runs_memory_peak_and_each_workers_cap():
+    from xbench.report.verify_text import memory_caption
+    from xbench.run.verification import memory_peaks
+
+    records = [{"trial_id": "a/m/d1/fp32/r0", "status": "ok", "framework_memory": {"peak_bytes": [2**30, 3 * 2**30]}},
+               {"trial_id": "b/m/d1/fp32/r0", "status": "failed", "framework_memory": {"peak_bytes": [9 * 2**30]}},
+               {"trial_id": "c/m/d1/fp32/r0", "status": "ok"}]
+    peaks = memory_peaks(records)
+    assert peaks == {"a/m/d1/fp32/r0": 3 * 2**30}
+    assert memory_caption({}, None) is None  # CPUs: no framework peak
+    assert memory_caption(peaks, None) == ("memory: the largest run held 3.0 GiB on a device at its peak "
+                                           "(a/m/d1/fp32/r0).")
+    assert "each capped at 31.7% of its memory" in (memory_caption(peaks, 0.3167) or "")
+
+
 # -- a plan counts verification only where the run verifies ---------------------------------
 
 RUN = {"run_id": "r", "command": "xbench compare", "spec": {"protocol": {}}}

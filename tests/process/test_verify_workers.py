@@ -37,7 +37,7 @@ def verify_numpy_mlp(tmp_path, monkeypatch, parallel=PARALLEL):
     arrays = tmp_path / "arrays"
     arrays.mkdir()
     result = verification.verify(spec, ready.entries, [2], arrays, {}, log_dir=tmp_path, launchers=ready.launchers,
-                                 lineups=ready.lineups, parallel=parallel)
+                                 lineups=ready.lineups, parallel=parallel, device_info=ready.devices)
     starts = [line for line in (tmp_path / "workers.log").read_text().splitlines()
               if line.startswith("=== ") and "worker pid(s)" in line]
     return result, verification_trials(spec, ["numpy-mlp"], [2], ready.launchers, ready.lineups), planned[0], starts
@@ -94,7 +94,9 @@ def test_a_run_killed_in_a_shared_worker_fails_its_program_and_the_rest_go_on_in
 @pytest.mark.parametrize("parallel", [2, 1])
 def test_a_run_out_of_memory_beside_other_workers_runs_again_alone(fake_backends, tmp_path, monkeypatch, parallel):
     """Side by side (parallel 2), a run that ran out of memory runs again in a worker of its
-    own, after the others, and counts; alone from the start (parallel 1) its failure stands."""
+    own, after the others, and counts; alone from the start (parallel 1) its failure stands.
+    Side by side on devices of known memory each worker is told its share of a device's memory
+    (`MEMORY_SHARE_VARIABLE`), and the run alone is not."""
     pytest.importorskip("ml_dtypes")
     from xbench.run.readiness import ready_backends
     from xbench.run.verify_plan import verification_trials
@@ -105,12 +107,16 @@ def test_a_run_out_of_memory_beside_other_workers_runs_again_alone(fake_backends
                 if t.implementation == "numpy-mlp" and t.devices == 2 and t.precision == "fp32"]
     monkeypatch.setenv(OOM_ONCE, victim)
     monkeypatch.setenv(PAUSE_DIR, str(tmp_path))
+    monkeypatch.setenv("XBENCH_DEVICE_MEMORY_GIB", "16")  # the medium MLP fits many times over
     result, _, groups, starts = verify_numpy_mlp(tmp_path, monkeypatch, parallel)
     assert (tmp_path / "out-of-memory-once").exists()
     if parallel == 2:
         assert len(starts) == len(groups) + 1, starts
         assert result.failed == {"numpy-mlp+bf16-scaled"} and not result.problems, (result.failed, result.problems)
+        assert (tmp_path / "out-of-memory-once").read_text() == "0.4750" == f"{result.memory_share:.4f}"
+        assert (tmp_path / "again").read_text() == "none"
     else:
+        assert (tmp_path / "out-of-memory-once").read_text() == "none" and result.memory_share is None
         assert "out of memory" in result.problems[victim] and "numpy-mlp" in result.failed, result.problems
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from xbench.contract import (
     ADAM,
     DATA_PARALLEL,
+    MEMORY_SHARE_VARIABLE,
     PLAIN,
     Availability,
     DeviceInfo,
@@ -222,7 +223,9 @@ class IncompleteBackend:
 
 PAUSE_TRIAL = "XBENCH_TEST_PAUSE_TRIAL"  # a verification trial id: its worker stops in `gradients`
 PAUSE_DIR = "XBENCH_TEST_PAUSE_DIR"  # ... after writing its pid to PAUSE_DIR/pid (to be killed)
-OOM_ONCE = "XBENCH_TEST_OOM_ONCE"  # a verification trial id: out of memory the first time (marker in PAUSE_DIR)
+# a verification trial id: out of memory the first time; the memory share each attempt saw is
+# written to PAUSE_DIR/out-of-memory-once, then PAUSE_DIR/again
+OOM_ONCE = "XBENCH_TEST_OOM_ONCE"
 
 
 @dataclass
@@ -287,9 +290,11 @@ class NumpyMlpBackend(NumpyBackend):
             time.sleep(120)  # until the test kills this worker
         if os.environ.get(OOM_ONCE) == prepared.trial.id:
             marker = Path(os.environ[PAUSE_DIR]) / "out-of-memory-once"
+            share = os.environ.get(MEMORY_SHARE_VARIABLE, "none")
             if not marker.exists():  # as beside other workers that hold the device's memory
-                marker.write_text(str(os.getpid()))
+                marker.write_text(share)
                 raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (planned, once)")
+            (marker.parent / "again").write_text(share)
         return self._all_reduced(prepared)
 
     def train(self, prepared: MlpPrepared, steps: int) -> list[float]:

@@ -224,3 +224,11 @@ def test_the_report_sets_the_verifications_wall_time_beside_the_timings(tmp_path
     (tmp_path / "verify.json").write_text(json.dumps({"wall_s": 95.0}))  # timing: 10:00:00 to 10:02:30
     assert verification_cost(tmp_path, records) == "Verification took 2 min, timing 2 min."
     assert verification_cost(tmp_path, []) == "Verification took 2 min."
+    # on GPUs: its largest run's framework peak beside the timed programs'
+    peaks = {"peak_bytes": {"a/m/d1/fp32/r0": 3 * 2**30, "a/m/d2/fp32/r0": 5 * 2**30}, "share": 0.3}
+    (tmp_path / "verify.json").write_text(json.dumps({"wall_s": 95.0, "memory": peaks}))
+    timed = [{**r, "telemetry": {"framework_memory": {"peak_bytes": [6 * 2**30, 7 * 2**30], "scope": "trial"}}}
+             for r in records]
+    assert verification_cost(tmp_path, timed) == ("Verification took 2 min, timing 2 min; its largest run held "
+                                                  "5.0 GiB on a device, the timed programs' largest 7.0 GiB.")
+    assert verification_cost(tmp_path, []).endswith("; its largest run held 5.0 GiB on a device.")

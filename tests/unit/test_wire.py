@@ -121,7 +121,7 @@ def event_line(kind: str, **fields) -> str:
     (event_line("allreduce", nbytes=4, status="skipped", reason=None, timing=None, collective="allreduce"),
      "'allreduce' event: field 'status' must be one of 'ok', 'failed', 'unsupported', got str 'skipped'"),
     (event_line("result", trial="t", status="ok", at="now", reason=None, work=None, backend=None, timing=None,
-                arrays=7, phases=None, telemetry=None, replicate=None),
+                arrays=7, phases=None, framework_memory=None, telemetry=None, replicate=None),
      "'result' event: field 'arrays' must be str, got int 7"),
 ])
 def test_a_malformed_event_is_refused_naming_what_is_wrong(line, message):

@@ -46,10 +46,14 @@ def record_result(record: Record) -> str:
 
 
 def _phases(record: Record) -> str:
-    """Where a verification run's seconds went, the phases of a second or more:
-    " (gradients 20 s, train 25 s)"; nothing when none took that long or none were recorded."""
+    """Where a verification run's seconds went, the phases of a second or more, and its
+    framework's peak memory where it reported one: " (gradients 20 s, train 25 s; peak 12.3
+    GiB)"; nothing when none took that long and no peak was recorded."""
     shown = [f"{name} {duration(seconds)}" for name, seconds in record.get("phases", {}).items() if seconds >= 1]
-    return f" ({', '.join(shown)})" if shown else ""
+    memory = record.get("framework_memory")
+    peak = f"peak {max(memory['peak_bytes']) / 2**30:.1f} GiB" if memory and memory.get("peak_bytes") else ""
+    inside = "; ".join(part for part in (", ".join(shown), peak) if part)
+    return f" ({inside})" if inside else ""
 
 
 @dataclass

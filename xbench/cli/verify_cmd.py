@@ -29,6 +29,7 @@ from xbench.experiment import load_spec
 from xbench.report.verify_text import (
     checks_table,
     floors_caption,
+    memory_caption,
     precision_floors_caption,
     probes_caption,
     verify_caption,
@@ -93,7 +94,8 @@ def verify(
     console.print(checks_table(result.checks))
     err.print(verify_caption(spec, entries[0].name))
     floors = floors_caption(result.floors, result.no_floor, result.floor_of)
-    for caption in (floors, precision_floors_caption(result.precision_floors), probes_caption(result.probe_of)):
+    for caption in (floors, precision_floors_caption(result.precision_floors), probes_caption(result.probe_of),
+                    memory_caption(result.memory_peaks, result.memory_share)):
         if caption:
             err.print(escape(caption))
     if result.shares_unchecked:

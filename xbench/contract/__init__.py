@@ -28,6 +28,13 @@ backend sees nothing of it but `trial.replicate`. When the environment variable
 persistent compilation cache may point it there in `setup`, so that the replicates of one run
 share compiled programs; it says whether it did in `PreparedInfo.settings["compile_cache"]`.
 
+Shared devices. Verification runs several workers on one GPU at once. Where it does, it sets
+`XBENCH_DEVICE_MEMORY_SHARE` (`MEMORY_SHARE_VARIABLE`) to the fraction of each device's memory
+a worker may hold (e.g. "0.317"), and a backend caps its allocator to it in `setup`: a
+framework whose allocator grows past what a step uses (XLA's doubles its reservation) would
+otherwise take the memory of the workers beside it. A run that needs more fails out of memory
+and is run again alone, without the variable.
+
 Programs and variants. Besides its data-parallel program a backend may offer the plain
 single-device program a user would write without xbench (`programs` includes "plain"): for a
 trial with `trial.program == "plain"` (always one device) `prepare` builds the step with no
@@ -111,6 +118,7 @@ from xbench.contract.abilities import (
 from xbench.contract.backend import (
     ADAM,
     COMPILE_CACHE_VARIABLE,
+    MEMORY_SHARE_VARIABLE,
     Adam,
     Availability,
     Backend,
@@ -120,6 +128,7 @@ from xbench.contract.backend import (
     PreparedInfo,
     Unsupported,
     Variant,
+    memory_share,
     probe_distributions,
 )
 from xbench.contract.timing import TimingProtocol
@@ -146,7 +155,8 @@ from xbench.models.model_spec import ModelSpec
 
 __all__ = [
     "ADAM", "ALL_GATHER", "ALL_REDUCE", "AS_WRITTEN", "COLLECTIVES", "COMPILE_CACHE_VARIABLE", "DATA_PARALLEL",
-    "LAUNCHERS", "PLAIN", "PROGRAMS", "Adam", "AllReduceCapable", "Availability", "Backend", "CompilesQuickly",
+    "LAUNCHERS", "MEMORY_SHARE_VARIABLE", "PLAIN", "PROGRAMS", "Adam", "AllReduceCapable", "Availability",
+    "Backend", "CompilesQuickly",
     "DeclaresFamilies", "DeclaresFirstCall",
     "DeclaresFloat32Softmax", "DeclaresFusedAttention", "DeclaresForkPreload", "DeclaresLaunchers",
     "DeclaresPrograms", "DeclaresReductionBuffers",
@@ -157,6 +167,7 @@ __all__ = [
     "float32_softmax_of",
     "fused_attention_of", "fork_preload_of",
     "hash_arrays", "hash_weights", "implementation", "implementation_of", "launchers_of", "lstm", "missing_methods",
-    "mlp", "probe_distributions", "programs_of", "reduction_buffers_of", "replicate_id", "transformer", "trial_id",
+    "memory_share", "mlp", "probe_distributions", "programs_of", "reduction_buffers_of", "replicate_id",
+    "transformer", "trial_id",
     "variants_of",
 ]

@@ -4,6 +4,7 @@ the variants it may declare. Its optional abilities are in `xbench.contract.abil
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, ClassVar, Protocol
@@ -12,6 +13,18 @@ from xbench.contract.trial import Trial
 from xbench.contract.work import Work
 
 COMPILE_CACHE_VARIABLE = "XBENCH_COMPILE_CACHE_DIR"  # see "Replicates" in xbench.contract
+MEMORY_SHARE_VARIABLE = "XBENCH_DEVICE_MEMORY_SHARE"  # see "Shared devices" in xbench.contract
+
+
+def memory_share() -> float | None:
+    """The fraction of each device's memory this worker may hold (`MEMORY_SHARE_VARIABLE`),
+    or None where it has its devices to itself."""
+    given = os.environ.get(MEMORY_SHARE_VARIABLE, "").strip()
+    try:
+        share = float(given) if given else None
+    except ValueError:
+        return None
+    return share if share is not None and 0 < share <= 1 else None
 
 
 @dataclass(frozen=True)

@@ -213,19 +213,33 @@ def verification_section(records: Sequence[Record], run_dir: Path | None = None)
 
 def verification_cost(run_dir: Path | None, records: Sequence[Record]) -> str:
     """The verification's wall time (verify.json's) beside the timing's (from the first timed
-    trial's start to the last one's end), or "" where verify.json does not say."""
+    trial's start to the last one's end), and its largest run's framework peak memory beside
+    the timed programs' (GPUs); "" where verify.json does not say."""
     try:
-        wall = json.loads((run_dir / "verify.json").read_text(encoding="utf-8"))["wall_s"] if run_dir else None
+        stored = json.loads((run_dir / "verify.json").read_text(encoding="utf-8")) if run_dir else {}
+        wall = stored["wall_s"]
     except (OSError, ValueError, KeyError, TypeError):
-        wall = None
+        return ""
     if not isinstance(wall, (int, float)):
         return ""
     stamps = [(r["started_at"], r["finished_at"]) for r in records if r.get("started_at") and r.get("finished_at")]
     said = f"Verification took {duration(wall)}"
-    if not stamps:
-        return said + "."
-    timing = (datetime.fromisoformat(max(f for _, f in stamps)) - datetime.fromisoformat(min(s for s, _ in stamps)))
-    return said + f", timing {duration(timing.total_seconds())}."
+    if stamps:
+        timing = (datetime.fromisoformat(max(f for _, f in stamps)) - datetime.fromisoformat(min(s for s, _ in stamps)))
+        said += f", timing {duration(timing.total_seconds())}"
+    return said + _memory_beside_timing(stored.get("memory"), records) + "."
+
+
+def _memory_beside_timing(memory: Any, records: Sequence[Record]) -> str:
+    """"; its largest run held 12.1 GiB on a device, the timed programs' largest 30.2 GiB"
+    (frameworks' own peaks), or "" where verification recorded none."""
+    peaks = memory.get("peak_bytes") if isinstance(memory, dict) else None
+    if not isinstance(peaks, dict) or not peaks:
+        return ""
+    timed = [peak for r in records if (held := r.get("telemetry", {}).get("framework_memory"))
+             for peak in held.get("peak_bytes") or ()]
+    said = f"; its largest run held {max(peaks.values()) / 2**30:.1f} GiB on a device"
+    return said + (f", the timed programs' largest {max(timed) / 2**30:.1f} GiB" if timed else "")
 
 
 def model_section(model: str, rows: Sequence[Row], images: Sequence[Image], busbw: Busbw) -> list[Block]:

@@ -70,6 +70,18 @@ def probes_caption(borrowed: Mapping[str, str]) -> str | None:
     return "; ".join(parts) + "." if parts else None
 
 
+def memory_caption(peaks: Mapping[str, int], share: float | None) -> str | None:
+    """The most memory a verification run's framework held on a device (`peaks`: trial id ->
+    bytes), and each worker's cap where several shared a GPU; None where no run reported a
+    peak (CPUs)."""
+    if not peaks:
+        return None
+    largest = max(peaks, key=lambda trial_id: peaks[trial_id])
+    shared = (f"; the workers that shared a GPU were each capped at {share:.1%} of its memory, a run that needed "
+              "more ran again alone" if share is not None else "")
+    return f"memory: the largest run held {peaks[largest] / 2**30:.1f} GiB on a device at its peak ({largest}){shared}."
+
+
 def precision_floors_caption(floors: Mapping[tuple[str, str, str], tuple[float, float]]) -> str | None:
     """Each backend's low-precision floors per model (its as-written program in that precision
     against its float64 run), which set the tolerances of the programs verified in that

@@ -293,6 +293,7 @@ class Record(_RecordBase, total=False):
     process: ProcessFacts  # timed records since the fork server
     arrays: str  # verification trials: where the reference arrays are
     phases: dict[str, float]  # verification trials: seconds of each phase (xbench.worker.capture.PHASES)
+    framework_memory: FrameworkMemory  # verification trials on GPUs: the framework's own peak
     memory: MemoryFacts  # timed trials since the check before launching
 
 

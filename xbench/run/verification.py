@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from xbench.contract import Trial, backend_of_implementation
+from xbench.contract import MEMORY_SHARE_VARIABLE, Trial, backend_of_implementation
 from xbench.experiment import Spec
 from xbench.models.memory import GiB
 from xbench.results.checks import (
@@ -26,7 +26,7 @@ from xbench.results.checks import (
     run_checks,
     verification_precision,
 )
-from xbench.results.fit import MemoryCheck, out_of_memory
+from xbench.results.fit import MARGIN, MemoryCheck, out_of_memory
 from xbench.results.full_size import (
     FULL_SIZE,
     FULL_SIZE_REPLICATE,
@@ -96,6 +96,10 @@ class Verification:
     # implementation -> the as-written program whose full-size probe stands for its own (a
     # variant of the same formula, not sharded: `verify_plan.lent_probes`)
     probe_of: dict[str, str] = field(default_factory=dict)
+    # trial id -> the largest of its run's framework peaks over its devices (bytes; GPUs only),
+    # and each worker's share of a GPU's memory where several shared one (`memory_share_environment`)
+    memory_peaks: dict[str, int] = field(default_factory=dict)
+    memory_share: float | None = None
 
     @property
     def failed(self) -> set[str]:
@@ -147,8 +151,10 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     probe_of = {by_id[own].implementation: by_id[base].implementation for own, base in lent.items()}
     trials = [t for t in trials if t.id not in lent]
     to_run = [t for t in trials if t.id not in unfit]
-    held = memory_parallel(memory_checks(to_run, lineups or {}, device_info or {}, environment), max(1, len(spread)))
+    gpus = max(1, len(spread))
+    held = memory_parallel(memory_checks(to_run, lineups or {}, device_info or {}, environment), gpus)
     parallel = min(parallel, held or parallel)
+    share = memory_share_environment(parallel, gpus) if held is not None else {}
     records: list[Record] = []
     run_dir = log_dir or work_dir
     groups = verification_groups(to_run, {e.name: e.target for e in entries}, parallel)
@@ -157,7 +163,7 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
                                write=records.append, arrays_dir=Path(work_dir),
                                shard_counts=tuple(sorted({n for n in devices if n > 1})),
                                launch=launch or Launch(), startup_timeout_s=startup_timeout_s, spread_gpus=spread,
-                               fork_servers=servers)
+                               fork_servers=servers, env=share)
         records += [launcher.skipped_record(t, ctx, unfit[t.id]) for t in trials if t.id in unfit]
         if progress is not None:
             progress.planned(to_run)
@@ -167,8 +173,19 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
         alone = out_of_memory_beside_others(groups, records, parallel)
         if alone and progress is not None:
             progress.again([group.trials[0] for group in alone])
-        launcher.run_groups(alone, ctx, 1)  # their new records replace the failed ones (`_sorted_records`)
-    return replace(verdict(spec, names, trials, records, probe_of), not_probed=unfit)
+        # Alone, a run has its devices' memory to itself; its new records replace the failed ones
+        # (`_sorted_records`).
+        launcher.run_groups(alone, replace(ctx, env={}), 1)
+    return replace(verdict(spec, names, trials, records, probe_of), not_probed=unfit,
+                   memory_peaks=memory_peaks(records),
+                   memory_share=float(share[MEMORY_SHARE_VARIABLE]) if share else None)
+
+
+def memory_peaks(records: Sequence[Record]) -> dict[str, int]:
+    """Trial id -> the largest framework peak over its devices, for the ok runs that report one
+    (the last record of a trial run twice: it ran out of memory, then alone)."""
+    return {r["trial_id"]: max(memory["peak_bytes"]) for r in records
+            if r["status"] == "ok" and (memory := r.get("framework_memory")) and memory.get("peak_bytes")}
 
 
 def out_of_memory_beside_others(groups: Sequence[Group], records: Sequence[Record], parallel: int) -> list[Group]:
@@ -200,6 +217,19 @@ def memory_parallel(checks: Mapping[str, MemoryCheck], gpus: int) -> int | None:
     usable = min(check.usable_bytes or 0 for check in known)
     largest = max(check.estimate.total for check in known) + WORKER_CONTEXT_BYTES
     return max(1, usable // largest * gpus)
+
+
+def memory_share_environment(parallel: int, gpus: int) -> dict[str, str]:
+    """Where `parallel` workers share `gpus` GPUs (as `memory_parallel` planned: jobs spread
+    over them in turn), each worker's share of a GPU's memory for its backend to cap its
+    allocator to (`MEMORY_SHARE_VARIABLE`): the usable memory split evenly. Without it, an
+    allocator that grows its reservation geometrically (XLA's) held 64.6 GiB in each of two
+    workers on one H200 where 39 GiB were planned for the largest run (gpt2-xl's full-size
+    probe), and that probe ran out of memory beside them. Nothing for one worker a GPU."""
+    per_gpu = -(-parallel // gpus)
+    if per_gpu <= 1:
+        return {}
+    return {MEMORY_SHARE_VARIABLE: f"{(1 - MARGIN) / per_gpu:.4f}"}
 
 
 def unfit_probes(trials: Sequence[Trial], lineups: Mapping[str, Lineup], devices: Mapping[str, Mapping[str, Any]],

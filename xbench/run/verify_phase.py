@@ -53,6 +53,8 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any],
                           for m in comparison.spec.models],
         "outcomes": {name: result.outcome(name) for name in comparison.implementations},
         "kernel_settings": result.settings,
+        # trial id -> its framework's peak bytes on a device; each worker's share where GPUs were shared
+        "memory": {"peak_bytes": result.memory_peaks, "share": result.memory_share},
         "wall_s": round(time.monotonic() - started, 1),  # the report sets it beside the timing's
     })
     return result

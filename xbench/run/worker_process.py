@@ -13,7 +13,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from xbench.contract import COMPILE_CACHE_VARIABLE
+from xbench.contract import COMPILE_CACHE_VARIABLE, MEMORY_SHARE_VARIABLE
 from xbench.run.bounds import EXIT_GRACE_S, end_group
 from xbench.run.zygote import ForkedProcess, ForkServers
 from xbench.wire import Event, Job, WireError, decode_event
@@ -30,15 +30,17 @@ LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GRO
                     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
 
 
-# What may differ between the workers of one fork server: the launch variables, and the GPUs
-# a worker sees (set before the worker's framework touches CUDA; the server never does).
-PER_WORKER = frozenset((*LAUNCH_VARIABLES, "CUDA_VISIBLE_DEVICES"))
+# What may differ between the workers of one fork server: the launch variables, the GPUs a
+# worker sees and its share of their memory (read when the worker's framework first touches
+# CUDA; the server never does).
+PER_WORKER = frozenset((*LAUNCH_VARIABLES, "CUDA_VISIBLE_DEVICES", MEMORY_SHARE_VARIABLE))
 
 
 def worker_environment() -> dict[str, str]:
     """xbench's own environment for a worker, less what only xbench's launcher may set: the
-    launch variables and the run's compilation cache (a run without one has none)."""
-    private = (*LAUNCH_VARIABLES, COMPILE_CACHE_VARIABLE)
+    launch variables, the run's compilation cache (a run without one has none) and a worker's
+    share of its devices' memory."""
+    private = (*LAUNCH_VARIABLES, COMPILE_CACHE_VARIABLE, MEMORY_SHARE_VARIABLE)
     env = {k: v for k, v in os.environ.items() if k not in private and not k.startswith("TORCHELASTIC_")}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep framework chatter out of the log
     env["PYTHONUNBUFFERED"] = "1"

@@ -322,7 +322,8 @@ def _verification(arrays_dir: Path, save: bool, shard_counts: tuple[int, ...] = 
         with timed(phases, "save"):
             if save:
                 save_reference(path, reference)
-        return {"arrays": str(path), "phases": phases}
+        memory = backend.memory_peak_bytes(prepared) if isinstance(backend, ReportsMemory) else None
+        return {"arrays": str(path), "phases": phases, "framework_memory": memory}
     return capture
 
 
