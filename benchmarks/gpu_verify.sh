@@ -7,6 +7,9 @@
 #              variant, 1 and 2 GPUs): issue "Verified in a minute at any size" asks <= 2 min
 #   gpt2-xl    xbench verify of gpt2-xl with the sharded variants, 1 and 2 GPUs: the full-size
 #              probes at 1.56 B parameters (2-3 minutes each on one H200 before)
+#   memory     xbench compare of configs/families.toml in bf16, the as-written programs verified
+#              then timed (2 replicates): the report sets the verification's largest run's
+#              framework peak memory beside the timed programs' (the issue asks no more)
 #   allreduce  the all-reduce with P2P on and off side by side, NCCL's own account of the
 #              transports each used
 # Everything it writes is packed into $OUT/results.tgz. FAMILIES_TIMEOUT, XL_TIMEOUT: the steps' limits;
@@ -32,6 +35,18 @@ wanted families && verify_step families "${FAMILIES_TIMEOUT:-300}" --config conf
   --devices "${DEVICES:-2}" --variants all
 wanted gpt2-xl && verify_step gpt2-xl "${XL_TIMEOUT:-220}" --config configs/families.toml --model gpt2-xl --backends jax torch \
   --devices "${DEVICES:-2}" --variants jax:fsdp torch:fsdp torch:fsdp-compile
+
+if wanted memory; then
+  limit=$((570 - SECONDS))
+  if [ "$limit" -ge 120 ]; then
+    step memory "$limit" xbench compare --config configs/families.toml --backends jax torch --precision bf16 \
+      --devices "${DEVICES:-2}" --replicates 2 --repeats 3 --time-budget 0 --single-device data-parallel \
+      --out "$out/run/memory"
+    grep -h "Verification took" "$out/run/memory/report.md"
+  else
+    echo "== memory: not started, $limit s left"
+  fi
+fi
 
 if wanted allreduce; then
   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_DEBUG_FILE="$out/run/nccl.%h.%p.log" \
