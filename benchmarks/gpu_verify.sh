@@ -42,7 +42,7 @@ if wanted memory; then
     step memory "$limit" xbench compare --config configs/families.toml --backends jax torch --precision bf16 \
       --devices "${DEVICES:-2}" --replicates 2 --repeats 3 --time-budget 0 --single-device data-parallel \
       --out "$out/run/memory"
-    grep -h "Verification took" "$out/run/memory/report.md"
+    grep -h "Verification took" "$out/run/memory/report.md" 2>/dev/null
   else
     echo "== memory: not started, $limit s left"
   fi

@@ -92,6 +92,8 @@ from xbench_backends.jax.steps import (
 
 SIMULATED_DEVICE_LIMIT = 8
 GPU_MEMORY_FRACTION = "0.95"  # of each GPU jax may allocate (`allocate_as_needed`)
+# The variable that caps XLA's pool: jax's current name, and the older one it still reads
+MEMORY_FRACTION_NAMES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 # Steps per compiled call of the `fused` variant: enough that the per-call dispatch (tens of
 # µs) is spread thin; measured on an H200, 50 fused steps ran within 2-7 % across processes.
 FUSED_STEPS = 50
@@ -531,16 +533,20 @@ def allocate_as_needed() -> None:
     so NVML's "used" means something, and allow up to 95 % of it (jax's default cap is 75 %;
     xbench's memory check plans with the GPU's memory less 5 %). A user's own settings win,
     except where workers share the GPUs (verification): there a worker's share caps XLA's pool
-    (`memory_share`), whose reservation otherwise grows past what its programs use."""
+    (`memory_share`), whose reservation otherwise grows past what its programs use. The cap
+    goes under the name the user set, if any (jax refuses both names at once)."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    given = next((name for name in MEMORY_FRACTION_NAMES if os.environ.get(name)), None)
     share = memory_share()
     if share is not None:
-        os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{share:.4f}"
-    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", GPU_MEMORY_FRACTION)
+        os.environ[given or MEMORY_FRACTION_NAMES[-1]] = f"{share:.4f}"
+    elif given is None:
+        os.environ[MEMORY_FRACTION_NAMES[-1]] = GPU_MEMORY_FRACTION
 
 
 def allocator_settings() -> dict[str, str]:
-    return {name: os.environ[name] for name in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION")}
+    return {name: os.environ[name] for name in ("XLA_PYTHON_CLIENT_PREALLOCATE", *MEMORY_FRACTION_NAMES)
+            if name in os.environ}
 
 
 def _one_step_per_call(trial: Trial) -> tuple[str, ...]:

@@ -164,7 +164,7 @@ def test_verification_runs_one_worker_per_two_cores_and_at_most_eight_per_gpu(mo
 
 def test_verification_workers_at_once_are_as_many_as_the_largest_runs_memory_allows(monkeypatch):
     from xbench.run.memory_check import memory_checks
-    from xbench.run.verification import memory_parallel
+    from xbench.run.verify_memory import memory_parallel
     from xbench.run.verify_plan import verification_trials
 
     trials = verification_trials(gpt2_spec((1, 2)), ["a"], [2])
@@ -178,13 +178,32 @@ def test_verification_workers_at_once_are_as_many_as_the_largest_runs_memory_all
     assert memory_parallel(checks, 2) == 2 * one
 
 
-@pytest.mark.parametrize("parallel, gpus, share", [(1, 1, None), (2, 2, None), (3, 1, "0.3167"), (5, 2, "0.3167"),
-                                                   (4, 2, "0.4750")])
-def test_workers_that_share_a_gpu_are_each_told_their_share_of_its_memory(parallel, gpus, share):
-    from xbench.contract import MEMORY_SHARE_VARIABLE
-    from xbench.run.verification import memory_share_environment
+@pytest.mark.parametrize("workers, gpus, widest, per_gpu", [(1, 1, 1, 1), (2, 2, 1, 1), (3, 1, 1, 3), (5, 2, 1, 3),
+                                                            (2, 2, 2, 2), (6, 2, 2, 6), (3, 2, 2, 3), (4, 4, 2, 2)])
+def test_a_gpu_holds_as_many_workers_as_their_devices_can_put_on_it(workers, gpus, widest, per_gpu):
+    from xbench.run.verify_memory import workers_per_gpu
 
-    assert memory_share_environment(parallel, gpus).get(MEMORY_SHARE_VARIABLE) == share
+    assert workers_per_gpu(workers, gpus, widest) == per_gpu
+
+
+def test_workers_that_share_a_gpu_are_each_told_their_share_of_its_memory(monkeypatch):
+    """The usable memory (95 %) split evenly, less each worker's context outside its framework's
+    pool; nothing where a worker has its GPU to itself or the memory is not known."""
+    from xbench.contract import MEMORY_SHARE_VARIABLE
+    from xbench.run.memory_check import memory_checks
+    from xbench.run.verify_memory import memory_parallel, memory_share_environment
+    from xbench.run.verify_plan import verification_trials
+
+    trials = verification_trials(gpt2_spec((1, 2)), ["a"], [2])
+    monkeypatch.delenv("XBENCH_DEVICE_MEMORY_GIB", raising=False)
+    assert memory_share_environment(memory_checks(trials, {}, SIMULATED, {}), 4, 1) == {}  # not known
+    monkeypatch.setenv("XBENCH_DEVICE_MEMORY_GIB", "100")
+    checks = memory_checks(trials, {}, SIMULATED, {})
+    assert memory_share_environment(checks, 1, 1) == {} == memory_share_environment(checks, 2, 2)
+    assert memory_share_environment(checks, 4, 1) == {MEMORY_SHARE_VARIABLE: f"{(0.95 / 4 - 0.01):.4f}"}
+    # 2-device jobs on 2 GPUs: both on each GPU, as on one
+    assert memory_share_environment(checks, 2, 2, widest=2) == memory_share_environment(checks, 2, 1)
+    assert memory_parallel(checks, 2, widest=2) == memory_parallel(checks, 1) < memory_parallel(checks, 2)
 
 
 @pytest.mark.parametrize("given, share", [("", None), ("0.25", 0.25), ("1", 1.0), ("0", None), ("1.5", None),
@@ -198,10 +217,15 @@ def test_a_backend_reads_its_share_of_the_devices_memory(monkeypatch, given, sha
 
 def test_verify_says_the_largest_runs_memory_peak_and_each_workers_cap():
     from xbench.report.verify_text import memory_caption
-    from xbench.run.verification import memory_peaks
+    from xbench.run.verify_memory import memory_peaks
 
-    records = [{"trial_id": "a/m/d1/fp32/r0", "status": "ok", "framework_memory": {"peak_bytes": [2**30, 3 * 2**30]}},
-               {"trial_id": "b/m/d1/fp32/r0", "status": "failed", "framework_memory": {"peak_bytes": [9 * 2**30]}},
+    trial, worker = "trial", "worker process"  # a peak of this run's own, or perhaps an earlier one's
+    records = [{"trial_id": "a/m/d1/fp32/r0", "status": "ok",
+                "framework_memory": {"peak_bytes": [2**30, 3 * 2**30], "scope": trial}},
+               {"trial_id": "b/m/d1/fp32/r0", "status": "failed",
+                "framework_memory": {"peak_bytes": [9 * 2**30], "scope": trial}},
+               {"trial_id": "d/m/d1/fp32/r0", "status": "ok", "framework_memory": {"peak_bytes": [9 * 2**30],
+                                                                                   "scope": worker}},
                {"trial_id": "c/m/d1/fp32/r0", "status": "ok"}]
     peaks = memory_peaks(records)
     assert peaks == {"a/m/d1/fp32/r0": 3 * 2**30}

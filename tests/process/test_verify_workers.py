@@ -113,7 +113,8 @@ def test_a_run_out_of_memory_beside_other_workers_runs_again_alone(fake_backends
     if parallel == 2:
         assert len(starts) == len(groups) + 1, starts
         assert result.failed == {"numpy-mlp+bf16-scaled"} and not result.problems, (result.failed, result.problems)
-        assert (tmp_path / "out-of-memory-once").read_text() == "0.4750" == f"{result.memory_share:.4f}"
+        # two workers on a 16 GiB device: half of its 95 %, less a GiB each for the context
+        assert (tmp_path / "out-of-memory-once").read_text() == "0.4125" == f"{result.memory_share:.4f}"
         assert (tmp_path / "again").read_text() == "none"
     else:
         assert (tmp_path / "out-of-memory-once").read_text() == "none" and result.memory_share is None

@@ -110,7 +110,7 @@ def event_line(kind: str, **fields) -> str:
     (b'{"wire": 1, \xff}', "event is not JSON ('utf-8' codec can't decode byte 0xff"),
     ("[1, 2]", "event is not a JSON object: [1, 2]"),
     ('{"event": "done"}', "event carries no wire version ('wire' field)"),
-    ('{"wire": 99, "event": "done"}', "event is of wire version 99, this xbench speaks 3"),
+    ('{"wire": 99, "event": "done"}', "event is of wire version 99, this xbench speaks 4"),
     (event_line("finished"), "event kind 'finished' is unknown (known: ready, unavailable, setup_failed, start,"),
     (json.dumps({"wire": WIRE_VERSION, "done": 1}), "event has no kind ('event' field)"),
     (event_line("window", trial="t"), "'window' event: field 'done' is missing"),
@@ -138,7 +138,7 @@ def job_dict(**changes) -> dict:
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({**job_dict(), "wire": 0}, "job is of wire version 0, this xbench speaks 3"),
+    ({**job_dict(), "wire": 0}, "job is of wire version 0, this xbench speaks 4"),
     ({k: v for k, v in job_dict().items() if k != "platform"}, "job: field 'platform' is missing"),
     (job_dict(priority=1), "job: unknown field 'priority'"),
     (job_dict(devices=2.0), "job: field 'devices' must be int, got float 2.0"),

@@ -30,7 +30,7 @@ share compiled programs; it says whether it did in `PreparedInfo.settings["compi
 
 Shared devices. Verification runs several workers on one GPU at once. Where it does, it sets
 `XBENCH_DEVICE_MEMORY_SHARE` (`MEMORY_SHARE_VARIABLE`) to the fraction of each device's memory
-a worker may hold (e.g. "0.317"), and a backend caps its allocator to it in `setup`: a
+a worker may hold (e.g. "0.3167"), and a backend caps its allocator to it in `setup`: a
 framework whose allocator grows past what a step uses (XLA's doubles its reservation) would
 otherwise take the memory of the workers beside it. A run that needs more fails out of memory
 and is run again alone, without the variable.

@@ -9,7 +9,6 @@ from typing import Any, Protocol
 
 from xbench.contract import MEMORY_SHARE_VARIABLE, Trial, backend_of_implementation
 from xbench.experiment import Spec
-from xbench.models.memory import GiB
 from xbench.results.checks import (
     Check,
     Key,
@@ -26,7 +25,7 @@ from xbench.results.checks import (
     run_checks,
     verification_precision,
 )
-from xbench.results.fit import MARGIN, MemoryCheck, out_of_memory
+from xbench.results.fit import out_of_memory
 from xbench.results.full_size import (
     FULL_SIZE,
     FULL_SIZE_REPLICATE,
@@ -40,8 +39,14 @@ from xbench.results.records import Record
 from xbench.run import launcher, zygote
 from xbench.run.cluster import Launch
 from xbench.run.memory_check import memory_checks
-from xbench.run.plan import Group, Lineup
+from xbench.run.plan import Lineup
 from xbench.run.registry import BackendEntry
+from xbench.run.verify_memory import (
+    memory_parallel,
+    memory_peaks,
+    memory_share_environment,
+    out_of_memory_beside_others,
+)
 from xbench.run.verify_plan import (
     borrowed_floors,
     is_low_precision,
@@ -151,13 +156,13 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     probe_of = {by_id[own].implementation: by_id[base].implementation for own, base in lent.items()}
     trials = [t for t in trials if t.id not in lent]
     to_run = [t for t in trials if t.id not in unfit]
-    gpus = max(1, len(spread))
-    held = memory_parallel(memory_checks(to_run, lineups or {}, device_info or {}, environment), gpus)
-    parallel = min(parallel, held or parallel)
-    share = memory_share_environment(parallel, gpus) if held is not None else {}
+    gpus, widest = max(1, len(spread)), max((t.devices for t in to_run), default=1)
+    checks = memory_checks(to_run, lineups or {}, device_info or {}, environment)
+    parallel = min(parallel, memory_parallel(checks, gpus, widest) or parallel)
     records: list[Record] = []
     run_dir = log_dir or work_dir
     groups = verification_groups(to_run, {e.name: e.target for e in entries}, parallel)
+    share = memory_share_environment(checks, min(parallel, len(groups)), gpus, widest)
     with zygote.fork_servers(Path(run_dir) / launcher.LOG_FILE, startup_timeout_s) as servers:
         ctx = launcher.Context(run_id="verify", run_dir=run_dir, environment=environment,
                                write=records.append, arrays_dir=Path(work_dir),
@@ -175,61 +180,14 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
             progress.again([group.trials[0] for group in alone])
         # Alone, a run has its devices' memory to itself; its new records replace the failed ones
         # (`_sorted_records`).
-        launcher.run_groups(alone, replace(ctx, env={}), 1)
+        launcher.run_groups(alone, replace(ctx, env=without(ctx.env, MEMORY_SHARE_VARIABLE)), 1)
     return replace(verdict(spec, names, trials, records, probe_of), not_probed=unfit,
                    memory_peaks=memory_peaks(records),
                    memory_share=float(share[MEMORY_SHARE_VARIABLE]) if share else None)
 
 
-def memory_peaks(records: Sequence[Record]) -> dict[str, int]:
-    """Trial id -> the largest framework peak over its devices, for the ok runs that report one
-    (the last record of a trial run twice: it ran out of memory, then alone)."""
-    return {r["trial_id"]: max(memory["peak_bytes"]) for r in records
-            if r["status"] == "ok" and (memory := r.get("framework_memory")) and memory.get("peak_bytes")}
-
-
-def out_of_memory_beside_others(groups: Sequence[Group], records: Sequence[Record], parallel: int) -> list[Group]:
-    """The trials that ran out of memory while other workers shared the devices, each in a
-    group of its own, to run again with nothing beside it: the others' memory (an allocator
-    keeps what it freed until its process ends) is no verdict on the model. On one H200,
-    gpt2-xl's full-size probe failed asking for 26 GiB while the GPU's 139 GiB were in use."""
-    if min(parallel, len(groups)) <= 1:
-        return []
-    failed = {r["trial_id"] for r in records
-              if r["status"] in ("failed", "crashed") and out_of_memory(r.get("reason"))}
-    return [replace(group, trials=(trial,), positions=(position,)) for group in groups
-            for trial, position in zip(group.trials, group.positions) if trial.id in failed]
-
-
-# What a worker holds on its GPU besides the estimate of its step (CUDA context, kernels,
-# the allocator's slack), for `memory_parallel`: about a GiB for torch's and XLA's contexts.
-WORKER_CONTEXT_BYTES = GiB
-
-
-def memory_parallel(checks: Mapping[str, MemoryCheck], gpus: int) -> int | None:
-    """How many verification workers the devices' memory holds at once, were each to hold
-    the largest run's estimate (`checks`) and `WORKER_CONTEXT_BYTES`, over `gpus` GPUs; None
-    where the memory is not known. Side by side, workers that each fit would otherwise run
-    out of memory together (what the estimate misses is run again alone afterwards)."""
-    known = [check for check in checks.values() if check.usable_bytes is not None]
-    if not known:
-        return None
-    usable = min(check.usable_bytes or 0 for check in known)
-    largest = max(check.estimate.total for check in known) + WORKER_CONTEXT_BYTES
-    return max(1, usable // largest * gpus)
-
-
-def memory_share_environment(parallel: int, gpus: int) -> dict[str, str]:
-    """Where `parallel` workers share `gpus` GPUs (as `memory_parallel` planned: jobs spread
-    over them in turn), each worker's share of a GPU's memory for its backend to cap its
-    allocator to (`MEMORY_SHARE_VARIABLE`): the usable memory split evenly. Without it, an
-    allocator that grows its reservation geometrically (XLA's) held 64.6 GiB in each of two
-    workers on one H200 where 39 GiB were planned for the largest run (gpt2-xl's full-size
-    probe), and that probe ran out of memory beside them. Nothing for one worker a GPU."""
-    per_gpu = -(-parallel // gpus)
-    if per_gpu <= 1:
-        return {}
-    return {MEMORY_SHARE_VARIABLE: f"{(1 - MARGIN) / per_gpu:.4f}"}
+def without(env: Mapping[str, str], name: str) -> dict[str, str]:
+    return {key: value for key, value in env.items() if key != name}
 
 
 def unfit_probes(trials: Sequence[Trial], lineups: Mapping[str, Lineup], devices: Mapping[str, Mapping[str, Any]],

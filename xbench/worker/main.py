@@ -112,7 +112,7 @@ def _trial_action(job: Job, info: DeviceInfo, ranks: Ranks) -> Action:
     """What each trial of a job of mode "time" or "verify" is for."""
     if job.arrays_dir is not None:  # mode "verify" (Job allows arrays_dir there only)
         return _verification(job.arrays_dir, save=job.process is None or job.process.local_rank == 0,
-                             shard_counts=job.shard_counts)
+                             shard_counts=job.shard_counts, ranks=ranks)
     return _timing(info, ranks)
 
 
@@ -312,17 +312,20 @@ def _timing_fields(result: Any) -> dict[str, Any]:
             "steps_per_window": result.steps_per_window, "stopped": result.stopped}
 
 
-def _verification(arrays_dir: Path, save: bool, shard_counts: tuple[int, ...] = ()) -> Action:
-    """Reference arrays for verify; in an spmd job every rank computes them (collectives),
-    one per node saves them."""
+def _verification(arrays_dir: Path, save: bool, shard_counts: tuple[int, ...] = (), ranks: Ranks | None = None
+                  ) -> Action:
+    """Reference arrays for verify, and every rank's framework memory peak; in an spmd job
+    every rank computes them (collectives), one per node saves the arrays."""
     def capture(backend: Backend, prepared: Any, trial: Trial, work: Work, emit: Emit) -> dict[str, Any]:
         path = arrays_dir / f"{trial.id.replace('/', '_')}.npz"
         phases: dict[str, float] = {}
         reference = reference_run(backend, prepared, trial.protocol.steps, trial, shard_counts, phases)
+        memory = backend.memory_peak_bytes(prepared) if isinstance(backend, ReportsMemory) else None
+        if ranks is not None:  # before the save, which one rank does: the others gather meanwhile
+            memory = ranks.peaks(memory)
         with timed(phases, "save"):
             if save:
                 save_reference(path, reference)
-        memory = backend.memory_peak_bytes(prepared) if isinstance(backend, ReportsMemory) else None
         return {"arrays": str(path), "phases": phases, "framework_memory": memory}
     return capture
 
