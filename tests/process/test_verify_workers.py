@@ -91,12 +91,12 @@ def test_a_run_killed_in_a_shared_worker_fails_its_program_and_the_rest_go_on_in
         assert first in result.problems.get(trial_id, first), result.problems[trial_id]
 
 
-@pytest.mark.parametrize("parallel", [2, 1])
+@pytest.mark.parametrize("parallel", [3, 1])
 def test_a_run_out_of_memory_beside_other_workers_runs_again_alone(fake_backends, tmp_path, monkeypatch, parallel):
-    """Side by side (parallel 2), a run that ran out of memory runs again in a worker of its
-    own, after the others, and counts; alone from the start (parallel 1) its failure stands.
-    Side by side on devices of known memory each worker is told its share of a device's memory
-    (`MEMORY_SHARE_VARIABLE`), and the run alone is not."""
+    """Side by side (3 asked, 2 as the memory allows), a run that ran out of memory runs again
+    in a worker of its own, after the others, and counts; alone from the start (parallel 1) its
+    failure stands. Where the memory limited the workers, each is told its share of a device's
+    memory (`MEMORY_SHARE_VARIABLE`), and the run alone is not."""
     pytest.importorskip("ml_dtypes")
     from xbench.run.readiness import ready_backends
     from xbench.run.verify_plan import verification_trials
@@ -107,14 +107,16 @@ def test_a_run_out_of_memory_beside_other_workers_runs_again_alone(fake_backends
                 if t.implementation == "numpy-mlp" and t.devices == 2 and t.precision == "fp32"]
     monkeypatch.setenv(OOM_ONCE, victim)
     monkeypatch.setenv(PAUSE_DIR, str(tmp_path))
-    monkeypatch.setenv("XBENCH_DEVICE_MEMORY_GIB", "16")  # the medium MLP fits many times over
+    # a GiB of context and a few MB of MLP per worker: two fit in 95 % of 2.6 GiB, three do not
+    monkeypatch.setenv("XBENCH_DEVICE_MEMORY_GIB", "2.6")
     result, _, groups, starts = verify_numpy_mlp(tmp_path, monkeypatch, parallel)
     assert (tmp_path / "out-of-memory-once").exists()
-    if parallel == 2:
-        assert len(starts) == len(groups) + 1, starts
+    if parallel == 3:
+        assert len(starts) == len(groups) + 1 and len(groups) >= 2, starts
         assert result.failed == {"numpy-mlp+bf16-scaled"} and not result.problems, (result.failed, result.problems)
-        # two workers on a 16 GiB device: half of its 95 %, less a GiB each for the context
-        assert (tmp_path / "out-of-memory-once").read_text() == "0.4125" == f"{result.memory_share:.4f}"
+        # two workers: half of 95 % of the device each, less a GiB for the context
+        assert result.memory_share == pytest.approx((0.95 * 2.6 / 2 - 1) / 2.6, abs=2e-4)
+        assert (tmp_path / "out-of-memory-once").read_text() == f"{result.memory_share:.4f}"
         assert (tmp_path / "again").read_text() == "none"
     else:
         assert (tmp_path / "out-of-memory-once").read_text() == "none" and result.memory_share is None

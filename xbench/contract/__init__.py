@@ -28,12 +28,12 @@ backend sees nothing of it but `trial.replicate`. When the environment variable
 persistent compilation cache may point it there in `setup`, so that the replicates of one run
 share compiled programs; it says whether it did in `PreparedInfo.settings["compile_cache"]`.
 
-Shared devices. Verification runs several workers on one GPU at once. Where it does, it sets
-`XBENCH_DEVICE_MEMORY_SHARE` (`MEMORY_SHARE_VARIABLE`) to the fraction of each device's memory
-a worker may hold (e.g. "0.3167"), and a backend caps its allocator to it in `setup`: a
-framework whose allocator grows past what a step uses (XLA's doubles its reservation) would
-otherwise take the memory of the workers beside it. A run that needs more fails out of memory
-and is run again alone, without the variable.
+Shared devices. Verification runs several workers on one GPU at once. Where the memory limits
+how many, it sets `XBENCH_DEVICE_MEMORY_SHARE` (`MEMORY_SHARE_VARIABLE`) to the fraction of
+each device's memory a worker may hold (e.g. "0.3090"), and a backend caps its allocator to it
+in `setup`: a framework whose allocator grows past what a step uses (XLA's doubles its
+reservation) would otherwise take the memory of the workers beside it. A run that needs more
+fails out of memory and is run again alone, without the variable.
 
 Programs and variants. Besides its data-parallel program a backend may offer the plain
 single-device program a user would write without xbench (`programs` includes "plain"): for a

@@ -158,11 +158,13 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     to_run = [t for t in trials if t.id not in unfit]
     gpus, widest = max(1, len(spread)), max((t.devices for t in to_run), default=1)
     checks = memory_checks(to_run, lineups or {}, device_info or {}, environment)
-    parallel = min(parallel, memory_parallel(checks, gpus, widest) or parallel)
+    held = memory_parallel(checks, gpus, widest)
+    # Where memory sets how many run at once, each worker is held to its share of it.
+    capped, parallel = held is not None and held < parallel, min(parallel, held or parallel)
     records: list[Record] = []
     run_dir = log_dir or work_dir
     groups = verification_groups(to_run, {e.name: e.target for e in entries}, parallel)
-    share = memory_share_environment(checks, min(parallel, len(groups)), gpus, widest)
+    share = memory_share_environment(checks, min(parallel, len(groups)), gpus, widest) if capped else {}
     with zygote.fork_servers(Path(run_dir) / launcher.LOG_FILE, startup_timeout_s) as servers:
         ctx = launcher.Context(run_id="verify", run_dir=run_dir, environment=environment,
                                write=records.append, arrays_dir=Path(work_dir),

@@ -42,8 +42,9 @@ def workers_per_gpu(workers: int, gpus: int, widest: int) -> int:
 def memory_share_environment(checks: Mapping[str, MemoryCheck], workers: int, gpus: int,
                              widest: int = 1) -> dict[str, str]:
     """Where `workers` run side by side over `gpus` GPUs and more than one can share a GPU
-    (`workers_per_gpu`), each worker's share of a GPU's memory for its backend to cap its
-    allocator to (`MEMORY_SHARE_VARIABLE`): the usable memory split evenly, less each worker's
+    (`workers_per_gpu`; `verification.verify` asks only where memory limited the workers),
+    each worker's share of a GPU's memory for its backend to cap its allocator to
+    (`MEMORY_SHARE_VARIABLE`): the usable memory split evenly, less each worker's
     `WORKER_CONTEXT_BYTES`, which lie outside the framework's pool. Without it, an allocator
     that grows its reservation geometrically (XLA's) held 64.6 GiB in each of two workers on one
     H200 where 39 GiB were planned for the largest run (gpt2-xl's full-size probe), and that
