@@ -105,14 +105,15 @@ class NumpyBackend:
         options = {k: int(v) for k, v in prepared.trial.options.items() if k != "fail_if_env"}
         if options.pop("delay_rank", -1) == _rank():
             time.sleep(2.0)  # a slow rank: the others report first
-        if "rank" in options and options["rank"] != _rank():
-            options = {"work_factor": options.get("work_factor", 1)}  # the planned mishap is another rank's
+        if "rank" in options and options["rank"] != _rank():  # the planned mishap is another rank's
+            if _stops(options, prepared.trial):
+                time.sleep(3600)  # as in a collective that waits for a rank that died or hangs
+            options = {"work_factor": options.get("work_factor", 1)}
         elif os.environ.get(str(prepared.trial.options.get("fail_if_env", "")) or "-"):
             raise RuntimeError("planned failure (environment)")
         if options.get("crash_batch") == batch:
             os._exit(3)
-        if options.get("hang_batch") == batch and options.get("hang_replicate", prepared.trial.replicate) == (
-                prepared.trial.replicate):  # hang_replicate: only that replicate hangs (each costs a timeout)
+        if _hangs(options, prepared.trial):
             time.sleep(3600)
         if options.get("fail_batch") == batch:
             raise RuntimeError("planned failure")
@@ -125,10 +126,23 @@ class NumpyBackend:
             np.maximum(prepared.x @ prepared.kernel, 0)
 
 
+def _hangs(options: dict[str, int], trial: Trial) -> bool:
+    """hang_batch at this batch; hang_replicate: only that replicate hangs (each costs a timeout)."""
+    return options.get("hang_batch") == trial.global_batch and options.get("hang_replicate", trial.replicate) == (
+        trial.replicate)
+
+
+def _stops(options: dict[str, int], trial: Trial) -> bool:
+    """Whether the rank of a planned crash or hang stops this trial's training."""
+    return options.get("crash_batch") == trial.global_batch or _hangs(options, trial)
+
+
 class SpmdNumpyBackend(NumpyBackend):
     """The numpy backend started one process per device (spmd launcher). Its `all_gather` is
     not a collective: it repeats this rank's values, enough for launcher tests. Option
-    `rank=R` confines crash/hang/fail to rank R."""
+    `rank=R` confines crash/hang/fail to rank R; where rank R crashes or hangs, the other ranks
+    wait at that batch as a real program's would in its next collective, instead of running on
+    into the next trials (which made the launcher's records depend on how far they got)."""
 
     name: ClassVar[str] = "numpy-spmd"
     launchers: ClassVar[tuple[str, ...]] = ("spmd",)
