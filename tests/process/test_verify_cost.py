@@ -201,6 +201,7 @@ def test_workers_that_share_a_gpu_are_each_told_their_share_of_its_memory(monkey
     checks = memory_checks(trials, {}, SIMULATED, {})
     assert memory_share_environment(checks, 1, 1) == {} == memory_share_environment(checks, 2, 2)
     assert memory_share_environment(checks, 4, 1) == {MEMORY_SHARE_VARIABLE: f"{(0.95 / 4 - 0.01):.4f}"}
+    assert memory_share_environment(checks, 5, 1) == {}  # many small runs a GPU: uncapped, as measured
     # 2-device jobs on 2 GPUs: both on each GPU, as on one
     assert memory_share_environment(checks, 2, 2, widest=2) == memory_share_environment(checks, 2, 1)
     assert memory_parallel(checks, 2, widest=2) == memory_parallel(checks, 1) < memory_parallel(checks, 2)

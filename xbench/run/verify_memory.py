@@ -16,6 +16,11 @@ from xbench.run.plan import Group
 # What a worker holds on its GPU besides the estimate of its step (CUDA context, kernels,
 # the allocator's slack), outside the framework's pool: about a GiB for torch's and XLA's.
 WORKER_CONTEXT_BYTES = GiB
+# The most workers a GPU whose workers are capped at their share: where more fit, each run is
+# small beside the GPU, and uncapped they fitted (GPT-2 small's and ResNet-50's runs, 8 and
+# 16 workers on one and two H200s, 48-136 GiB at the busiest); where few fit, one allocator's
+# overshoot is tens of GiB (gpt2-xl, 3 workers: two jax pools of 64.6 GiB each).
+MOST_CAPPED_PER_GPU = 4
 
 
 def memory_parallel(checks: Mapping[str, MemoryCheck], gpus: int, widest: int = 1) -> int | None:
@@ -48,10 +53,11 @@ def memory_share_environment(checks: Mapping[str, MemoryCheck], workers: int, gp
     `WORKER_CONTEXT_BYTES`, which lie outside the framework's pool. Without it, an allocator
     that grows its reservation geometrically (XLA's) held 64.6 GiB in each of two workers on one
     H200 where 39 GiB were planned for the largest run (gpt2-xl's full-size probe), and that
-    probe ran out of memory beside them. Nothing for one worker a GPU, or unknown memory."""
+    probe ran out of memory beside them. Nothing for one worker a GPU, for more than
+    `MOST_CAPPED_PER_GPU`, or where the memory is not known."""
     known = [check for check in checks.values() if check.usable_bytes and check.capacity_bytes]
     per_gpu = workers_per_gpu(workers, gpus, widest)
-    if not known or per_gpu <= 1:
+    if not known or not 1 < per_gpu <= MOST_CAPPED_PER_GPU:
         return {}
     capacity = min(check.capacity_bytes or 0 for check in known)
     usable = min(check.usable_bytes or 0 for check in known)
