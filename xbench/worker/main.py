@@ -281,9 +281,14 @@ def _telemetry(backend: Backend, prepared: Any, trial: Trial, info: DeviceInfo, 
         telemetry = watch.summary(windows_samples * trial.global_batch * ranks.node_share)
     if _needs_tail(telemetry, trial, info, ranks):
         telemetry["after_windows"] = _tail(backend, prepared, trial, ranks, telemetry_steps(timing, trial.protocol))
-    memory = backend.memory_peak_bytes(prepared) if isinstance(backend, ReportsMemory) else None
-    telemetry["framework_memory"] = ranks.peaks(memory)
+    telemetry["framework_memory"] = framework_memory(backend, prepared, ranks)
     return telemetry
+
+
+def framework_memory(backend: Backend, prepared: Any, ranks: Ranks) -> dict[str, Any] | None:
+    """Every rank's framework memory peak (`ReportsMemory`), gathered: every rank must call it."""
+    memory = backend.memory_peak_bytes(prepared) if isinstance(backend, ReportsMemory) else None
+    return ranks.peaks(memory)
 
 
 def _needs_tail(telemetry: dict[str, Any], trial: Trial, info: DeviceInfo, ranks: Ranks) -> bool:
@@ -312,17 +317,14 @@ def _timing_fields(result: Any) -> dict[str, Any]:
             "steps_per_window": result.steps_per_window, "stopped": result.stopped}
 
 
-def _verification(arrays_dir: Path, save: bool, shard_counts: tuple[int, ...] = (), ranks: Ranks | None = None
-                  ) -> Action:
+def _verification(arrays_dir: Path, save: bool, shard_counts: tuple[int, ...], ranks: Ranks) -> Action:
     """Reference arrays for verify, and every rank's framework memory peak; in an spmd job
     every rank computes them (collectives), one per node saves the arrays."""
     def capture(backend: Backend, prepared: Any, trial: Trial, work: Work, emit: Emit) -> dict[str, Any]:
         path = arrays_dir / f"{trial.id.replace('/', '_')}.npz"
         phases: dict[str, float] = {}
         reference = reference_run(backend, prepared, trial.protocol.steps, trial, shard_counts, phases)
-        memory = backend.memory_peak_bytes(prepared) if isinstance(backend, ReportsMemory) else None
-        if ranks is not None:  # before the save, which one rank does: the others gather meanwhile
-            memory = ranks.peaks(memory)
+        memory = framework_memory(backend, prepared, ranks)  # before the save, which one rank does
         with timed(phases, "save"):
             if save:
                 save_reference(path, reference)
