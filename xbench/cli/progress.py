@@ -51,7 +51,7 @@ def _phases(record: Record) -> str:
     GiB)"; nothing when none took that long and no peak was recorded."""
     shown = [f"{name} {duration(seconds)}" for name, seconds in record.get("phases", {}).items() if seconds >= 1]
     memory = record.get("framework_memory")
-    # a peak of the worker's, not the run's own (jax's counter is never reset) only bounds it
+    # a peak of the worker's, not the run's own (a counter a framework cannot reset) only bounds it
     bound = "" if memory and memory.get("scope") == "trial" else "<= "
     peak = f"peak {bound}{max(memory['peak_bytes']) / 2**30:.1f} GiB" if memory and memory.get("peak_bytes") else ""
     inside = "; ".join(part for part in (", ".join(shown), peak) if part)

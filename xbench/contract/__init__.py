@@ -31,7 +31,7 @@ share compiled programs; it says whether it did in `PreparedInfo.settings["compi
 Shared devices. Verification runs several workers on one GPU at once. Where the memory limits
 how many, it sets `XBENCH_DEVICE_MEMORY_SHARE` (`MEMORY_SHARE_VARIABLE`) to the fraction of
 each device's memory a worker may hold (e.g. "0.3090"), and a backend caps its allocator to it
-in `setup`: a framework whose allocator grows past what a step uses (XLA's doubles its
+in `setup`: a framework whose allocator grows past what a step uses (one that doubles its
 reservation) would otherwise take the memory of the workers beside it. A run that needs more
 fails out of memory and is run again alone, without the variable.
 

@@ -14,12 +14,12 @@ from xbench.results.records import Record
 from xbench.run.plan import Group
 
 # What a worker holds on its GPU besides the estimate of its step (CUDA context, kernels,
-# the allocator's slack), outside the framework's pool: about a GiB for torch's and XLA's.
+# the allocator's slack), outside the framework's pool: about a GiB each.
 WORKER_CONTEXT_BYTES = GiB
 # The most workers a GPU whose workers are capped at their share: where more fit, each run is
 # small beside the GPU, and uncapped they fitted (GPT-2 small's and ResNet-50's runs, 8 and
 # 16 workers on one and two H200s, 48-136 GiB at the busiest); where few fit, one allocator's
-# overshoot is tens of GiB (gpt2-xl, 3 workers: two jax pools of 64.6 GiB each).
+# overshoot is tens of GiB (gpt2-xl, 3 workers: two pools of 64.6 GiB each).
 MOST_CAPPED_PER_GPU = 4
 
 
@@ -51,7 +51,7 @@ def memory_share_environment(checks: Mapping[str, MemoryCheck], workers: int, gp
     each worker's share of a GPU's memory for its backend to cap its allocator to
     (`MEMORY_SHARE_VARIABLE`): the usable memory split evenly, less each worker's
     `WORKER_CONTEXT_BYTES`, which lie outside the framework's pool. Without it, an allocator
-    that grows its reservation geometrically (XLA's) held 64.6 GiB in each of two workers on one
+    that grows its reservation geometrically held 64.6 GiB in each of two workers on one
     H200 where 39 GiB were planned for the largest run (gpt2-xl's full-size probe), and that
     probe ran out of memory beside them. Nothing for one worker a GPU, for more than
     `MOST_CAPPED_PER_GPU`, or where the memory is not known."""
@@ -80,8 +80,8 @@ def out_of_memory_beside_others(groups: Sequence[Group], records: Sequence[Recor
 
 def memory_peaks(records: Sequence[Record]) -> dict[str, int]:
     """Trial id -> the largest framework peak over its devices, for the ok runs whose peak is
-    their own (scope "trial": jax's counter cannot be reset, so a later run of a worker may only
-    repeat an earlier one's); the last record of a trial run twice (out of memory, then alone)."""
+    their own (scope "trial"; a framework whose counter cannot be reset may report an earlier
+    run's of the same worker); the last record of a trial run twice (out of memory, then alone)."""
     return {r["trial_id"]: max(memory["peak_bytes"]) for r in records
             if r["status"] == "ok" and (memory := r.get("framework_memory")) and memory.get("peak_bytes")
             and memory.get("scope") == "trial"}
