@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.process.test_compare_cli import FAST
+from tests.support.preload_counter import PRELOADS
 from xbench.results.records import read_records
 from xbench.run.worker_process import worker_environment
 from xbench.run.zygote import START_VARIABLE, ForkServers
@@ -54,8 +55,28 @@ def test_every_worker_is_forked_a_process_of_its_own_and_recorded_so(fake_backen
     pids = {r["process"]["pid"] for r in records}
     assert len(pids) == 2 * 2 * 2 and os.getpid() not in pids
     assert all(0 < r["process"]["start_s"] < 60 for r in records)
-    assert (out / "workers.log").read_text().count("forked from a fork server") == 8
+    log = (out / "workers.log").read_text()
+    assert log.count("forked from a fork server") == 8 + 2  # and each backend's describe before the run
     assert not [c for c in processes_below(os.getpid()) if "xbench.worker" in c]  # servers end with the run
+
+
+def test_one_fork_server_per_backend_finds_the_devices_verifies_and_times(fake_backends, run_cli, tmp_path,
+                                                                          monkeypatch):
+    """The framework is imported once per backend and run: the describe, verification and
+    timed workers all fork from the server started to find the devices."""
+    imports = tmp_path / "imports"
+    monkeypatch.setenv(PRELOADS, str(imports))
+    out = tmp_path / "run"
+    code, _, err = run_cli("compare", "--backends", "numpy-counted", "--model", "medium", "--batch-sizes", "16",
+                           "--devices", "1", "2", "--repeats", "2", "--steps", "2", "--warmup-steps", "0",
+                           "--replicates", "2", "--out", str(out))
+    assert code == 0, err
+    assert len(imports.read_text().split()) == 1
+    log = (out / "workers.log").read_text()
+    started = [line for line in log.splitlines() if line.startswith("=== ")]
+    assert started and all("forked from a fork server" in line for line in started), started
+    assert any("verification run" in line for line in started) and any("replicate" in line for line in started)
+    assert any(line.startswith("=== describe") for line in started)
 
 
 def test_exec_starts_every_worker_from_scratch(fake_backends, run_cli, tmp_path, monkeypatch):

@@ -420,3 +420,10 @@ def _mlp_gradients(weights: list[np.ndarray], x: np.ndarray, y: np.ndarray, bf16
         if i > 0:
             g = (g @ cast(weights[2 * i]).T) * (pre[i - 1] > 0)
     return loss, grads
+
+
+class CountedPreloadBackend(NumpyMlpBackend):
+    """numpy-mlp whose fork server notes its import (tests.support.preload_counter)."""
+
+    name: ClassVar[str] = "numpy-counted"
+    fork_preload: ClassVar[tuple[str, ...]] = ("tests.support.preload_counter",)

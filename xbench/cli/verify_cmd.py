@@ -38,7 +38,7 @@ from xbench.results.links import links_record, notes
 from xbench.run import links
 from xbench.run.cluster import resolve_launch
 from xbench.run.environment import host_environment
-from xbench.run.readiness import ready_backends
+from xbench.run.readiness import ready_with_fork_servers
 from xbench.run.verification import verify as run_verification
 from xbench.run.verify_phase import gpus_to_spread, parallel_verification
 
@@ -80,16 +80,21 @@ def verify(
     err = status_console()
     with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp, links.applied(spec.p2p) as nccl:
         with err.status("finding devices for each backend…"):
-            ready = ready_backends(spec, Path(tmp), launch=launch, startup_timeout_s=startup)
+            ready, servers = ready_with_fork_servers(spec, Path(tmp), launch=launch, startup_timeout_s=startup)
         entries = ready.entries
         environment = {**host_environment(), "links": links_record(spec.p2p, nccl, ready.devices, spec.devices)}
         for line in notes(environment["links"]):
             err.print(escape(line), soft_wrap=True)
-        with watching_verification(err, "running each backend's reference steps") as progress:
-            result = run_verification(spec, entries, spec.devices, Path(tmp), environment, progress,
-                                      launch=launch, launchers=ready.launchers, lineups=ready.lineups,
-                                      startup_timeout_s=startup, parallel=parallel_verification(ready.devices),
-                                      spread=gpus_to_spread(ready.devices), device_info=ready.devices)
+        try:  # the verification workers fork from the servers that found the devices
+            with watching_verification(err, "running each backend's reference steps") as progress:
+                result = run_verification(spec, entries, spec.devices, Path(tmp), environment, progress,
+                                          launch=launch, launchers=ready.launchers, lineups=ready.lineups,
+                                          startup_timeout_s=startup, parallel=parallel_verification(ready.devices),
+                                          spread=gpus_to_spread(ready.devices), device_info=ready.devices,
+                                          fork_servers=servers)
+        finally:
+            if servers is not None:
+                servers.close()
     console = data_console()
     console.print(checks_table(result.checks))
     err.print(verify_caption(spec, entries[0].name))

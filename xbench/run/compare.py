@@ -45,27 +45,28 @@ from xbench.run.readiness import (
     check_spmd_devices,
     choose_launchers,
     choose_lineups,
-    ready_backends,
+    ready_with_fork_servers,
     resolved,
 )
 from xbench.run.registry import resolve
-from xbench.run.rounds import execute
+from xbench.run.rounds import execute, run_fork_servers
 from xbench.run.verify_phase import failed_verification, started_without_verify, verification_outcome
 
 
 def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, breakdown: bool = False,
             launch: Launch | None = None, startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> Comparison:
     """Ready the backends, then claim the run directory (only once the input is known to be
-    good, so bad input leaves nothing behind). The comparison holds the directory's lock until
-    its `release`."""
+    good, so bad input leaves nothing behind). The comparison holds the directory's lock, and
+    the fork servers that found the devices, until its `release`."""
     launch = launch or Launch()
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
-        ready = ready_backends(spec, Path(tmp), strict_devices, launch, startup_timeout_s)
+        ready, servers = ready_with_fork_servers(spec, Path(tmp), strict_devices, launch, startup_timeout_s)
         spec = resolved(spec, ready.devices, launch)
-        run_id = new_run_id()
-        comparison = Comparison(spec, tuple(ready.entries), ready.devices, Path(), run_id, breakdown, launch,
-                                ready.launchers, ready.lineups, startup_timeout_s)
-        comparison = claim_new_run_dir(comparison, Path(run_dir) if run_dir else None)
+        comparison = Comparison(spec, tuple(ready.entries), ready.devices, Path(), new_run_id(), breakdown, launch,
+                                ready.launchers, ready.lineups, startup_timeout_s, fork_servers=servers)
+        comparison = claim_new_run_dir(comparison, Path(run_dir) if run_dir else None)  # released if refused
+        if servers is not None:  # what they say from now on goes to the run's log
+            servers.log = comparison.run_dir / launcher.LOG_FILE
         try:
             with open(comparison.run_dir / launcher.LOG_FILE, "a", encoding="utf-8") as log:
                 for path in sorted(Path(tmp).iterdir()):
@@ -180,10 +181,12 @@ def _run(comparison: Comparison, observer: Observer, no_verify: bool, resumed: b
     environment = start_run(comparison, no_verify, nccl)
     for line in link_notes(environment["links"]):
         observer.note(line)
-    outcome = verification_outcome(comparison, environment, observer, no_verify, resumed)
-    drift.record(comparison.run_dir, "before")
-    records = execute(comparison, environment, outcome, observer, done)
-    drift.record(comparison.run_dir, "after")
+    # One fork server per backend for verification and timing alike: one framework import each.
+    with run_fork_servers(comparison, observer) as servers:
+        outcome = verification_outcome(comparison, environment, observer, no_verify, resumed, servers)
+        drift.record(comparison.run_dir, "before")
+        records = execute(comparison, environment, outcome, observer, done, servers)
+        drift.record(comparison.run_dir, "after")
     allreduce: list[AllReduceRecord] = []
     if comparison.breakdown and resumed and (comparison.run_dir / ALLREDUCE_FILE).exists():
         allreduce = read_records(comparison.run_dir, ALLREDUCE_FILE)  # measured before the interruption

@@ -23,6 +23,7 @@ from xbench.run.plan import Lineup, plan_trials
 from xbench.run.registry import BackendEntry
 from xbench.run.rundir import RunDirLock, check_new_run_dir, discard_run_files, present_run_files
 from xbench.run.verification import Progress as VerificationProgress
+from xbench.run.zygote import ForkServers
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,16 @@ class Comparison:
     lock: RunDirLock | None = None  # held from prepare/resume until `release`
     created: bool = False  # this run made run_dir (so it may remove it while it holds nothing of a run)
     found: frozenset[str] = frozenset()  # run files run_dir held when this run claimed it: never its to delete
+    # Started to find the devices, then forked from for the run's workers: one import per backend.
+    fork_servers: ForkServers | None = None
 
     def release(self) -> None:
-        """Give up the run directory. A run that never started (no run.json: nothing to resume)
-        takes back what it wrote, and the directory too when it made it; never without holding
-        the lock, so that a run that lost the race for a directory leaves the winner's alone."""
+        """Give up the run directory and end the fork servers. A run that never started (no
+        run.json: nothing to resume) takes back what it wrote, and the directory too when it
+        made it; never without holding the lock, so that a run that lost the race for a
+        directory leaves the winner's alone."""
+        if self.fork_servers is not None:
+            self.fork_servers.close()
         held = self.lock is not None and self.lock.held
         unstarted = held and not (self.run_dir / RUN_FILE).exists()
         if unstarted:

@@ -13,13 +13,15 @@ from typing import Any
 from xbench.run.bounds import STARTUP_OPTION, Deadline
 from xbench.run.cluster import Launch
 from xbench.run.launcher import STARTUP_TIMEOUT_S, Gang, spmd_jobs, unreadable
+from xbench.run.zygote import ForkServers
 from xbench.wire import AllReduce, Done, Job, SetupFailed, Unavailable, WireError
 
 
 def describe(target: str, platform: str, log_path: Path,
-             timeout_s: float = STARTUP_TIMEOUT_S) -> dict[str, Any]:
-    """What a backend's worker sees on one device: {"device_info": ...} or {"reason": ...}."""
-    gang = Gang.start([(Job(target, 1, platform), {})], log_path, label=f"describe {target}")
+             timeout_s: float = STARTUP_TIMEOUT_S, servers: ForkServers | None = None) -> dict[str, Any]:
+    """What a backend's worker sees on one device: {"device_info": ...} or {"reason": ...};
+    the worker is forked from `servers` where they have one for `target`."""
+    gang = Gang.start([(Job(target, 1, platform), {})], log_path, label=f"describe {target}", servers=servers)
     try:
         ready = gang._await_ready(timeout_s)
         return ready if "device_info" in ready else {"reason": ready["reason"]}

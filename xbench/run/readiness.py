@@ -25,11 +25,13 @@ from xbench.contract import (
 )
 from xbench.errors import BackendError, XbenchError
 from xbench.experiment import ALL_VARIANTS, Spec, resolve_protocol
-from xbench.run import launcher, probes
+from xbench.run import launcher, probes, zygote
 from xbench.run.cluster import Launch
 from xbench.run.memory_check import pretended_memory_bytes
 from xbench.run.plan import AS_WRITTEN_VARIANT, Lineup
 from xbench.run.registry import BackendEntry, discover, resolve
+from xbench.run.worker_process import PER_WORKER, worker_environment
+from xbench.run.zygote import ForkServers
 
 
 def check_options(spec: Spec, entries: list[BackendEntry]) -> None:
@@ -52,11 +54,17 @@ def check_options(spec: Spec, entries: list[BackendEntry]) -> None:
 
 
 def probe_devices(entries: list[BackendEntry], platform: str, log_dir: Path,
-                  startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+                  startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S,
+                  servers: ForkServers | None = None) -> dict[str, dict[str, Any]]:
     """Start one short worker per backend, in parallel, to learn which devices it sees; each
-    writes its output to log_dir/describe-NAME.log."""
+    writes its output to log_dir/describe-NAME.log. With `servers` (the run's), each is forked
+    from its backend's fork server, started here, which the run's workers then fork from too."""
+    if servers is not None:  # from this thread: the describing threads start none (`ForkServers.fork`)
+        servers.start([e.target for e in entries], worker_environment(), PER_WORKER)
+
     def describe(entry: BackendEntry) -> dict[str, Any]:
-        return probes.describe(entry.target, platform, log_dir / f"describe-{entry.name}.log", startup_timeout_s)
+        return probes.describe(entry.target, platform, log_dir / f"describe-{entry.name}.log", startup_timeout_s,
+                               servers)
 
     with ThreadPoolExecutor(max_workers=max(1, len(entries))) as pool:
         results = dict(zip((e.name for e in entries), pool.map(describe, entries)))
@@ -197,9 +205,10 @@ class Ready:
 
 
 def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True, launch: Launch | None = None,
-                   startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S) -> Ready:
+                   startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S, servers: ForkServers | None = None) -> Ready:
     """The spec's backends, their options and launchers checked and their devices found
-    (describe logs go to `log_dir`); one-line errors for anything the user must change."""
+    (describe logs go to `log_dir`; workers forked from `servers`, see `probe_devices`);
+    one-line errors for anything the user must change."""
     launch = launch or Launch()
     pretended_memory_bytes()  # read before any worker starts: a bad value is input to change
     entries = resolve(spec.backends)
@@ -207,11 +216,26 @@ def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True, launc
     lineups = choose_lineups(spec, entries)
     launchers = choose_launchers(entries, launch)
     check_spmd_devices(spec, launchers, launch)
-    devices = probe_devices(entries, spec.platform, log_dir, startup_timeout_s)
+    devices = probe_devices(entries, spec.platform, log_dir, startup_timeout_s, servers)
     if strict_devices:
         check_device_counts(spec, {name: _per_node(info, launchers[name], launch) for name, info in devices.items()})
     check_same_platform(devices)
     return Ready(entries, devices, launchers, lineups)
+
+
+def ready_with_fork_servers(spec: Spec, log_dir: Path, strict_devices: bool = True, launch: Launch | None = None,
+                            startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S
+                            ) -> tuple[Ready, ForkServers | None]:
+    """`ready_backends` with the run's fork servers (None where they are off), started to find
+    the devices and kept for the run's workers; the caller ends them (`ForkServers.close`),
+    except where this raises. Their log is log_dir's until the caller points it elsewhere."""
+    servers = ForkServers(log_dir / launcher.LOG_FILE, startup_timeout_s) if zygote.enabled() else None
+    try:
+        return ready_backends(spec, log_dir, strict_devices, launch, startup_timeout_s, servers), servers
+    except BaseException:
+        if servers is not None:
+            servers.close()
+        raise
 
 
 def _per_node(info: dict[str, Any], launcher: str, launch: Launch) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import itertools
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +24,16 @@ from xbench.run.plan import group_trials
 
 
 def execute(comparison: Comparison, environment: dict[str, Any], verification: dict[str, dict[str, Any]],
-            listener: Observer | None = None, done: set[str] | frozenset[str] = frozenset()
-            ) -> list[Record]:
+            listener: Observer | None = None, done: set[str] | frozenset[str] = frozenset(),
+            servers: zygote.ForkServers | None = None) -> list[Record]:
     """Time every trial of the backends whose verification did not fail and whose estimated
     memory per device fits the devices (`xbench.run.memory_check`); the others get a skipped
-    record with the reason; trials in `done` (a resumed run's) are left out.
+    record with the reason; trials in `done` (a resumed run's) are left out. Workers are forked
+    from `servers` (`fork_servers`); None: from scratch.
     Returns the new records, each already in records.jsonl."""
     writer = RecordWriter(comparison.run_dir)
     checks = memory_checks(planned_trials(comparison), comparison.lineups, comparison.devices, environment)
-    with (compile_cache(comparison.spec.protocol) as cache_env,
-          zygote.fork_servers(comparison.run_dir / launcher.LOG_FILE, comparison.startup_timeout_s,
-                              lambda why: _fork_servers_off(comparison.run_dir, listener, why)) as servers):
+    with compile_cache(comparison.spec.protocol) as cache_env:
         ctx = launcher.Context(
             run_id=comparison.run_id,
             run_dir=comparison.run_dir,
@@ -49,6 +48,26 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
             fork_servers=servers,
         )
         return _execute(comparison, ctx, writer, verification, listener, done, checks)
+
+
+@contextlib.contextmanager
+def run_fork_servers(comparison: Comparison, listener: Observer | None = None) -> Iterator[zygote.ForkServers | None]:
+    """The run's fork servers (`xbench.run.zygote`): those that found its devices (the
+    comparison's, ended by its `release`), or new ones for the run's length; their log is the
+    run's, their bounds its start-up timeout, and turning them off is kept in run.json."""
+    def turned_off(why: str) -> None:
+        _fork_servers_off(comparison.run_dir, listener, why)
+
+    servers = comparison.fork_servers
+    if servers is None:
+        with zygote.fork_servers(comparison.run_dir / launcher.LOG_FILE, comparison.startup_timeout_s,
+                                 turned_off) as servers:
+            yield servers
+        return
+    servers.turned_off = turned_off
+    if servers.off is not None:  # while the devices were found, before run.json
+        turned_off(servers.off)
+    yield servers
 
 
 def _fork_servers_off(run_dir: Path, listener: Observer | None, why: str) -> None:

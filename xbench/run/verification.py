@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -136,13 +137,15 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
            launchers: Mapping[str, str] | None = None, parallel: int = 1,
            lineups: Mapping[str, Lineup] | None = None,
            startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S, spread: tuple[str, ...] = (),
-           device_info: Mapping[str, Mapping[str, Any]] | None = None) -> Verification:
+           device_info: Mapping[str, Mapping[str, Any]] | None = None,
+           fork_servers: zygote.ForkServers | None = None) -> Verification:
     """Run every backend's reference steps on 1 and each of `devices` devices, then check.
 
     Arrays go to `work_dir` (tens of MB for large models: use a temporary directory);
     worker output goes to `log_dir`/workers.log (default `work_dir`). Up to `parallel` worker
     processes run at once (nothing here is timed), several runs each (`verification_groups`),
-    forked from a server per backend that imported its framework once (`xbench.run.zygote`),
+    forked from a server per backend that imported its framework once (`xbench.run.zygote`;
+    `fork_servers`, a run's own, or servers for this verification alone),
     each job's devices starting at its own one of the GPUs `spread`
     (`launcher.spread_environment`); `progress` hears of each run. A full-size
     probe whose estimated memory does not fit its backend's devices (`device_info`, see
@@ -165,7 +168,8 @@ def verify(spec: Spec, entries: Sequence[BackendEntry], devices: Sequence[int], 
     run_dir = log_dir or work_dir
     groups = verification_groups(to_run, {e.name: e.target for e in entries}, parallel)
     share = memory_share_environment(checks, min(parallel, len(groups)), gpus, widest) if capped else {}
-    with zygote.fork_servers(Path(run_dir) / launcher.LOG_FILE, startup_timeout_s) as servers:
+    with (contextlib.nullcontext(fork_servers) if fork_servers is not None
+          else zygote.fork_servers(Path(run_dir) / launcher.LOG_FILE, startup_timeout_s)) as servers:
         ctx = launcher.Context(run_id="verify", run_dir=run_dir, environment=environment,
                                write=records.append, arrays_dir=Path(work_dir),
                                shard_counts=tuple(sorted({n for n in devices if n > 1})),

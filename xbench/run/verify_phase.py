@@ -19,15 +19,18 @@ from xbench.run.comparison import Comparison, Observer
 from xbench.run.launcher import VISIBLE_GPUS
 from xbench.run.verification import Progress as VerificationProgress
 from xbench.run.verification import Verification, checks_as_dicts, verify
+from xbench.run.zygote import ForkServers
 
 VERIFY_FILE = "verify.json"
 
 
 def verify_backends(comparison: Comparison, environment: dict[str, Any],
-                    progress: VerificationProgress | None = None) -> Verification:
+                    progress: VerificationProgress | None = None, servers: ForkServers | None = None
+                    ) -> Verification:
     """Check identical work and real all-reduces for the backends and device counts about to
-    be timed (`progress` hears of each reference run); writes verify.json. Arrays stay in a
-    temporary directory."""
+    be timed (`progress` hears of each reference run), in workers forked from the run's
+    `servers` (None: servers of its own); writes verify.json. Arrays stay in a temporary
+    directory."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="xbench-verify-") as tmp:
         result = verify(comparison.spec, comparison.entries, comparison.spec.devices, Path(tmp),
@@ -35,7 +38,7 @@ def verify_backends(comparison: Comparison, environment: dict[str, Any],
                         launchers=comparison.launchers, parallel=parallel_verification(comparison.devices),
                         spread=gpus_to_spread(comparison.devices),
                         lineups=comparison.lineups, startup_timeout_s=comparison.startup_timeout_s,
-                        device_info=comparison.devices)
+                        device_info=comparison.devices, fork_servers=servers)
     write_json(comparison.run_dir / VERIFY_FILE, {
         "checks": checks_as_dicts(result.checks),
         "problems": result.problems,
@@ -138,7 +141,8 @@ def saved_outcomes(run_dir: Path, implementations: Collection[str]) -> dict[str,
 
 
 def verification_outcome(comparison: Comparison, environment: dict[str, Any], observer: Observer,
-                         no_verify: bool, resumed: bool = False) -> dict[str, dict[str, Any]]:
+                         no_verify: bool, resumed: bool = False, servers: ForkServers | None = None
+                         ) -> dict[str, dict[str, Any]]:
     if comparison.launch.multi_node and not no_verify:
         observer.note("verify is not run across nodes; run `xbench verify --launcher spmd` on one node")
         return {name: unverified("multi-node run: run xbench verify on one node")
@@ -153,7 +157,7 @@ def verification_outcome(comparison: Comparison, environment: dict[str, Any], ob
         observer.verified(saved)
         return saved
     with observer.verifying("verifying identical work and all-reduce (skip with --no-verify)") as progress:
-        verification = verify_backends(comparison, environment, progress)
+        verification = verify_backends(comparison, environment, progress, servers)
     outcome = {name: verification.outcome(name) for name in comparison.implementations}
     observer.verified(outcome)
     return outcome

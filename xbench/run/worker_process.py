@@ -32,8 +32,9 @@ LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GRO
 
 # What may differ between the workers of one fork server: the launch variables, the GPUs a
 # worker sees and its share of their memory (read when the worker's framework first touches
-# CUDA; the server never does).
-PER_WORKER = frozenset((*LAUNCH_VARIABLES, "CUDA_VISIBLE_DEVICES", MEMORY_SHARE_VARIABLE))
+# CUDA; the server never does), and the run's compilation cache (read when a program is
+# prepared), so that verification's workers and timing's fork from the same server.
+PER_WORKER = frozenset((*LAUNCH_VARIABLES, "CUDA_VISIBLE_DEVICES", MEMORY_SHARE_VARIABLE, COMPILE_CACHE_VARIABLE))
 
 
 def worker_environment() -> dict[str, str]:
