@@ -51,6 +51,7 @@ FAKES = [
     entry_point("numpy-unforkable", "tests.support.fakes:UnforkableBackend"),
     entry_point("numpy-stopping-preload", "tests.support.fakes:StoppingPreloadBackend"),
     entry_point("numpy-counted", "tests.support.fakes:CountedPreloadBackend"),
+    entry_point("numpy-spmd-counted", "tests.support.fakes:CountedSpmdBackend"),
     entry_point("numpy-hanging-preload", "tests.support.fakes:HangingPreloadBackend"),
     entry_point("jax-noreduce", "tests.support.broken_backends:NoAllReduceJax"),
     entry_point("jax-sum", "tests.support.broken_backends:SummedJax"),

@@ -191,8 +191,8 @@ def parse_in_process(command: DocCommand, argv: list[str], cwd: Path, monkeypatc
     from xbench.cli import allreduce_cmd, sweep_cmd, verify_cmd
     from xbench.cli.main import main
 
-    monkeypatch.setattr(verify_cmd, "ready_backends", stop)
-    monkeypatch.setattr(allreduce_cmd, "ready_backends", stop)
+    monkeypatch.setattr(verify_cmd, "ready_with_fork_servers", stop)
+    monkeypatch.setattr(allreduce_cmd, "ready_with_fork_servers", stop)
     monkeypatch.setattr(sweep_cmd, "compare", types.SimpleNamespace(prepare=stop))
     monkeypatch.chdir(cwd)
     monkeypatch.delenv("XBENCH_TIME_BUDGET_S", raising=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.process.test_compare_cli import FAST
-from tests.support.preload_counter import PRELOADS
+from tests.support.preload_counter import PRELOADS, noted
 from xbench.results.records import read_records
 from xbench.run.worker_process import worker_environment
 from xbench.run.zygote import START_VARIABLE, ForkServers
@@ -71,12 +71,25 @@ def test_one_fork_server_per_backend_finds_the_devices_verifies_and_times(fake_b
                            "--devices", "1", "2", "--repeats", "2", "--steps", "2", "--warmup-steps", "0",
                            "--replicates", "2", "--out", str(out))
     assert code == 0, err
-    assert len(imports.read_text().split()) == 1
+    assert len(noted(imports)["server"]) == 1
     log = (out / "workers.log").read_text()
     started = [line for line in log.splitlines() if line.startswith("=== ")]
     assert started and all("forked from a fork server" in line for line in started), started
     assert any("verification run" in line for line in started) and any("replicate" in line for line in started)
     assert any(line.startswith("=== describe") for line in started)
+
+
+def test_the_all_reduce_ranks_fork_from_the_server_that_found_the_devices(fake_backends, run_cli, tmp_path,
+                                                                            monkeypatch):
+    imports = tmp_path / "imports"
+    monkeypatch.setenv(PRELOADS, str(imports))
+    out = tmp_path / "allreduce.json"
+    code, _, err = run_cli("allreduce", "--backends", "numpy-spmd-counted", "--devices", "2", "--sizes", "4KiB",
+                           "--json", str(out))
+    assert code == 0, err
+    found = noted(imports)
+    assert len(found["server"]) == 1  # one import: the server that forked the describe worker
+    assert len(found["worker"]) == 2 and set(found["worker"]) == set(found["server"]), found  # forked both ranks
 
 
 def test_exec_starts_every_worker_from_scratch(fake_backends, run_cli, tmp_path, monkeypatch):

@@ -427,3 +427,17 @@ class CountedPreloadBackend(NumpyMlpBackend):
 
     name: ClassVar[str] = "numpy-counted"
     fork_preload: ClassVar[tuple[str, ...]] = ("tests.support.preload_counter",)
+
+
+class CountedSpmdBackend(SpmdNumpyBackend):
+    """numpy-spmd whose fork server notes its import, and each worker its parent
+    (tests.support.preload_counter)."""
+
+    name: ClassVar[str] = "numpy-spmd-counted"
+    fork_preload: ClassVar[tuple[str, ...]] = ("tests.support.preload_counter",)
+
+    def setup_process(self, process: Any, platform: str) -> DeviceInfo:
+        from tests.support.preload_counter import noted_worker
+
+        noted_worker()
+        return super().setup_process(process, platform)

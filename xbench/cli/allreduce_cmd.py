@@ -39,7 +39,7 @@ from xbench.run import links
 from xbench.run.allreduce_phase import measure_allreduce
 from xbench.run.cluster import resolve_launch
 from xbench.run.environment import host_environment
-from xbench.run.readiness import ready_backends
+from xbench.run.readiness import ready_with_fork_servers
 
 DEFAULT_SIZES = ("4KiB", "256KiB", "16MiB")
 
@@ -102,17 +102,22 @@ def allreduce(
     records: list[AllReduceRecord] = []
     with tempfile.TemporaryDirectory(prefix="xbench-allreduce-") as tmp:
         with err.status("finding devices for each backend…"):
-            ready = ready_backends(spec, Path(tmp), launch=launch)
-        for on in topologies:
-            with links.applied(on) as nccl:  # every worker of this topology inherits NCCL's variables
-                mine = {**environment, "links": links_record(on, nccl, ready.devices, spec.devices)}
-                for line in notes(mine["links"]):
-                    err.print(escape(line), soft_wrap=True)
-                what = "all-reduces" if chosen == [ALL_REDUCE] else "collectives"
-                with err.status(f"timing {what} (P2P {'on' if on else 'off'})…"):
-                    records += measure_allreduce(ready.entries, spec.devices, spec.platform, nbytes, spec.options,
-                                                 Path(tmp), mine, devices=ready.devices,
-                                                 launchers=ready.launchers, launch=launch, collectives=chosen)
+            ready, servers = ready_with_fork_servers(spec, Path(tmp), launch=launch)
+        try:  # the workers fork from the servers that found the devices
+            for on in topologies:
+                with links.applied(on) as nccl:  # every worker of this topology inherits NCCL's variables
+                    mine = {**environment, "links": links_record(on, nccl, ready.devices, spec.devices)}
+                    for line in notes(mine["links"]):
+                        err.print(escape(line), soft_wrap=True)
+                    what = "all-reduces" if chosen == [ALL_REDUCE] else "collectives"
+                    with err.status(f"timing {what} (P2P {'on' if on else 'off'})…"):
+                        records += measure_allreduce(ready.entries, spec.devices, spec.platform, nbytes,
+                                                     spec.options, Path(tmp), mine, devices=ready.devices,
+                                                     launchers=ready.launchers, launch=launch, collectives=chosen,
+                                                     servers=servers)
+        finally:
+            if servers is not None:
+                servers.close()
     if table:
         for group in _by_links(records).values():
             for same in _by_collective(group).values():

@@ -15,6 +15,7 @@ from xbench.run import launcher, probes
 from xbench.run.cluster import Launch
 from xbench.run.comparison import Comparison
 from xbench.run.registry import BackendEntry
+from xbench.run.zygote import ForkServers
 
 
 def measure_allreduce(entries: Sequence[BackendEntry], device_counts: Sequence[int], platform: str,
@@ -23,10 +24,11 @@ def measure_allreduce(entries: Sequence[BackendEntry], device_counts: Sequence[i
                       devices: Mapping[str, Mapping[str, Any]] | None = None,
                       launchers: Mapping[str, str] | None = None, launch: Launch | None = None,
                       startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S,
-                      collectives: Sequence[str] = (ALL_REDUCE,)) -> list[AllReduceRecord]:
+                      collectives: Sequence[str] = (ALL_REDUCE,),
+                      servers: ForkServers | None = None) -> list[AllReduceRecord]:
     """Each backend's own collectives on each device count and buffer size (nccl-tests' size,
     rounded per `collective_size`); one record each, with the platform the backend found
-    (`devices`, from probe_devices)."""
+    (`devices`, from probe_devices); the workers fork from `servers` where they can."""
     records = []
     for entry in entries:
         how = (launchers or {}).get(entry.name, "subprocess")
@@ -35,7 +37,7 @@ def measure_allreduce(entries: Sequence[BackendEntry], device_counts: Sequence[i
             events = probes.allreduce_events(entry.target, count, platform, [n for _, n in items],
                                                dict(options.get(entry.name, {})), log_dir / launcher.LOG_FILE,
                                                timeout_s, how, launch, startup_timeout_s,
-                                               collectives=[c for c, _ in items])
+                                               collectives=[c for c, _ in items], servers=servers)
             for event in events:
                 info = (devices or {}).get(entry.name) or {}
                 record: AllReduceRecord = {
@@ -56,7 +58,8 @@ def _items(collectives: Sequence[str], sizes: Sequence[int], devices: int) -> li
     return list(dict.fromkeys((c, collective_size(c, n, devices)) for c in collectives for n in sizes))
 
 
-def breakdown_allreduce(comparison: Comparison, environment: dict[str, Any]) -> list[AllReduceRecord]:
+def breakdown_allreduce(comparison: Comparison, environment: dict[str, Any],
+                        servers: ForkServers | None = None) -> list[AllReduceRecord]:
     """--breakdown: the all-reduce at each model's gradient size (and a sweep), multi-device."""
     counts = [n for n in comparison.spec.devices if n > 1]
     if not counts:
@@ -67,4 +70,4 @@ def breakdown_allreduce(comparison: Comparison, environment: dict[str, Any]) -> 
                              comparison.spec.options, comparison.run_dir, environment,
                              write=RecordWriter(comparison.run_dir, ALLREDUCE_FILE).append,
                              devices=comparison.devices, launchers=comparison.launchers, launch=comparison.launch,
-                             startup_timeout_s=comparison.startup_timeout_s)
+                             startup_timeout_s=comparison.startup_timeout_s, servers=servers)

@@ -32,16 +32,16 @@ def describe(target: str, platform: str, log_path: Path,
 def allreduce_events(target: str, devices: int, platform: str, sizes: list[int], options: dict[str, Any],
                      log_path: Path, timeout_s: float, launcher: str = "subprocess",
                      launch: Launch | None = None, startup_timeout_s: float = STARTUP_TIMEOUT_S,
-                     collectives: Sequence[str] = ()) -> list[dict[str, Any]]:
+                     collectives: Sequence[str] = (), servers: ForkServers | None = None) -> list[dict[str, Any]]:
     """Run the collectives microbenchmark in one job; one result per size, with the fields of
     an `AllReduce` event (status ok, failed, or why the job could not run it). `collectives`
     names each size's collective (none: all all-reduces). With spmd, member 0's events carry
     the gathered timing, and the first size any rank fails ends the job (the ranks'
-    collectives no longer match)."""
+    collectives no longer match). Its workers fork from `servers` where they have one."""
     job = Job(target, devices, platform, mode="allreduce", sizes=tuple(sizes), options=options,
               collectives=tuple(collectives))
     jobs = spmd_jobs(job, devices, launch or Launch("spmd"), 0) if launcher == "spmd" else [(job, {})]
-    gang = Gang.start(jobs, log_path, label=f"all-reduce {target} on {devices}")
+    gang = Gang.start(jobs, log_path, label=f"all-reduce {target} on {devices}", servers=servers)
     try:
         results = _AllReduceReader(gang, job.collective_sizes(), timeout_s, startup_timeout_s).read()
         if all(r["status"] == "ok" for r in results):
