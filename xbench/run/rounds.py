@@ -29,7 +29,7 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
     """Time every trial of the backends whose verification did not fail and whose estimated
     memory per device fits the devices (`xbench.run.memory_check`); the others get a skipped
     record with the reason; trials in `done` (a resumed run's) are left out. Workers are forked
-    from `servers` (`fork_servers`); None: from scratch.
+    from `servers` (`run_fork_servers`); None: from scratch.
     Returns the new records, each already in records.jsonl."""
     writer = RecordWriter(comparison.run_dir)
     checks = memory_checks(planned_trials(comparison), comparison.lineups, comparison.devices, environment)
