@@ -60,8 +60,9 @@ def test_every_worker_is_forked_a_process_of_its_own_and_recorded_so(fake_backen
     assert not [c for c in processes_below(os.getpid()) if "xbench.worker" in c]  # servers end with the run
 
 
+@pytest.mark.parametrize("p2p", ["on", "off"])  # off: NCCL's variables in force from the start
 def test_one_fork_server_per_backend_finds_the_devices_verifies_and_times(fake_backends, run_cli, tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch, p2p):
     """The framework is imported once per backend and run: the describe, verification and
     timed workers all fork from the server started to find the devices."""
     imports = tmp_path / "imports"
@@ -69,7 +70,7 @@ def test_one_fork_server_per_backend_finds_the_devices_verifies_and_times(fake_b
     out = tmp_path / "run"
     code, _, err = run_cli("compare", "--backends", "numpy-counted", "--model", "medium", "--batch-sizes", "16",
                            "--devices", "1", "2", "--repeats", "2", "--steps", "2", "--warmup-steps", "0",
-                           "--replicates", "2", "--out", str(out))
+                           "--replicates", "2", "--p2p", p2p, "--out", str(out))
     assert code == 0, err
     assert len(noted(imports)["server"]) == 1
     log = (out / "workers.log").read_text()

@@ -102,7 +102,7 @@ def allreduce(
     records: list[AllReduceRecord] = []
     with tempfile.TemporaryDirectory(prefix="xbench-allreduce-") as tmp:
         with err.status("finding devices for each backend…"):
-            ready, servers = ready_with_fork_servers(spec, Path(tmp), launch=launch)
+            ready, servers = ready_with_fork_servers(spec, Path(tmp), launch=launch, p2p=topologies[0])
         try:  # the workers fork from the servers that found the devices
             for on in topologies:
                 with links.applied(on) as nccl:  # every worker of this topology inherits NCCL's variables

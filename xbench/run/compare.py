@@ -41,6 +41,7 @@ from xbench.run.comparison import Comparison, Observer, claim_new_run_dir, new_r
 from xbench.run.environment import command_line, host_environment
 from xbench.run.estimate import Estimate, costs_for, estimate, host_flops
 from xbench.run.readiness import (
+    append_logs,
     check_options,
     check_spmd_devices,
     choose_launchers,
@@ -61,16 +62,17 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, break
     launch = launch or Launch()
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
         ready, servers = ready_with_fork_servers(spec, Path(tmp), strict_devices, launch, startup_timeout_s)
-        spec = resolved(spec, ready.devices, launch)
-        comparison = Comparison(spec, tuple(ready.entries), ready.devices, Path(), new_run_id(), breakdown, launch,
-                                ready.launchers, ready.lineups, startup_timeout_s, fork_servers=servers)
-        comparison = claim_new_run_dir(comparison, Path(run_dir) if run_dir else None)  # released if refused
-        if servers is not None:  # what they say from now on goes to the run's log
-            servers.log = comparison.run_dir / launcher.LOG_FILE
         try:
-            with open(comparison.run_dir / launcher.LOG_FILE, "a", encoding="utf-8") as log:
-                for path in sorted(Path(tmp).iterdir()):
-                    log.write(path.read_text(encoding="utf-8", errors="replace"))
+            spec = resolved(spec, ready.devices, launch)
+            comparison = Comparison(spec, tuple(ready.entries), ready.devices, Path(), new_run_id(), breakdown,
+                                    launch, ready.launchers, ready.lineups, startup_timeout_s, fork_servers=servers)
+            comparison = claim_new_run_dir(comparison, Path(run_dir) if run_dir else None)
+        except BaseException:
+            if servers is not None:
+                servers.close()
+            raise
+        try:
+            append_logs(Path(tmp), comparison.run_dir / launcher.LOG_FILE, servers)
         except OSError as err:
             comparison.release()
             raise ResultsNotWritten(f"cannot write into {comparison.run_dir}: {err.strerror or err}; nothing was "

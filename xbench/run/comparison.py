@@ -51,8 +51,13 @@ class Comparison:
         run.json: nothing to resume) takes back what it wrote, and the directory too when it
         made it; never without holding the lock, so that a run that lost the race for a
         directory leaves the winner's alone."""
-        if self.fork_servers is not None:
-            self.fork_servers.close()
+        try:
+            if self.fork_servers is not None:
+                self.fork_servers.close()
+        finally:
+            self._release_run_dir()
+
+    def _release_run_dir(self) -> None:
         held = self.lock is not None and self.lock.held
         unstarted = held and not (self.run_dir / RUN_FILE).exists()
         if unstarted:

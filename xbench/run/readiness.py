@@ -25,7 +25,7 @@ from xbench.contract import (
 )
 from xbench.errors import BackendError, XbenchError
 from xbench.experiment import ALL_VARIANTS, Spec, resolve_protocol
-from xbench.run import launcher, probes, zygote
+from xbench.run import launcher, links, probes, zygote
 from xbench.run.cluster import Launch
 from xbench.run.memory_check import pretended_memory_bytes
 from xbench.run.plan import AS_WRITTEN_VARIANT, Lineup
@@ -224,18 +224,32 @@ def ready_backends(spec: Spec, log_dir: Path, strict_devices: bool = True, launc
 
 
 def ready_with_fork_servers(spec: Spec, log_dir: Path, strict_devices: bool = True, launch: Launch | None = None,
-                            startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S
+                            startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S, p2p: bool | None = None
                             ) -> tuple[Ready, ForkServers | None]:
     """`ready_backends` with the run's fork servers (None where they are off), started to find
     the devices and kept for the run's workers; the caller ends them (`ForkServers.close`),
-    except where this raises. Their log is log_dir's until the caller points it elsewhere."""
+    except where this raises. They start with NCCL's variables for `p2p` (default the spec's)
+    in force, as the run's workers will have them (`links.applied`), so that those fork from
+    them too. Each server's own output goes to log_dir's log (the caller copies it into the
+    run's); what they note later goes wherever the caller points `ForkServers.log`."""
     servers = ForkServers(log_dir / launcher.LOG_FILE, startup_timeout_s) if zygote.enabled() else None
     try:
-        return ready_backends(spec, log_dir, strict_devices, launch, startup_timeout_s, servers), servers
+        with links.applied(spec.p2p if p2p is None else p2p):
+            return ready_backends(spec, log_dir, strict_devices, launch, startup_timeout_s, servers), servers
     except BaseException:
         if servers is not None:
             servers.close()
         raise
+
+
+def append_logs(log_dir: Path, run_log: Path, servers: ForkServers | None) -> None:
+    """Append the logs of finding the devices (log_dir's files) to the run's log, and point the
+    fork servers' later notes there; OSError where the run's log cannot be written."""
+    with open(run_log, "a", encoding="utf-8") as log:
+        for path in sorted(log_dir.iterdir()):
+            log.write(path.read_text(encoding="utf-8", errors="replace"))
+    if servers is not None:
+        servers.log = run_log
 
 
 def _per_node(info: dict[str, Any], launcher: str, launch: Launch) -> dict[str, Any]:

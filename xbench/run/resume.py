@@ -27,7 +27,7 @@ from xbench.run import launcher
 from xbench.run.cluster import Launch
 from xbench.run.comparison import Comparison, trial_count
 from xbench.run.environment import command_line
-from xbench.run.readiness import choose_launchers, choose_lineups, ready_with_fork_servers
+from xbench.run.readiness import append_logs, choose_launchers, choose_lineups, ready_with_fork_servers
 from xbench.run.registry import resolve
 from xbench.run.rounds import round_due
 from xbench.run.rundir import RunDirLock
@@ -67,13 +67,17 @@ def _resumed(run_dir: Path, lock: RunDirLock, startup_timeout_s: float) -> Compa
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
         ready, servers = ready_with_fork_servers(spec, Path(tmp), strict_devices=False, launch=launch,
                                                  startup_timeout_s=startup_timeout_s)
-        if servers is not None:
-            servers.log = run_dir / launcher.LOG_FILE
-    # The launchers the run started with, so that trial ids (and what counts as done) match.
-    launchers = {**ready.launchers, **saved.get("launch", {}).get("backends", {})}
-    return Comparison(spec, tuple(ready.entries), ready.devices, run_dir, saved["run_id"],
-                      bool(saved.get("breakdown", False)), launch, launchers, ready.lineups, startup_timeout_s, lock,
-                      fork_servers=servers)
+        try:
+            append_logs(Path(tmp), run_dir / launcher.LOG_FILE, servers)
+            # The launchers the run started with, so that trial ids (and what counts as done) match.
+            launchers = {**ready.launchers, **saved.get("launch", {}).get("backends", {})}
+            return Comparison(spec, tuple(ready.entries), ready.devices, run_dir, saved["run_id"],
+                              bool(saved.get("breakdown", False)), launch, launchers, ready.lineups,
+                              startup_timeout_s, lock, fork_servers=servers)
+        except BaseException:
+            if servers is not None:
+                servers.close()
+            raise
 
 
 def _as_recorded(spec: Spec, saved: Mapping[str, Any], run_dir: Path, launch: Launch, lock: RunDirLock,

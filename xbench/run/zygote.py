@@ -8,10 +8,13 @@ imported it takes milliseconds. Nothing else is shared: the server never touches
 and compiles nothing, so every replicate still pays (and shows the variation of) its own
 device set-up, compilation and autotuning.
 
-Used on Linux, for timing and verification runs driven from the main thread (a server started
-by another thread would die with that thread: see `xbench.worker.main._die_with_parent`;
-verification, whose jobs run side by side from other threads, starts its servers beforehand:
-`ForkServers.start`).
+Used on Linux, one set per run: started from the main thread to find the run's devices
+(`xbench.run.readiness.ready_with_fork_servers`; a server started by another thread would die
+with that thread: see `xbench.worker.main._die_with_parent`), then forked from by the run's
+verification workers (side by side, from other threads), timed workers and all-reduce ranks;
+a worker whose environment differs in more than `xbench.run.worker_process.PER_WORKER` gets
+a server of its own.
+The bounds below count over the whole run, from finding the devices to the all-reduce.
 `XBENCH_WORKER_START=exec` turns it off; a server that fails to start falls back to plain
 worker processes, which then fail or succeed as they always did. A server that misses a bound
 (`xbench.run.bounds`: its import, a fork request, a worker's exit it must report) is ended
