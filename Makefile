@@ -20,8 +20,9 @@ compare: $(VENV)/.installed-all
 # sees groups). Modules start in the order tests/conftest.py's LONGEST_FIRST gives (the longest
 # first, the ones that wait on a bound beside ones that compute; tests/unit's quick ones last),
 # not xdist's default (by test count), so the progress percentage lags the time. Measured on a
-# fresh clone of the 2-core machine, idle: 1,719 passed in 19.5 min (1,171 s; 1,743 in 20.7 min later), both cores busy
-# for 94 % of it (2026-12-05): the suite is CPU-bound. The slowest tests are listed at the end.
+# fresh clone of the 2-core machine, idle: 1,719 passed in 19.5 min (1,171 s), both cores busy for 94 % of it
+# (2026-12-05): the suite is CPU-bound; 1,744 in 17.7 min (1,063 s) once a run imported each framework once
+# (one fork server per backend and run). TEST_WORKERS=3 was slower. The slowest tests are listed at the end.
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
