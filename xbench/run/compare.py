@@ -184,17 +184,17 @@ def _run(comparison: Comparison, observer: Observer, no_verify: bool, resumed: b
     for line in link_notes(environment["links"]):
         observer.note(line)
     # One fork server per backend for verification, timing and the all-reduce: one framework import each.
-    with run_fork_servers(comparison, observer) as servers:
-        outcome = verification_outcome(comparison, environment, observer, no_verify, resumed, servers)
-        drift.record(comparison.run_dir, "before")
-        records = execute(comparison, environment, outcome, observer, done, servers)
-        drift.record(comparison.run_dir, "after")
-        allreduce: list[AllReduceRecord] = []
-        if comparison.breakdown and resumed and (comparison.run_dir / ALLREDUCE_FILE).exists():
-            allreduce = read_records(comparison.run_dir, ALLREDUCE_FILE)  # measured before the interruption
-        elif comparison.breakdown:
-            with observer.phase("timing each backend's all-reduce at the gradient sizes…"):
-                allreduce = breakdown_allreduce(comparison, environment, servers)
+    servers = run_fork_servers(comparison, observer)
+    outcome = verification_outcome(comparison, environment, observer, no_verify, resumed, servers)
+    drift.record(comparison.run_dir, "before")
+    records = execute(comparison, environment, outcome, observer, done, servers)
+    drift.record(comparison.run_dir, "after")
+    allreduce: list[AllReduceRecord] = []
+    if comparison.breakdown and resumed and (comparison.run_dir / ALLREDUCE_FILE).exists():
+        allreduce = read_records(comparison.run_dir, ALLREDUCE_FILE)  # measured before the interruption
+    elif comparison.breakdown:
+        with observer.phase("timing each backend's all-reduce at the gradient sizes…"):
+            allreduce = breakdown_allreduce(comparison, environment, servers)
     new = len(records)
     if resumed:
         records = read_records(comparison.run_dir)

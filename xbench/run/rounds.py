@@ -9,7 +9,7 @@ import itertools
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,24 +50,16 @@ def execute(comparison: Comparison, environment: dict[str, Any], verification: d
         return _execute(comparison, ctx, writer, verification, listener, done, checks)
 
 
-@contextlib.contextmanager
-def run_fork_servers(comparison: Comparison, listener: Observer | None = None) -> Iterator[zygote.ForkServers | None]:
-    """The run's fork servers (`xbench.run.zygote`): those that found its devices (the
-    comparison's, ended by its `release`), or new ones for the run's length; their log is the
-    run's, their bounds its start-up timeout, and turning them off is kept in run.json."""
-    def turned_off(why: str) -> None:
-        _fork_servers_off(comparison.run_dir, listener, why)
-
+def run_fork_servers(comparison: Comparison, listener: Observer | None = None) -> zygote.ForkServers | None:
+    """The run's fork servers (`xbench.run.zygote`): those that found its devices, held by the
+    comparison and ended by its `release` (None where fork servers are off); turning them off
+    from now on is kept in run.json, and so is an earlier turn-off (before run.json existed)."""
     servers = comparison.fork_servers
-    if servers is None:
-        with zygote.fork_servers(comparison.run_dir / launcher.LOG_FILE, comparison.startup_timeout_s,
-                                 turned_off) as servers:
-            yield servers
-        return
-    servers.turned_off = turned_off
-    if servers.off is not None:  # while the devices were found, before run.json
-        turned_off(servers.off)
-    yield servers
+    if servers is not None:
+        servers.turned_off = lambda why: _fork_servers_off(comparison.run_dir, listener, why)
+        if servers.off is not None:
+            servers.turned_off(servers.off)
+    return servers
 
 
 def _fork_servers_off(run_dir: Path, listener: Observer | None, why: str) -> None:
