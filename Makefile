@@ -14,20 +14,22 @@ TORCH  ?= torch==2.13.0
 compare: $(VENV)/.installed-all
 	$(BIN)/xbench compare $(ARGS)
 
-# Lint and types first (seconds), then the tests in two pytest-xdist workers (TEST_WORKERS=1: one
-# process), each module's tests in one worker, so that its module fixture (a real run, children
-# that train) runs once (--dist loadfile: under pytest 9, pytest-xdist 3.8's loadgroup no longer
-# sees groups). Modules start in the order tests/conftest.py's LONGEST_FIRST gives (the longest
-# first, the ones that wait on a bound beside ones that compute; tests/unit's quick ones last),
-# not xdist's default (by test count), so the progress percentage lags the time. Measured on a
-# fresh clone of the 2-core machine, idle: 1,719 passed in 19.5 min (1,171 s), both cores busy for 94 % of it
-# (2026-12-05): the suite is CPU-bound; 1,744 in 17.7 min (1,063 s) once a run imported each framework once
-# (one fork server per backend and run). TEST_WORKERS=3 was slower. The slowest tests are listed at the end.
+# Lint and types first (seconds), then the tests in two pytest-xdist workers that compute
+# (TEST_WORKERS=1: one process) and a third, the waiting lane, for the tests that mostly wait on a
+# bound (a hung worker's timeout) with the cores idle (tests/conftest.py's WAITING). Each module's
+# tests run in one worker, so that its module fixture (a real run, children that train) runs
+# once (--dist loadfile's units: under pytest 9, pytest-xdist 3.8's loadgroup no longer sees
+# groups). Modules start in the order tests/conftest.py's LONGEST_FIRST gives (the longest first;
+# tests/unit's quick ones last), not xdist's default (by test count), so the progress percentage
+# lags the time. Measured on a fresh clone of the 2-core machine, idle: 1,744 passed in 17.7 min
+# (1,063 s) with two workers, both cores busy for 94 % of it; a third worker that computes too
+# was slower. The slowest tests are listed at the end.
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
+	$(BIN)/python -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(shell expr $(TEST_WORKERS) + 1) --dist loadfile \
+		--no-loadscope-reorder --waiting-lane) \
 		--durations=15 $(PYTEST_ARGS)
 
 # The inner loop: lint, types and tests/unit, which start no process and import no framework

@@ -33,6 +33,38 @@ def pytest_configure(config):
     os.environ.update(JAX_CACHE_SETTINGS)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--waiting-lane", action="store_true",
+                     help="with pytest-xdist: the last worker runs only the tests in WAITING (make test)")
+
+
+# Tests that mostly wait on a bound (a hung or stopped worker, a trial or start-up timeout) while
+# the cores idle: by module or by test, measured with each test's CPU time against its wall time
+# (2-core machine, 2026-12-05: about 255 s of wall, 45 s of CPU). With --waiting-lane they run in
+# a pytest-xdist worker of their own, beside the two that compute. A test that computes for most
+# of its time does not belong here: it would take a core from the computing workers.
+WAITING = (
+    "process/test_bounded_waits.py",
+    "process/test_fork_server.py::test_a_forked_worker_that_crashes_or_hangs_costs_only_its_trial",
+    "process/test_compare_cli.py::test_a_hanging_trial_times_out_and_the_rest_run",
+    "process/test_launcher_spmd.py::test_killed_and_hung_rank_cost_only_their_trial",
+    "process/test_launcher_spmd.py::test_a_rank_that_dies_after_reporting_fails_the_next_trial_at_once",
+    "process/test_launcher_spmd.py::test_a_fast_ranks_failure_in_the_next_trial_is_not_charged_to_this_one",
+    "process/test_faults.py::test_a_killed_run_resumes_and_leaves_no_stray_file",
+    "process/test_faults.py::test_a_multi_node_run_whose_peers_never_come_stops_within_the_startup_timeout",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if not config.getoption("waiting_lane"):
+        return None
+    from tests.support.waiting_lane import WaitingLaneScheduling
+
+    WaitingLaneScheduling.waiting = WAITING
+    return WaitingLaneScheduling(config, log)
+
+
 def pytest_unconfigure(config):
     for path in _jax_cache_made:
         shutil.rmtree(path, ignore_errors=True)

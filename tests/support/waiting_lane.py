@@ -1,0 +1,64 @@
+"""A pytest-xdist scheduler with a lane for the tests that mostly wait.
+
+Some tests spend most of their wall time waiting on a bound (a hung worker's trial timeout, a
+stopped fork server's start-up timeout) with the cores idle. In a worker of their own (the
+lane: the last pytest-xdist worker) those waits overlap the tests that compute, which the
+other workers run. Each module's tests stay one unit, as under `--dist loadfile`, except that
+a module's waiting tests form a unit of their own. The lane takes only waiting units and ends
+when none is left; the other workers take the rest first, then any waiting unit still queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from xdist.scheduler import LoadFileScheduling
+
+WAITING_PREFIX = "waiting|"
+
+
+def is_waiting(nodeid: str, waiting: Collection[str]) -> bool:
+    """Whether `nodeid` ("tests/process/test_x.py::test_y[param]") is named in `waiting`, by
+    module ("process/test_x.py") or by test ("process/test_x.py::test_y", every parameter)."""
+    name = nodeid.removeprefix("tests/").split("[", 1)[0]
+    module = name.split("::", 1)[0]
+    return name in waiting or module in waiting
+
+
+class WaitingLaneScheduling(LoadFileScheduling):
+    waiting: Collection[str] = ()  # set by the conftest that chooses this scheduler
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = super()._split_scope(nodeid)
+        return WAITING_PREFIX + module if is_waiting(nodeid, self.waiting) else module
+
+    def _is_lane(self, node) -> bool:
+        return len(self.nodes) > 1 and node is max(self.nodes, key=lambda n: int(n.gateway.id.removeprefix("gw")))
+
+    def _next_scope(self, node) -> str | None:
+        """The lane's next waiting unit; another worker's next computing unit, else waiting one."""
+        waiting = [scope for scope in self.workqueue if scope.startswith(WAITING_PREFIX)]
+        if self._is_lane(node):
+            return waiting[0] if waiting else None
+        computing = [scope for scope in self.workqueue if not scope.startswith(WAITING_PREFIX)]
+        return (computing or waiting or [None])[0]
+
+    def _assign_work_unit(self, node) -> None:
+        scope = self._next_scope(node)
+        if scope is None:
+            node.shutdown()
+            return
+        work_unit = self.workqueue.pop(scope)
+        self.assigned_work.setdefault(node, {})[scope] = work_unit
+        collection = self.registered_collections[node]
+        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+
+    def _reschedule(self, node) -> None:
+        if node.shutting_down:
+            return
+        if self._next_scope(node) is None:
+            node.shutdown()
+            return
+        if self._pending_of(self.assigned_work[node]) > 2:  # xdist's own low-water mark
+            return
+        self._assign_work_unit(node)
