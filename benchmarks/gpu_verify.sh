@@ -13,7 +13,10 @@
 #   allreduce  the all-reduce with P2P on and off side by side, NCCL's own account of the
 #              transports each used
 # Everything it writes is packed into $OUT/results.tgz. FAMILIES_TIMEOUT, XL_TIMEOUT: the steps' limits;
-# DEVICES: the verify steps' device count (default 2; 1 on a one-GPU machine).
+# DEVICES: the verify steps' device count (default 2; 1 on a one-GPU machine). AS_GIB=79.6: the
+# verify steps as on a card of that many GiB (an 80 GB H100's 81,559 MiB) where the GPUs have more:
+# xbench plans for it (XBENCH_DEVICE_MEMORY_GIB) and a process holds the rest of each GPU's memory
+# (its hold is printed; the peaks "all processes" include it, "largest single process" may be it).
 #   bash benchmarks/gpu_verify.sh families gpt2-xl
 set -uo pipefail
 steps=" $* "
@@ -26,9 +29,34 @@ verify_step() {  # verify_step NAME TIMEOUT VERIFY-ARGS...: xbench verify with i
   shift 2
   [ $((570 - SECONDS)) -lt "$limit" ] && limit=$((570 - SECONDS))
   [ "$limit" -lt 60 ] && { echo "== $name: not started, $((570 - SECONDS)) s left"; return; }
+  [ -n "${AS_GIB:-}" ] && hold_all_but "$AS_GIB" "$name"
   sample_memory "$name"
-  step "$name" "$limit" xbench verify "$@"
+  XBENCH_DEVICE_MEMORY_GIB=${AS_GIB:-} step "$name" "$limit" xbench verify "$@"
   memory_peaks "$name"
+  [ -n "${AS_GIB:-}" ] && { kill "$holder"; wait "$holder" 2>/dev/null; cat "$out/run/$name-held.txt" >>"$out/run/$name-memory.txt"; }
+}
+
+hold_all_but() {  # hold_all_but GIB NAME: a process holds each GPU's memory beyond GIB (less 0.5 GiB,
+  # what a card's driver keeps before any process runs) until killed; waits until it holds it
+  python3 -c '
+import sys, time, torch
+keep, said = float(sys.argv[1]) - 0.5, open(sys.argv[2], "w")
+held = []
+for gpu in range(torch.cuda.device_count()):
+    free = torch.cuda.mem_get_info(gpu)[0]
+    size = int(free - keep * 2**30)
+    if size > 0:
+        held.append(torch.empty(size, dtype=torch.uint8, device=f"cuda:{gpu}"))
+    print(f"held on gpu{gpu}: {max(size, 0) / 2**30:.1f} GiB (free {torch.cuda.mem_get_info(gpu)[0] / 2**30:.1f} GiB, as on a {sys.argv[1]} GiB card)", file=said, flush=True)
+said.close()
+time.sleep(3600)
+' "$1" "$out/run/$2-held.txt" &
+  holder=$!
+  until [ -s "$out/run/$2-held.txt" ] && [ "$(grep -c held "$out/run/$2-held.txt")" -ge "$(nvidia-smi -L | wc -l)" ]; do
+    kill -0 "$holder" 2>/dev/null || { echo "== $2: the memory holder stopped"; cat "$out/run/$2-held.txt"; return 1; }
+    sleep 1
+  done
+  cat "$out/run/$2-held.txt"
 }
 
 wanted families && verify_step families "${FAMILIES_TIMEOUT:-300}" --config configs/families.toml --backends jax torch \

@@ -33,7 +33,9 @@ class WaitingLaneScheduling(LoadFileScheduling):
         return WAITING_PREFIX + module if is_waiting(nodeid, self.waiting) else module
 
     def _is_lane(self, node) -> bool:
-        return len(self.nodes) > 1 and node is max(self.nodes, key=lambda n: int(n.gateway.id.removeprefix("gw")))
+        # By the worker's name, fixed at the start: once the lane has ended and left the nodes,
+        # the last of those left is no lane.
+        return self.numnodes > 1 and node.gateway.id == f"gw{self.numnodes - 1}"
 
     def _next_scope(self, node) -> str | None:
         """The lane's next waiting unit; another worker's next computing unit, else waiting one."""

@@ -58,11 +58,13 @@ def scheduled(collection, waiting, workers=3):
     scheduler.schedule()
     done = {node: 0 for node in nodes}
     while not scheduler.tests_finished:
-        for node in nodes:
+        for node in list(scheduler.nodes):
             sent = [i for batch in node.sent for i in batch]
             if done[node] < len(sent):
                 scheduler.mark_test_complete(node, sent[done[node]])
                 done[node] += 1
+            elif node.shutting_down:  # its process ends: xdist takes it out of the nodes
+                scheduler.remove_node(node)
     return {node.gateway.id: ([collection[i] for sent in node.sent for i in sent], node.shutting_down)
             for node in nodes}
 
@@ -77,6 +79,15 @@ def test_the_last_worker_takes_only_waiting_units_the_others_the_rest_first():
     # the module's other tests stay together, in a worker that computes
     module = {"tests/m1.py::test_0", "tests/m1.py::test_1"}
     assert any(module <= set(tests) for tests, _ in (got["gw0"], got["gw1"]))
+
+
+def test_the_workers_that_compute_take_the_rest_once_the_lane_has_ended():
+    # The lane's one test ends long before the modules that compute: the last worker left then
+    # is still one that computes (it was once taken for the lane, and idled to the end).
+    collection = [f"tests/m{k}.py::test_{i}" for k in range(8) for i in range(3)] + ["tests/w.py::test_hangs"]
+    got = scheduled(collection, ("w.py",))
+    assert got["gw2"] == (["tests/w.py::test_hangs"], True)
+    assert len(got["gw1"][0]) >= 9 and len(got["gw0"][0]) >= 9, got
 
 
 def test_a_lane_with_nothing_to_wait_for_ends_at_once():
