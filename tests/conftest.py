@@ -152,14 +152,12 @@ def run_cli(capsys):
     return run
 
 
-# The order `make test`'s two workers take modules in (`--dist loadfile --no-loadscope-reorder`):
-# about the longest first, so that none starts near the end and leaves the other worker idle (a
-# module that makes a shared fixture before the modules that read it), and the
-# modules that mostly wait on a bound (a stopped or hung worker) beside ones that compute, so
-# that the two cores stay busy (fork_server after launcher_spmd: side by side, both waited and a
-# core idled for a minute). Worker-seconds from a full run (2-core machine, 2026-12-05; (w):
-# mostly waits). Modules not listed follow in collection order (quick ones, tests/unit last); a
-# module that grows past half a minute belongs here.
+# The order `make test`'s two computing workers take modules in (`--dist loadfile
+# --no-loadscope-reorder`): about the longest first, so that none starts near the end and leaves
+# the other worker idle (a module that makes a shared fixture before the modules that read it).
+# Worker-seconds from a full run before the waiting lane (2-core machine, 2026-12-05; (w): mostly
+# waits, now largely in the lane, WAITING). Modules not listed follow in collection order (quick
+# ones, tests/unit last); a module that grows past half a minute belongs here.
 LONGEST_FIRST = (
     "backends/jax/test_families_jax.py",  # 268
     "process/test_bounded_waits.py",  # 120 (w)
