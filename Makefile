@@ -25,7 +25,7 @@ compare: $(VENV)/.installed-all
 # (1,063 s) with two workers, both cores busy for 94 % of it; a third worker that computes too
 # was slower; with the waiting lane 1,749 passed in 16.7 min (1,004 s, 2026-12-05): the suite is
 # CPU-bound, and the lane fills only the cores' idle time. The slowest tests are listed at the end.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 2  # the workers that compute, a number (the lane comes on top; 1: one process, no lane)
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
 	$(BIN)/mypy

@@ -16,7 +16,8 @@
 # DEVICES: the verify steps' device count (default 2; 1 on a one-GPU machine). AS_GIB=79.6: the
 # verify steps as on a card of that many GiB (an 80 GB H100's 81,559 MiB) where the GPUs have more:
 # xbench plans for it (XBENCH_DEVICE_MEMORY_GIB) and a process holds the rest of each GPU's memory
-# (its hold is printed; the peaks "all processes" include it, "largest single process" may be it).
+# (its hold is printed; the peaks "all processes" include it, "largest single process" may be it;
+# a step whose hold fails does not run).
 #   bash benchmarks/gpu_verify.sh families gpt2-xl
 set -uo pipefail
 steps=" $* "
@@ -27,36 +28,58 @@ export NCCL_NVLS_ENABLE=0 COLUMNS=120  # NVLink multicast off (the device notes)
 verify_step() {  # verify_step NAME TIMEOUT VERIFY-ARGS...: xbench verify with its memory sampled, in what
   local name=$1 limit=$2  # the call has left (570 s in all): cut to that, not started under 60 s
   shift 2
+  if [ -n "${AS_GIB:-}" ]; then
+    hold_all_but "$AS_GIB" "$name" || { echo "== $name: not started, the memory hold failed"; return; }
+  fi
   [ $((570 - SECONDS)) -lt "$limit" ] && limit=$((570 - SECONDS))
-  [ "$limit" -lt 60 ] && { echo "== $name: not started, $((570 - SECONDS)) s left"; return; }
-  [ -n "${AS_GIB:-}" ] && hold_all_but "$AS_GIB" "$name"
+  [ "$limit" -lt 60 ] && { echo "== $name: not started, $((570 - SECONDS)) s left"; release_hold "$name"; return; }
   sample_memory "$name"
-  XBENCH_DEVICE_MEMORY_GIB=${AS_GIB:-} step "$name" "$limit" xbench verify "$@"
+  XBENCH_DEVICE_MEMORY_GIB=${AS_GIB:-${XBENCH_DEVICE_MEMORY_GIB:-}} step "$name" "$limit" xbench verify "$@"
   memory_peaks "$name"
-  [ -n "${AS_GIB:-}" ] && { kill "$holder"; wait "$holder" 2>/dev/null; cat "$out/run/$name-held.txt" >>"$out/run/$name-memory.txt"; }
+  release_hold "$name"
 }
 
-hold_all_but() {  # hold_all_but GIB NAME: a process holds each GPU's memory beyond GIB (less 0.5 GiB,
-  # what a card's driver keeps before any process runs) until killed; waits until it holds it
+hold_all_but() {  # hold_all_but GIB NAME: a process holds each GPU's total memory less GIB until killed
+  # (its own CUDA context, about 0.5 GiB, on top: a little tighter than the real card); waits at
+  # most 60 s for it to say it holds it; non-zero if it cannot
+  holder=
   python3 -c '
 import sys, time, torch
-keep, said = float(sys.argv[1]) - 0.5, open(sys.argv[2], "w")
+keep, report = float(sys.argv[1]), open(sys.argv[2], "w")
+if not torch.cuda.is_available():
+    print("no GPU to hold", file=report, flush=True)
+    sys.exit(1)
 held = []
 for gpu in range(torch.cuda.device_count()):
-    free = torch.cuda.mem_get_info(gpu)[0]
-    size = int(free - keep * 2**30)
-    if size > 0:
-        held.append(torch.empty(size, dtype=torch.uint8, device=f"cuda:{gpu}"))
-    print(f"held on gpu{gpu}: {max(size, 0) / 2**30:.1f} GiB (free {torch.cuda.mem_get_info(gpu)[0] / 2**30:.1f} GiB, as on a {sys.argv[1]} GiB card)", file=said, flush=True)
-said.close()
+    free, total = torch.cuda.mem_get_info(gpu)
+    size = max(int(total - keep * 2**30), 0)
+    held.append(torch.empty(size, dtype=torch.uint8, device=f"cuda:{gpu}"))
+    print(f"held on gpu{gpu}: {size / 2**30:.1f} GiB of {total / 2**30:.1f}, as on a {keep:g} GiB card; "
+          f"{(total - free) / 2**30:.1f} GiB in use before (this context included)", file=report)
+print("holding", file=report, flush=True)
 time.sleep(3600)
 ' "$1" "$out/run/$2-held.txt" &
   holder=$!
-  until [ -s "$out/run/$2-held.txt" ] && [ "$(grep -c held "$out/run/$2-held.txt")" -ge "$(nvidia-smi -L | wc -l)" ]; do
-    kill -0 "$holder" 2>/dev/null || { echo "== $2: the memory holder stopped"; cat "$out/run/$2-held.txt"; return 1; }
+  local waited=0
+  until grep -q "^holding" "$out/run/$2-held.txt" 2>/dev/null; do
+    if ! kill -0 "$holder" 2>/dev/null || [ "$waited" -ge 60 ]; then
+      cat "$out/run/$2-held.txt" 2>/dev/null
+      release_hold "$2"
+      return 1
+    fi
     sleep 1
+    waited=$((waited + 1))
   done
-  cat "$out/run/$2-held.txt"
+  grep -v "^holding" "$out/run/$2-held.txt"
+}
+
+release_hold() {  # release_hold NAME: end the holder, if any, and add what it held to NAME-memory.txt
+  [ -n "${holder:-}" ] || return 0
+  kill "$holder" 2>/dev/null
+  wait "$holder" 2>/dev/null
+  holder=
+  [ -f "$out/run/$1-memory.txt" ] && grep -v "^holding" "$out/run/$1-held.txt" >>"$out/run/$1-memory.txt"
+  return 0
 }
 
 wanted families && verify_step families "${FAMILIES_TIMEOUT:-300}" --config configs/families.toml --backends jax torch \

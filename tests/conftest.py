@@ -61,8 +61,7 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from tests.support.waiting_lane import WaitingLaneScheduling
 
-    WaitingLaneScheduling.waiting = WAITING
-    return WaitingLaneScheduling(config, log)
+    return WaitingLaneScheduling(config, log, waiting=WAITING)
 
 
 def pytest_unconfigure(config):

@@ -26,7 +26,9 @@ def is_waiting(nodeid: str, waiting: Collection[str]) -> bool:
 
 
 class WaitingLaneScheduling(LoadFileScheduling):
-    waiting: Collection[str] = ()  # set by the conftest that chooses this scheduler
+    def __init__(self, config, log=None, waiting: Collection[str] = ()) -> None:
+        super().__init__(config, log)
+        self.waiting = waiting
 
     def _split_scope(self, nodeid: str) -> str:
         module = super()._split_scope(nodeid)
@@ -34,7 +36,7 @@ class WaitingLaneScheduling(LoadFileScheduling):
 
     def _is_lane(self, node) -> bool:
         # By the worker's name, fixed at the start: once the lane has ended and left the nodes,
-        # the last of those left is no lane.
+        # the last of those left is no lane (a crashed worker's replacement is gw3 or later).
         return self.numnodes > 1 and node.gateway.id == f"gw{self.numnodes - 1}"
 
     def _next_scope(self, node) -> str | None:
@@ -45,6 +47,23 @@ class WaitingLaneScheduling(LoadFileScheduling):
         computing = [scope for scope in self.workqueue if not scope.startswith(WAITING_PREFIX)]
         return (computing or waiting or [None])[0]
 
+    def schedule(self) -> None:
+        """xdist's, less the first step's trimming: that ends the workers beyond the number of
+        units, whichever registered last, and could leave only the lane for a unit that
+        computes. Here every worker is offered units, and one that gets none ends."""
+        if self.collection is not None:  # a worker that joined later (a crashed one's replacement)
+            for node in self.nodes:
+                self._reschedule(node)
+            return
+        if not self._check_nodes_have_same_collection():
+            self.log("**Different tests collected, aborting run**")
+            return
+        self.collection = list(next(iter(self.registered_collections.values())))
+        for nodeid in self.collection:  # in the suite's order (--no-loadscope-reorder)
+            self.workqueue.setdefault(self._split_scope(nodeid), {})[nodeid] = False
+        for node in sorted(self.nodes, key=lambda n: not self._is_lane(n)):  # the lane first: its units
+            self._reschedule(node)
+
     def _assign_work_unit(self, node) -> None:
         scope = self._next_scope(node)
         if scope is None:
@@ -54,13 +73,15 @@ class WaitingLaneScheduling(LoadFileScheduling):
         self.assigned_work.setdefault(node, {})[scope] = work_unit
         collection = self.registered_collections[node]
         node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+        if self._next_scope(node) is None:
+            # Nothing more will come: a worker holds its last test until told so (it may need
+            # the next one for its teardown), and a unit of one test would wait for the end.
+            node.shutdown()
 
     def _reschedule(self, node) -> None:
-        if node.shutting_down:
-            return
-        if self._next_scope(node) is None:
+        """Keep more than two tests pending on `node` (xdist's low-water mark: it runs all but
+        the last) while units are left for it; end it once none is."""
+        while not node.shutting_down and self._pending_of(self.assigned_work[node]) <= 2:
+            self._assign_work_unit(node)  # ends the worker when nothing more will come
+        if not node.shutting_down and self._next_scope(node) is None:
             node.shutdown()
-            return
-        if self._pending_of(self.assigned_work[node]) > 2:  # xdist's own low-water mark
-            return
-        self._assign_work_unit(node)
