@@ -23,8 +23,10 @@ compare: $(VENV)/.installed-all
 # tests/unit's quick ones last), not xdist's default (by test count), so the progress percentage
 # lags the time. Measured on a fresh clone of the 2-core machine, idle: 1,744 passed in 17.7 min
 # (1,063 s) with two workers, both cores busy for 94 % of it; a third worker that computes too
-# was slower; with the waiting lane 1,749 passed in 16.7 min (1,004 s, 2026-12-05): the suite is
-# CPU-bound, and the lane fills only the cores' idle time. The slowest tests are listed at the end.
+# was slower. With the waiting lane (2026-12-05): 1,004 s and 1,064 s in two runs, against 1,080 s
+# for two workers without it right after the second: the suite is CPU-bound, and the lane fills
+# only the cores' idle time. pytest-xdist is held below 4: the lane's scheduler extends its
+# LoadFileScheduling (tests/support/waiting_lane.py). The slowest tests are listed at the end.
 TEST_WORKERS ?= 2  # the workers that compute, a number (the lane comes on top; 1: one process, no lane)
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks

@@ -6,6 +6,9 @@ lane: the last pytest-xdist worker) those waits overlap the tests that compute, 
 other workers run. Each module's tests stay one unit, as under `--dist loadfile`, except that
 a module's waiting tests form a unit of their own. The lane takes only waiting units and ends
 when none is left; the other workers take the rest first, then any waiting unit still queued.
+It overrides LoadScopeScheduling's own methods (`schedule`, `_assign_work_unit`, `_reschedule`,
+`_split_scope`), which are no public API: pyproject holds pytest-xdist below 4, and
+tests/unit/test_suite_order.py drives it as xdist does.
 """
 
 from __future__ import annotations
