@@ -34,7 +34,7 @@ from xbench.results.records import (
     read_run,
     write_json,
 )
-from xbench.run import drift, launcher, links
+from xbench.run import drift, launcher, links, zygote
 from xbench.run.allreduce_phase import breakdown_allreduce
 from xbench.run.cluster import Launch
 from xbench.run.comparison import Comparison, Observer, claim_new_run_dir, new_run_id, planned_trials
@@ -62,15 +62,11 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, break
     launch = launch or Launch()
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
         ready, servers = ready_with_fork_servers(spec, Path(tmp), strict_devices, launch, startup_timeout_s)
-        try:
+        with zygote.closed_on_error(servers):
             spec = resolved(spec, ready.devices, launch)
             comparison = Comparison(spec, tuple(ready.entries), ready.devices, Path(), new_run_id(), breakdown,
                                     launch, ready.launchers, ready.lineups, startup_timeout_s, fork_servers=servers)
             comparison = claim_new_run_dir(comparison, Path(run_dir) if run_dir else None)
-        except BaseException:
-            if servers is not None:
-                servers.close()
-            raise
         try:
             append_logs(Path(tmp), comparison.run_dir / launcher.LOG_FILE, servers)
         except OSError as err:

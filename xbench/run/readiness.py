@@ -233,13 +233,8 @@ def ready_with_fork_servers(spec: Spec, log_dir: Path, strict_devices: bool = Tr
     them too. Each server's own output goes to log_dir's log (the caller copies it into the
     run's); what they note later goes wherever the caller points `ForkServers.log`."""
     servers = ForkServers(log_dir / launcher.LOG_FILE, startup_timeout_s) if zygote.enabled() else None
-    try:
-        with links.applied(spec.p2p if p2p is None else p2p):
-            return ready_backends(spec, log_dir, strict_devices, launch, startup_timeout_s, servers), servers
-    except BaseException:
-        if servers is not None:
-            servers.close()
-        raise
+    with zygote.closed_on_error(servers), links.applied(spec.p2p if p2p is None else p2p):
+        return ready_backends(spec, log_dir, strict_devices, launch, startup_timeout_s, servers), servers
 
 
 def append_logs(log_dir: Path, run_log: Path, servers: ForkServers | None) -> None:

@@ -23,7 +23,7 @@ from xbench.results.records import (
     iter_records,
     read_run,
 )
-from xbench.run import launcher
+from xbench.run import launcher, zygote
 from xbench.run.cluster import Launch
 from xbench.run.comparison import Comparison, trial_count
 from xbench.run.environment import command_line
@@ -67,17 +67,13 @@ def _resumed(run_dir: Path, lock: RunDirLock, startup_timeout_s: float) -> Compa
     with tempfile.TemporaryDirectory(prefix="xbench-describe-") as tmp:
         ready, servers = ready_with_fork_servers(spec, Path(tmp), strict_devices=False, launch=launch,
                                                  startup_timeout_s=startup_timeout_s)
-        try:
+        with zygote.closed_on_error(servers):
             append_logs(Path(tmp), run_dir / launcher.LOG_FILE, servers)
             # The launchers the run started with, so that trial ids (and what counts as done) match.
             launchers = {**ready.launchers, **saved.get("launch", {}).get("backends", {})}
             return Comparison(spec, tuple(ready.entries), ready.devices, run_dir, saved["run_id"],
                               bool(saved.get("breakdown", False)), launch, launchers, ready.lineups,
                               startup_timeout_s, lock, fork_servers=servers)
-        except BaseException:
-            if servers is not None:
-                servers.close()
-            raise
 
 
 def _as_recorded(spec: Spec, saved: Mapping[str, Any], run_dir: Path, launch: Launch, lock: RunDirLock,

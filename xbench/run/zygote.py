@@ -330,6 +330,18 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
+def closed_on_error(servers: ForkServers | None) -> Iterator[None]:
+    """Ends `servers` (None: nothing to end) where the block raises, and lets it raise: for the
+    steps between starting a run's servers and handing them to what ends them."""
+    try:
+        yield
+    except BaseException:
+        if servers is not None:
+            servers.close()
+        raise
+
+
+@contextlib.contextmanager
 def fork_servers(log: Path, ready_timeout_s: float,
                  turned_off: Callable[[str], None] | None = None) -> Iterator[ForkServers | None]:
     """Fork servers for the length of a run (None where they are off); their own output
