@@ -207,8 +207,8 @@ FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps",
 def real_run(tmp_path_factory):
     """One small real comparison of tf and jax on 1 and 2 simulated CPU devices, both seed
     models, verification included; (exit code, run directory), made once for every module and
-    worker that asks. Tests must not modify it. Its workers' temporary directory is the run
-    directory's sibling "tmp" (what they leave there)."""
+    worker that asks. Tests must not modify it. Its workers' temporary files go under the run
+    directory's sibling "tmp" (in the directory xbench makes there for them)."""
     from tests.support.shared import once_per_session, shared_directory
 
     def make(directory: Path) -> int:

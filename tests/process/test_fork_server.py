@@ -15,7 +15,7 @@ import pytest
 from tests.process.test_compare_cli import FAST
 from tests.support.preload_counter import PRELOADS, noted
 from xbench.results.records import read_records
-from xbench.run.worker_process import worker_environment
+from xbench.run.worker_process import remove_workers_temporary, worker_environment
 from xbench.run.zygote import START_VARIABLE, ForkServers
 from xbench.worker.zygote import exit_status
 
@@ -103,14 +103,18 @@ def test_exec_starts_every_worker_from_scratch(fake_backends, run_cli, tmp_path,
     assert "fork server" not in (out / "workers.log").read_text()
 
 
-def test_a_forked_worker_that_crashes_or_hangs_costs_only_its_trial(fake_backends, run_cli, tmp_path):
+def test_a_forked_worker_that_crashes_or_hangs_costs_only_its_trial(fake_backends, run_cli, tmp_path, monkeypatch):
+    """... and the temporary files the crashed and the killed worker could not remove at exit are
+    removed with the workers' temporary directory when xbench exits (`remove_workers_temporary`)."""
     # 30 s: a healthy numpy trial starved by a busy machine must not pass for the hung one (one timed
     # out at 12 s in a full suite on an idle fresh clone, beside the other worker's framework fixtures).
     # Only the first replicate hangs: each hang costs the whole timeout.
-    out = tmp_path / "run"
+    out, temporary = tmp_path / "run", tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
     code, _, err = run_cli(*ONE_PROCESS, "--backends", "numpy", "--option", "numpy.crash_batch=16",
                            "--option", "numpy.hang_batch=32", "--option", "numpy.hang_replicate=0",
-                           "--trial-timeout", "30", "--out", str(out))
+                           "--option", "numpy.temporary_file=1", "--trial-timeout", "30", "--out", str(out))
     assert code != 0 and "Traceback" not in err, err
     records = read_records(out)
     assert sorted((r["trial"]["global_batch"], r["trial"]["replicate"]) for r in records) == [
@@ -122,6 +126,10 @@ def test_a_forked_worker_that_crashes_or_hangs_costs_only_its_trial(fake_backend
         assert batch != 16 or "exit code 3" in record["reason"], record
         assert batch != 64 or record["process"]["forked"]
     assert not [c for c in processes_below(os.getpid()) if "xbench.worker" in c]  # the hung one was killed
+    left = [path.relative_to(temporary).parts for path in temporary.rglob("xbench-fake-*")]
+    assert left and all(parts[0].startswith("xbench-workers-") for parts in left), left  # crashed and killed workers'
+    remove_workers_temporary()
+    assert not list(temporary.iterdir())
 
 
 def test_a_server_that_cannot_start_leaves_the_run_to_workers_from_scratch(fake_backends, run_cli, tmp_path):

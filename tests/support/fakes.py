@@ -2,14 +2,17 @@
 
 The numpy backend can be told, through its options, to crash, hang, fail or run out of memory on one global
 batch size (hang_replicate: hang in that replicate only, as each hang costs a whole trial timeout), so tests
-can check that the launcher loses nothing else.
+can check that the launcher loses nothing else; temporary_file: each trial leaves a temporary file that its
+worker removes at exit, as a compiler's cache.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +64,7 @@ def stop_once(what: str) -> None:
 
 
 ACTIONS = ("crash_batch", "hang_batch", "hang_replicate", "fail_batch", "oom_batch", "oom_batch_after_others",
-           "work_factor", "rank", "fail_if_env", "delay_rank", "fail_allreduce_bytes")
+           "work_factor", "rank", "fail_if_env", "delay_rank", "fail_allreduce_bytes", "temporary_file")
 _PREPARED_BATCHES: set[int] = set()  # this process's trials' global batches (oom_batch_after_others)
 
 
@@ -98,6 +101,10 @@ class NumpyBackend:
         info = PreparedInfo(params=work.params, weights_hash=work.weights_hash,
                             precision={"numpy": trial.precision})
         _PREPARED_BATCHES.add(trial.global_batch)
+        if trial.options.get("temporary_file"):  # as a compiler's cache: removed at exit, if the worker gets there
+            fd, path = tempfile.mkstemp(prefix="xbench-fake-")
+            os.close(fd)
+            atexit.register(os.remove, path)
         return NumpyPrepared(info, trial, work.x[: trial.global_batch], work.weights[0][0])
 
     def run(self, prepared: NumpyPrepared, steps: int) -> None:

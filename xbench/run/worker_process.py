@@ -4,11 +4,14 @@ thread of its own into a queue its gang shares, and ended as a process group."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import queue
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -40,13 +43,46 @@ PER_WORKER = frozenset((*LAUNCH_VARIABLES, "CUDA_VISIBLE_DEVICES", MEMORY_SHARE_
 def worker_environment() -> dict[str, str]:
     """xbench's own environment for a worker, less what only xbench's launcher may set: the
     launch variables, the run's compilation cache (a run without one has none) and a worker's
-    share of its devices' memory."""
+    share of its devices' memory; its temporary directory `workers_temporary_directory`."""
     private = (*LAUNCH_VARIABLES, COMPILE_CACHE_VARIABLE, MEMORY_SHARE_VARIABLE)
     env = {k: v for k, v in os.environ.items() if k not in private and not k.startswith("TORCHELASTIC_")}
+    temporary = workers_temporary_directory()
+    if temporary is not None:
+        env["TMPDIR"] = temporary
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep framework chatter out of the log
     env["PYTHONUNBUFFERED"] = "1"
     env["XBENCH_PARENT_PID"] = str(os.getpid())  # the worker dies with it (see xbench.worker.main._die_with_parent)
     return env
+
+
+# base temporary directory -> the workers' directory in it, for this process's life
+_WORKERS_TEMPORARY: dict[str, str] = {}
+
+
+def workers_temporary_directory() -> str | None:
+    """A directory of this process's own, inside the temporary directory it would use (TMPDIR),
+    for its workers' temporary files, removed when this process exits. A worker removes its own
+    at exit (TensorFlow's autograph code, a compiler's cache), but one that was killed (a timeout,
+    Ctrl-C, a hang) cannot: they stayed in /tmp, a megabyte or so a killed compiled trial. None
+    where no directory can be made there (the workers then use the usual one)."""
+    base = os.environ.get("TMPDIR") or tempfile.gettempdir()
+    path = _WORKERS_TEMPORARY.get(base)
+    if path is not None and os.path.isdir(path):
+        return path
+    try:
+        path = tempfile.mkdtemp(prefix="xbench-workers-", dir=base)
+    except OSError:
+        return None
+    if not _WORKERS_TEMPORARY:
+        atexit.register(remove_workers_temporary)
+    _WORKERS_TEMPORARY[base] = path
+    return path
+
+
+def remove_workers_temporary() -> None:
+    """Remove the workers' temporary directories with what they left there (at exit)."""
+    while _WORKERS_TEMPORARY:
+        shutil.rmtree(_WORKERS_TEMPORARY.popitem()[1], ignore_errors=True)
 
 
 class Worker:
