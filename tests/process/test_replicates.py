@@ -3,6 +3,7 @@ its replicates, the labels (unstable, host-bound, throttled), and old records.""
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -124,6 +125,9 @@ def test_a_row_combines_its_replicates_and_the_interval_is_over_replicate_means(
     assert t.mean == pytest.approx(np.mean(means), rel=1e-2)
     assert t.ci_low < min(means) and t.ci_high > max(means)  # t(2) over 3 means: wide
     assert row.unstable and "unstable: replicates" in "; ".join(notes(row))
+    # against a ±10% target: wide, said in words, not "±95%" (which read as ninety-five percent)
+    wide_note = "wide: the 95% interval is wider than the ±10% target (more replicates would narrow it)"
+    assert wide_note in notes(replace(row, interval_target=0.1))
 
 
 def test_a_failed_replicate_is_counted_not_hidden():

@@ -246,7 +246,8 @@ def _labels(row: Row) -> list[tuple[str, str]]:
     if wide(row):
         why = ("more replicates would narrow it" if can_narrow(row) else
                f"this machine's run-to-run variation alone gives ±{100 * run_floor(row):.3g}%")
-        found.append((f"wide: ±95% above the ±{100 * row.interval_target:.3g}% target ({why})", "wide"))
+        found.append((f"wide: the 95% interval is wider than the ±{100 * row.interval_target:.3g}% target ({why})",
+                      "wide"))
     if t is not None and t.unstable:
         found.append((f"unstable: replicates ±{t.spread:.0%}", f"unstable ±{t.spread:.0%}"))
     if row.host_bound:
