@@ -9,7 +9,7 @@ from rich.table import Table
 from xbench.cli.consoles import data_console
 from xbench.cli.layout import table_or_stacked
 from xbench.models import broken_families, families
-from xbench.models.memory import GiB, per_device_table
+from xbench.models.memory import SHARDED_FAMILIES, GiB, per_device_table
 from xbench.models.model_spec import ModelSpec, preset_model
 from xbench.report.words import flops_text
 
@@ -74,14 +74,16 @@ def _preset_row(family_name: str, preset: str) -> tuple[str, ...]:
 
 
 def memory_text(model: ModelSpec) -> str:
-    """Memory per device at the MEMORY_ settings above: "28.5 GiB; fsdp 2/4/8: 17.5/11.7/8.8 GiB"; the state
-    alone, replicated, for a family whose activations are not modelled (and which the fsdp
-    programs do not build)."""
+    """Memory per device at the MEMORY_ settings above: "28.5 GiB; fsdp 2/4/8: 17.5/11.7/8.8 GiB"; replicated
+    only for a family the sharded programs do not build; the state alone for a family whose
+    activations are not modelled."""
     table = per_device_table(model.family, model.shape, model.params, MEMORY_PER_DEVICE_BATCH,
                              MEMORY_SHARDED_OVER, MEMORY_PRECISION)
     first, *sharded = table.values()
     if first.activations is None:
         return f"{_size(first.state)} (state only)"
+    if model.family not in SHARDED_FAMILIES:
+        return f"{_size(first.total)} (replicated)"
     unit = "GiB" if first.total >= GiB / 10 else "MiB"
     return f"{_size(first.total)}; fsdp 2/4/8: " + "/".join(_size(e.total, unit) for e in sharded) + f" {unit}"
 
