@@ -27,8 +27,9 @@ Activations are what the backward pass needs, per sample, in the compute dtype:
 - MLP: each layer's input and its pre-activation;
 - cnn, per image: the image, the max pool's output, and per convolution its output (which
   BatchNorm keeps) and BatchNorm's output after the ReLU (which the next convolution and the
-  ReLU's backward keep). Measured on one H100 (ResNet-50 at 224 x 224, bf16, 256 images):
-  framework peaks of 10.7 GiB (jax) and 11.4 GiB (torch); this model says 11.1 GiB;
+  ReLU's backward keep). Measured on one H100 (ResNet-50 at 224 x 224, 256 images): framework
+  peaks of 10.7 GiB (jax) and 11.4 GiB (torch) in bf16, where this model says 11.1, and
+  21.9-22.7 GiB in fp32, where it says 21.8-22.0 (6.1 GiB at 64 images: 5.7-5.9);
 - lstm: unknown here (`activations` is None; the state alone is estimated).
 
 The step's peak is not the sum of all of these: the backward pass frees each layer's
