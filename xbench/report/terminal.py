@@ -331,7 +331,8 @@ TELEMETRY_NOTE = ("GPU util %: NVML's own samples of the timed windows, averaged
                   "peak counter, the trial's own where a replicate has it, else (≤) one that covers its worker "
                   "process, where an earlier trial may have set it: a bound; without either, NVML's peak 'used'; "
                   "est. GiB: xbench's estimate before launching (parameters, gradients, Adam state, activations at "
-                  "the batch; xbench models), which leaves out the framework's own buffers; "
+                  "the batch where xbench models them: `xbench models` says '(state only)' where not), which leaves "
+                  "out the framework's own buffers; "
                   "mJ/sample: NVML energy over the timed windows per sample")
 
 
