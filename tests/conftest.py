@@ -208,7 +208,9 @@ def real_run(tmp_path_factory):
     """One small real comparison of tf and jax on 1 and 2 simulated CPU devices, both seed
     models, verification included; (exit code, run directory), made once for every module and
     worker that asks. Tests must not modify it. Its workers' temporary files go under the run
-    directory's sibling "tmp" (in the directory xbench makes there for them)."""
+    directory's sibling "tmp" (in the directory xbench makes there for them, removed when the
+    process that made the run exits): the run directory's sibling "left.txt" lists what they left
+    there, taken when the run ended."""
     from tests.support.shared import once_per_session, shared_directory
 
     def make(directory: Path) -> int:
@@ -218,8 +220,11 @@ def real_run(tmp_path_factory):
         before = os.environ.get("TMPDIR")
         os.environ["TMPDIR"] = str(directory / "tmp")  # read by the workers, started afresh
         try:
-            return main(["compare", "--backends", "tf", "jax", "--model", "medium", "large",
+            code = main(["compare", "--backends", "tf", "jax", "--model", "medium", "large",
                          "--devices", "1,2", *TINY, "--out", str(directory / "run")])
+            left = sorted(path.name for path in (directory / "tmp").rglob("*") if path.is_file())
+            (directory / "left.txt").write_text("".join(f"{name}\n" for name in left))
+            return code
         finally:
             if before is None:
                 os.environ.pop("TMPDIR")

@@ -15,6 +15,7 @@ import pytest
 from tests.process.test_compare_cli import FAST
 from tests.support.preload_counter import PRELOADS, noted
 from xbench.results.records import read_records
+from xbench.run import worker_process
 from xbench.run.worker_process import remove_workers_temporary, worker_environment
 from xbench.run.zygote import START_VARIABLE, ForkServers
 from xbench.worker.zygote import exit_status
@@ -112,6 +113,7 @@ def test_a_forked_worker_that_crashes_or_hangs_costs_only_its_trial(fake_backend
     out, temporary = tmp_path / "run", tmp_path / "tmp"
     temporary.mkdir()
     monkeypatch.setenv("TMPDIR", str(temporary))
+    monkeypatch.setattr(worker_process, "_WORKERS_TEMPORARY", {})  # so as to remove only this run's
     code, _, err = run_cli(*ONE_PROCESS, "--backends", "numpy", "--option", "numpy.crash_batch=16",
                            "--option", "numpy.hang_batch=32", "--option", "numpy.hang_replicate=0",
                            "--option", "numpy.temporary_file=1", "--trial-timeout", "30", "--out", str(out))

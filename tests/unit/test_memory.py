@@ -91,20 +91,20 @@ def test_mlp_activations_and_families_without_a_model_of_them():
     assert found.activations is None and found.total == found.state
 
 
-def test_resnet50s_estimate_is_within_a_tenth_of_the_peaks_measured_on_an_h100():
+def test_resnet50s_estimate_is_under_the_peaks_measured_on_an_h100_by_at_most_15_percent():
     """256 images of 224 x 224 a device, bf16: framework peaks of 10.74 GiB (jax) and 11.41 GiB
-    (torch) on one H100 (results/2026-12-05-h100x1-verify-families/memory), and fp32; with only the state,
-    as before activations were modelled, the estimate said 0.38 GiB."""
+    (torch) on one H100 (results/2026-12-05-h100x1-verify-families/memory); fp32: 21.88 (torch
+    plain) and 22.72 GiB (jax plain) (results/2026-12-05-h100x1-resnet50-memory). The estimate
+    leaves out the frameworks' workspace, so it is under each. With only the state, as before
+    activations were modelled, it said 0.38 GiB."""
     cnn = _model("resnet50")
-    found = estimate(cnn.family, cnn.shape, cnn.params, 256, precision="bf16")
-    assert found.activations is not None
-    for measured in (10.74, 11.41):
-        assert abs(found.total / GiB - measured) < 0.1 * measured, found.total / GiB
-    fp32 = estimate(cnn.family, cnn.shape, cnn.params, 256, precision="fp32")  # torch plain's, jax plain's
-    for measured in (21.88, 22.72):  # results/2026-12-05-h100x1-resnet50-memory
-        assert abs(fp32.total / GiB - measured) < 0.1 * measured, fp32.total / GiB
+    for precision, peaks in (("bf16", (10.74, 11.41)), ("fp32", (21.88, 22.72))):
+        found = estimate(cnn.family, cnn.shape, cnn.params, 256, precision=precision)
+        assert found.activations is not None
+        for measured in peaks:
+            assert 0.85 * measured < found.total / GiB < measured, (precision, found.total / GiB)
     per_image = estimate(cnn.family, cnn.shape, cnn.params, 1, precision="fp32").activations
-    assert found.activations == 256 * per_image // 2  # bf16: half of fp32's bytes
+    assert estimate(cnn.family, cnn.shape, cnn.params, 256, precision="bf16").activations == 256 * per_image // 2
 
 
 def test_the_gpt3_shapes_need_sharding_where_the_issue_says():

@@ -27,10 +27,12 @@ Activations are what the backward pass needs, per sample, in the compute dtype:
 - MLP: each layer's input and its pre-activation;
 - cnn, per image: the image, the max pool's output, and per convolution its output (which
   BatchNorm keeps) and BatchNorm's output after the ReLU (which the next convolution and the
-  ReLU's backward keep). Measured on one H100 (ResNet-50 at 224 x 224, 256 images): framework
-  peaks of 10.7 GiB (jax) and 11.4 GiB (torch) in bf16, where this model says 11.1, and
-  21.9-22.7 GiB in fp32, where it says 21.8-22.0 (6.1 GiB at 64 images: 5.7-5.9);
-- lstm: unknown here (`activations` is None; the state alone is estimated).
+  ReLU's backward keep; for a block's last convolution, the block's output after the sum and
+  its ReLU; a projection shortcut's BatchNorm output goes only into the sum and is not kept).
+  Measured on one H100 (ResNet-50 at 224 x 224, 256 images): framework peaks of 10.7 GiB (jax)
+  and 11.4 GiB (torch) in bf16, where this model says 10.4, and 21.9-22.7 GiB in fp32, where
+  it says 20.4-20.6 (6.1 GiB at 64 images: 5.3-5.5): the rest is the frameworks' workspace;
+- lstm, and a plugin's families: unknown here (`activations` is None; the state alone is estimated).
 
 The step's peak is not the sum of all of these: the backward pass frees each layer's
 activations as it makes that layer's gradients, so activations and gradients peak at opposite
@@ -59,7 +61,8 @@ from typing import Any
 from xbench.models.cnn import STAGE_WIDTHS, conv_out, convolutions
 
 GiB = 2**30
-# The families whose sharded programs' units `largest_unit` models: a block, or the whole MLP
+# The families the sharded programs build (the built-in backends' `fsdp` variant,
+# backends/sharding.py's FSDP_FAMILIES): `xbench models` lists their sharded memory
 SHARDED_FAMILIES = ("mlp", "transformer")
 STATE_BYTES = 4  # float32 masters, gradients and each Adam moment (fp64: 8)
 COMPUTE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp64": 8}
@@ -172,7 +175,10 @@ def cnn_activations(shape: Mapping[str, Any]) -> int:
     """Elements the ResNet's backward pass keeps per image (see the module's docstring)."""
     pooled = conv_out(conv_out(shape["image"], 7, 2), 3, 2)
     kept = shape["image"] ** 2 * shape["channels"] + STAGE_WIDTHS[0] * pooled ** 2
-    return kept + sum(2 * conv.out_size ** 2 * conv.outputs for conv in convolutions(shape))
+    # A projection's BatchNorm output goes only into the block's sum, whose ReLU output is counted
+    # with the block's last convolution.
+    return kept + sum((1 if conv.name.endswith(".down.conv") else 2) * conv.out_size ** 2 * conv.outputs
+                      for conv in convolutions(shape))
 
 
 def recomputed_block(family: str, shape: Mapping[str, Any], compute_bytes: int, fused_attention: bool,

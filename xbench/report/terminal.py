@@ -475,8 +475,8 @@ def _caption(rows: list[Row]) -> str:
         "over the plain program, another program, as --single-device plain asks); vs plain: over the backend's plain "
         "single-device program, program and devices together; verdict: the zone "
         f"that holds the whole speedup interval (beneficial ≥ {BENEFICIAL_SPEEDUP:.2f}, single device ≤ "
-        f"{SINGLE_PREFERRED_BELOW:.2f}, about even between; inconclusive: it spans one); wide: the 95% interval is "
-        "wider than its target; unstable: replicates disagree beyond "
+        f"{SINGLE_PREFERRED_BELOW:.2f}, about even between; inconclusive: it spans one); wide: the throughput's 95% "
+        "interval is wider than its target; unstable: replicates disagree beyond "
         "their windows; host-bound: the step measures dispatch, not arithmetic; MFU: model FLOPs utilisation "
         "against the devices' dense peak at this precision (details in the report)",
     ]

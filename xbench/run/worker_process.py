@@ -55,8 +55,10 @@ def worker_environment() -> dict[str, str]:
     return env
 
 
-# base temporary directory -> the workers' directory in it, for this process's life
+# base temporary directory -> the workers' directory in it, for this process's life; the lock:
+# workers start from several threads at once (the devices' probes, verification)
 _WORKERS_TEMPORARY: dict[str, str] = {}
+_WORKERS_TEMPORARY_LOCK = threading.Lock()
 
 
 def workers_temporary_directory() -> str | None:
@@ -66,23 +68,25 @@ def workers_temporary_directory() -> str | None:
     Ctrl-C, a hang) cannot: they stayed in /tmp, a megabyte or so a killed compiled trial. None
     where no directory can be made there (the workers then use the usual one)."""
     base = os.environ.get("TMPDIR") or tempfile.gettempdir()
-    path = _WORKERS_TEMPORARY.get(base)
-    if path is not None and os.path.isdir(path):
+    with _WORKERS_TEMPORARY_LOCK:
+        path = _WORKERS_TEMPORARY.get(base)
+        if path is not None and os.path.isdir(path):
+            return path
+        try:
+            path = tempfile.mkdtemp(prefix="xbench-workers-", dir=base)
+        except OSError:
+            return None
+        if not _WORKERS_TEMPORARY:
+            atexit.register(remove_workers_temporary)
+        _WORKERS_TEMPORARY[base] = path
         return path
-    try:
-        path = tempfile.mkdtemp(prefix="xbench-workers-", dir=base)
-    except OSError:
-        return None
-    if not _WORKERS_TEMPORARY:
-        atexit.register(remove_workers_temporary)
-    _WORKERS_TEMPORARY[base] = path
-    return path
 
 
 def remove_workers_temporary() -> None:
     """Remove the workers' temporary directories with what they left there (at exit)."""
-    while _WORKERS_TEMPORARY:
-        shutil.rmtree(_WORKERS_TEMPORARY.popitem()[1], ignore_errors=True)
+    with _WORKERS_TEMPORARY_LOCK:
+        while _WORKERS_TEMPORARY:
+            shutil.rmtree(_WORKERS_TEMPORARY.popitem()[1], ignore_errors=True)
 
 
 class Worker:

@@ -125,7 +125,7 @@ def run_worker(request: dict, fds: list[int], inherited: tuple[int, ...], server
                 os.close(fd)
         os.environ.clear()
         os.environ.update(request["env"])
-        tempfile.tempdir = None  # read again from TMPDIR: the server may have read its own
+        tempfile.tempdir = None  # as in a fresh process: from this environment's TMPDIR, not one cached before
         os.environ["XBENCH_PARENT_PID"] = str(server)  # dies with this server
         os.chdir(request["cwd"])
         code = exit_status(worker.main())
