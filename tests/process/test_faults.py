@@ -358,7 +358,7 @@ def test_a_killed_run_resumes_and_leaves_no_stray_file(tmp_path):
 
     def xbench(*args: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-c", script, *args], cwd=ROOT, text=True,
-                                env={**os.environ, "PYTHONPATH": str(ROOT), TAG: tag},
+                                env={**os.environ, "PYTHONPATH": str(ROOT), TAG: tag, "TMPDIR": str(tmp_path)},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     first = xbench(*RUN, "--option", "numpy.hang_batch=32", "--trial-timeout", "3", "--order-seed", seed,

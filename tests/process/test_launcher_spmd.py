@@ -204,7 +204,8 @@ def test_terminated_xbench_leaves_no_worker_behind(tmp_path, how):
     """SIGTERM ends a run as Ctrl-C does; after SIGKILL the kernel ends the workers."""
     tag, out_dir = new_tag(), tmp_path / "run"
     process = _cli_process(["compare", "--backends", "numpy-spmd", *FAST, "--devices", "2", "--batch-sizes", "16",
-                            "--option", "numpy-spmd.hang_batch=16", "--out", str(out_dir)], tag)
+                            "--option", "numpy-spmd.hang_batch=16", "--out", str(out_dir)], tag,
+                           {"TMPDIR": str(tmp_path)})  # a killed xbench leaves its workers' directory
     deadline = time.monotonic() + 60
     while len(tagged_processes(tag)) < 3:  # xbench and two hanging ranks
         assert time.monotonic() < deadline and process.poll() is None, process.communicate()
