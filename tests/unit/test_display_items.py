@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
@@ -184,6 +185,25 @@ def test_a_machine_that_moved_during_the_run_is_said_in_its_bottom_line():
     assert machine_moved(controls[:1]) == "" and machine_moved([controls[0], {**controls[0], "when": "after"}]) == ""
     rows = rows_from_records([record(b, 1, 64, r, 1e-3) for b in ("fast", "slow") for r in range(3)])
     assert bottom_line(rows, controls)[0].sentences[0] == said
+
+
+def test_gpu_rows_hear_that_the_host_moved_and_that_its_probes_do_not_time_their_gpus():
+    """On one H100 the host's probes moved 14-15 % while every GPU row's replicates agreed within
+    0.1 % (results/2026-12-05-h100x1-verify-families/memory): for rows that time their GPUs, the
+    movement is the host's, said as such; a host-bound row among them keeps the warning."""
+    controls = [{"when": "before", "host_loop_s": [0.0111, 0.012], "matmul_s": [0.0015, 0.0016]},
+                {"when": "after", "host_loop_s": [0.0091, 0.0093], "matmul_s": [0.0015, 0.0016]}]
+
+    def on_h100(r):
+        r["devices"]["device_names"] = ["NVIDIA H100 80GB HBM3"]
+        return r
+
+    gpu = rows_from_records([on_h100(record(b, 1, 64, r, 1e-3)) for b in ("fast", "slow") for r in range(3)])
+    said = bottom_line(gpu, controls)[0].sentences[0]
+    assert said.startswith("The host moved during the run (its host dispatch loop ran 18% faster") and \
+        "which the host's probes do not measure" in said, said
+    host_bound = [replace(gpu[0], host_bound="the GPU idled"), *gpu[1:]]
+    assert bottom_line(host_bound, controls)[0].sentences[0] == machine_moved(controls)
 
 
 def test_a_run_that_timed_nothing_does_not_say_the_machine_moved():
