@@ -74,11 +74,12 @@ def bottom_line(rows: Sequence[Row], controls: Sequence[Mapping[str, Any]] = ())
     """Per model with a measured row, in the tables' order. `controls`: the run's drift control
     (`xbench.results.control.read_controls`), whose movement within the run is said first."""
     found = []
+    moved_for = {gpu: machine_moved(controls, device_bound=gpu) for gpu in (False, True)}
     for model in dict.fromkeys(row.model for row in rows):
         measured = [r for r in full_rows(rows) if r.model == model and r.throughput is not None]
         fit = fit_sentence([r for r in full_rows(rows) if r.model == model])
         if measured or fit:  # the machine's movement matters only to rows that were timed
-            moved = machine_moved(controls, device_bound=bool(measured) and all(map(device_bound, measured)))
+            moved = moved_for[all(map(gpu_bound, measured))]
             said = ([moved] if moved and measured else []) + ([fit] if fit else []) + (
                 _sentences(measured) if measured else [])
             found.append(ModelBottomLine(model, tuple(said)))
@@ -472,7 +473,7 @@ def machine_moved(controls: Sequence[Mapping[str, Any]], device_bound: bool = Fa
             "so a rerun may differ by more than the intervals say.")
 
 
-def device_bound(row: Row) -> bool:
+def gpu_bound(row: Row) -> bool:
     """A row on real GPUs (a known peak) whose step is not host dispatch."""
     return not row.simulated and row.peak is not None and not row.host_bound
 
