@@ -10,6 +10,7 @@ one xbench per node.
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 import threading
@@ -309,26 +310,49 @@ def job_ports(launch: Launch, job_index: int, ranks: int) -> tuple[str, tuple[st
 # Ports given to jobs of this process, and when: the workers bind them only later, so a block
 # is held back from other jobs for HOLD_PORTS_S (by then its workers have bound it or are gone).
 _HANDED_OUT: dict[int, float] = {}
+_PORT_DRAWS = random.SystemRandom()  # not the global generator, which a seed would make repeat
 _PORTS_LOCK = threading.Lock()
 HOLD_PORTS_S = 300.0
 
 
-def free_port_block(count: int, attempts: int = 50) -> int:
+def free_port_block(count: int, attempts: int = 200) -> int:
     """A port p such that p .. p+count-1 can be bound on this host now and were not handed
-    to another job of this process (jobs may start side by side)."""
+    to another job of this process (jobs may start side by side).
+
+    Drawn below the kernel's ephemeral range: a port from there (what binding port 0 gives)
+    can be taken by any process's outgoing connection or bind(0) between this choice and the
+    workers' bind (EADDRINUSE, seen in CI with gloo runs side by side); one below it only by
+    an explicit bind."""
+    low, high = _choosable_ports(count)
     with _PORTS_LOCK:
         now = time.monotonic()
         for port in [p for p, at in _HANDED_OUT.items() if now - at > HOLD_PORTS_S]:
             del _HANDED_OUT[port]
         for _ in range(attempts):
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                start = probe.getsockname()[1]
+            start = _PORT_DRAWS.randrange(low, high)
             block = range(start, start + count)
-            if start + count < 65536 and not any(p in _HANDED_OUT for p in block) and all(map(_bindable, block)):
+            if not any(p in _HANDED_OUT for p in block) and all(map(_bindable, block)):
                 _HANDED_OUT.update(dict.fromkeys(block, now))
                 return start
     raise XbenchError(f"found no {count} free consecutive local ports for the spmd job")
+
+
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+LOWEST_PORT = 10000  # above the well-known and most registered service ports
+
+
+def _choosable_ports(count: int) -> tuple[int, int]:
+    """[low, high) for a block's first port: under the ephemeral range (Linux's setting; 32768,
+    where Linux's default and macOS's 49152 both start above it, elsewhere)."""
+    try:
+        with open(EPHEMERAL_RANGE) as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    high = ephemeral_low - count
+    if high - LOWEST_PORT < 1000:  # an unusual setting: the range reaches down to here
+        return 1024, 65536 - count
+    return LOWEST_PORT, high
 
 
 def _bindable(port: int) -> bool:

@@ -24,7 +24,6 @@ JOB.json`), as in test_torch_ddp: its process group and threads stay out of pyte
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import replace
 
 import numpy as np
@@ -33,6 +32,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.support.children import child_log, child_main, run_children
 from xbench.results.checks import VERIFY_STEPS
+from xbench.run.cluster import free_port_block
 
 CHILD_TIMEOUT_S = 400  # a loaded 2-core machine; a hang fails the test instead of blocking CI
 # Warnings stay errors in the children, but for the one inductor raises on loading (the float64
@@ -228,16 +228,10 @@ def _finite_difference(backend, family: str) -> dict:
             "grad_dtypes": {str(p.grad.dtype) for p in params}}
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("families_torch")
-    port = _free_port()
+    port = free_port_block(1)
     jobs = {
         "counts": {"kind": "counts", "world": 1},
         "verify": {"kind": "verify", "world": 1, "runs": list(RUNS)},

@@ -11,7 +11,6 @@ its process group stay out of the pytest process."""
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from tests.conftest import ROOT
 from tests.support.children import child_log, child_main, run_children
 from tests.support.remat_checks import CHECKS, verification_trial
 from xbench.results.checks import VERIFY_STEPS
+from xbench.run.cluster import free_port_block
 
 CHILD_TIMEOUT_S = 400  # a loaded 2-core machine; a hang fails the test instead of blocking CI
 WARNINGS = ("-W", "error", "-W", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
@@ -82,17 +82,11 @@ def _refusals(backend) -> dict:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     pytest.importorskip("torch")
     tmp_path = tmp_path_factory.mktemp("fsdp_remat_torch")
-    port = _free_port()
+    port = free_port_block(1)
     jobs = {"one": {"world": 1, "runs": ["as-written", FSDP_REMAT]},
             **{f"rank{r}": {"world": 2, "rank": r, "port": port, "gang": "ranks", "runs": [FSDP_REMAT]}
                for r in (0, 1)}}

@@ -11,7 +11,6 @@ its process group stay out of the pytest process."""
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.support.children import child_log, child_main, run_children
 from xbench.results.checks import VERIFY_STEPS
+from xbench.run.cluster import free_port_block
 
 CHILD_TIMEOUT_S = 400  # a loaded 2-core machine; a hang fails the test instead of blocking CI
 # Dynamo reads `.grad` of every tensor it traces, FSDP2's unsharded (non-leaf) parameters
@@ -97,17 +97,11 @@ def _child(job: dict) -> dict:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     pytest.importorskip("torch")
     tmp_path = tmp_path_factory.mktemp("fsdp_torch")
-    port = _free_port()
+    port = free_port_block(1)
     one = [[name, variant, False] for name in MODELS for variant in ("as-written", "fsdp")]
     one.append(["transformer-tiny", "fsdp-compile", False])  # one rank: its compile is the cost
     two = [[name, "fsdp", False] for name in MODELS] + [["medium", "fsdp", True]]

@@ -10,7 +10,6 @@ its process group stay out of the pytest process."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
@@ -23,6 +22,7 @@ from tests.support.remat_checks import (
     verification_trial,
 )
 from xbench.results.checks import VERIFY_STEPS
+from xbench.run.cluster import free_port_block
 
 CHILD_TIMEOUT_S = 400  # a loaded 2-core machine; a hang fails the test instead of blocking CI
 WARNINGS = ("-W", "error", "-W", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
@@ -73,17 +73,11 @@ def _child(job: dict) -> dict:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     pytest.importorskip("torch")
     tmp_path = tmp_path_factory.mktemp("remat_torch")
-    port = _free_port()
+    port = free_port_block(1)
     one = [["as-written", "data-parallel"], [REMAT, "data-parallel"], [REMAT, "plain"]]
     jobs = {"one": {"world": 1, "runs": one},
             **{f"rank{r}": {"world": 2, "rank": r, "port": port, "gang": "ranks", "runs": [[REMAT, "data-parallel"]]}

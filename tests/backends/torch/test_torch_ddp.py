@@ -20,7 +20,6 @@ counts, average to the global loss, and change nothing.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -31,6 +30,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.support.children import child_log, child_main, run_children
 from xbench.contract import ALL_GATHER, REDUCE_SCATTER
+from xbench.run.cluster import free_port_block
 
 CHILD_TIMEOUT_S = 180  # for all jobs; a hang in a collective fails the test instead of blocking CI
 STEPS = 10
@@ -76,12 +76,6 @@ def _shard_trials(devices: int) -> dict:
     else:
         trials["mlp dropout"] = _shard_trial("mlp", devices)
     return trials
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- what each child process does --------------------------------------------------------------
@@ -208,7 +202,7 @@ def runs(tmp_path_factory):
     one = {"fp32": _trial(1), "tf32": _trial(1, precision="tf32"), "bf16": _trial(1, precision="bf16"),
            **_shard_trials(1)}
     two = {"fp32": _trial(2), "compute_only": _trial(2, all_reduce=False), **_shard_trials(2)}
-    port = _free_port()
+    port = free_port_block(1)
 
     def raw(trials):
         return {name: trial.to_dict() for name, trial in trials.items()}
