@@ -308,9 +308,9 @@ def test_nnx_and_jnp_models_agree(on_devices, family):
     """The Flax NNX model and the plain jax.numpy one are the same model: their initial
     gradients and ten steps agree within verify's tolerances (the ResNet's in float64, as
     verify runs it: in fp32 its ReLU kinks amplify rounding past 1e-4 in a few steps)."""
+    model = TINY[family]
     float64 = family == "cnn"
-    # The ResNet at verify's sizes: its correct references are the fp64 tests' below, made once.
-    model, sizes = (fp64_model(FP64_CNN), FP64_SIZES) if float64 else (TINY[family], {})
+    sizes = dict(precision="fp64") if float64 else {}
     refs = {("jax", 1, model.name): correct_reference(on_devices, model, **sizes),
             ("jax+jnp", 1, model.name): reference(on_devices, model, variant=JNP, **sizes),
             ("jax plain", 1, model.name): correct_reference(on_devices, model, program=PLAIN, **sizes)}
@@ -359,13 +359,14 @@ def test_fp64_resnet_builds_agree_and_a_wrong_one_fails(on_devices, monkeypatch)
     far below verify's 1e-8; BatchNorm epsilon 1e-3 fails at verify's float64 tolerances;
     gradients and weights read back float64, hashed as the core's float32 weights."""
     model = fp64_model(FP64_CNN)
-    t = trial(model, program=PLAIN, **FP64_SIZES)
+    backend = on_devices("jax", 1)
+    t = trial(model, **FP64_SIZES)
     work = build_work(model, t.samples, t.seed)
-    info = on_devices("jax", 1).prepare(t, work).info
-    assert info.weights_hash == work.weights_hash
-    assert info.precision["compute_dtype"] == "float64"
-    refs = {("jax", 1, model.name): correct_reference(on_devices, model, **FP64_SIZES),
-            ("jax-plain", 1, model.name): correct_reference(on_devices, model, program=PLAIN, **FP64_SIZES)}
+    prepared = backend.prepare(t, work)
+    assert prepared.info.weights_hash == work.weights_hash
+    assert prepared.info.precision["compute_dtype"] == "float64"
+    refs = {("jax", 1, model.name): reference_run(backend, prepared, t.protocol.steps),
+            ("jax-plain", 1, model.name): reference(on_devices, model, program=PLAIN, **FP64_SIZES)}
     assert all(float64_all(r) for r in refs.values())
     monkeypatch.setattr(nnx_cnn, "BATCH_NORM_EPSILON", 1e-3)
     refs[("jax-wrong", 1, model.name)] = reference(on_devices, model, program=PLAIN, **FP64_SIZES)
