@@ -5,7 +5,6 @@ this process starts one process per device; rank 0 reports."""
 
 from __future__ import annotations
 
-import socket
 import statistics
 import sys
 from collections.abc import Callable
@@ -72,9 +71,9 @@ def torch_child(payload: dict[str, Any]) -> None:
     """One process per device (spawned: CUDA cannot be forked), each joining the job."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:  # a free port for the job's rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from xbench.run.cluster import free_port_block
+
+    port = free_port_block(1)  # below the ephemeral range: free until the ranks, importing torch first, bind it
     mp.spawn(torch_rank, args=(payload, port), nprocs=payload["devices"], join=True)
 
 

@@ -36,7 +36,6 @@ import importlib.util
 import inspect
 import os
 import shutil
-import socket
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -218,11 +217,12 @@ class TorchDdpBackend:
     # -- joining the job ---------------------------------------------------------------------
 
     def setup(self, devices: int, platform: str) -> DeviceInfo:
-        """One device without a launcher: a job of one process on a free local port."""
+        """One device without a launcher: a job of one process, whose store takes any free
+        port (`setup_process`)."""
         if devices != 1:
             raise DeviceUnavailable("torch runs one process per device; use --launcher spmd")
         process = Process(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, nnodes=1,
-                          coordinator=f"127.0.0.1:{_free_port()}", hosts=("127.0.0.1",))
+                          coordinator="127.0.0.1:0", hosts=("127.0.0.1",))  # 0: any free port
         return self.setup_process(process, platform)
 
     def setup_process(self, process: Process, platform: str) -> DeviceInfo:
@@ -270,8 +270,15 @@ class TorchDdpBackend:
         kwargs: dict[str, Any] = {}
         if gpu and "device_id" in inspect.signature(dist.init_process_group).parameters:
             kwargs["device_id"] = device  # binds the NCCL communicator to it now, not lazily
-        dist.init_process_group(backend="nccl" if gpu else "gloo", init_method=f"tcp://{process.coordinator}",
-                                rank=process.rank, world_size=process.world_size,
+        if process.world_size == 1:
+            # The store binds a port the kernel gives it (port 0): a free port picked before
+            # the bind could be taken by another process in between (EADDRINUSE in CI).
+            kwargs["store"] = store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True,
+                                                    timeout=timedelta(seconds=TIMEOUT_S))
+            details["coordinator"] = f"127.0.0.1:{store.port}"
+        else:
+            kwargs["init_method"] = f"tcp://{process.coordinator}"
+        dist.init_process_group(backend="nccl" if gpu else "gloo", rank=process.rank, world_size=process.world_size,
                                 timeout=timedelta(seconds=TIMEOUT_S), **kwargs)
         atexit.register(_teardown)
         self.process, self.device, self.platform = process, device, "gpu" if gpu else "cpu"
@@ -774,12 +781,6 @@ def _buckets(ddp) -> str:
     # DDP may rebuild the buckets after the first step, in the order gradients become ready,
     # with a smaller (1 MiB) first bucket; prepare runs no step, so these are the initial ones.
     return f"initial bucket sizes {sizes} bytes" if sizes else "bucket sizes unknown"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _teardown() -> None:

@@ -294,9 +294,11 @@ def test_a_multi_node_run_whose_peers_never_come_stops_within_the_startup_timeou
 
     out = tmp_path / "run"
     started = time.monotonic()
+    # Above Linux's default ephemeral range (to 60999): no other test's one-node job, whose
+    # ports are drawn below that range, listens where this node looks for its peers.
     code, _, err = run_cli("compare", "--backends", "numpy-peers", *FAST, "--batch-sizes", "16,32", "--devices",
                            "2", "--launcher", "spmd", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
-                           "--coordinator", "127.0.0.1:29999", "--startup-timeout", "3", "--out", str(out))
+                           "--coordinator", "127.0.0.1:62000", "--startup-timeout", "3", "--out", str(out))
     assert time.monotonic() - started < 60
     assert code == 2, err
     one_line_error(err, "started within 3 s (--startup-timeout)", "another node is missing")

@@ -10,20 +10,31 @@ from xbench.errors import XbenchError
 from xbench.run import cluster
 
 
-def test_a_block_lies_below_the_ephemeral_range_and_can_be_bound(monkeypatch, tmp_path):
+@pytest.fixture(autouse=True)
+def nothing_handed_out(monkeypatch):
+    monkeypatch.setattr(cluster, "_HANDED_OUT", {})
+
+
+def _range_file(tmp_path, monkeypatch, text: str) -> None:
     setting = tmp_path / "ip_local_port_range"
-    setting.write_text("40000\t60999\n")
+    setting.write_text(text)
     monkeypatch.setattr(cluster, "EPHEMERAL_RANGE", str(setting))
+
+
+def test_a_block_lies_below_the_ephemeral_range_and_can_be_bound(monkeypatch, tmp_path):
+    _range_file(tmp_path, monkeypatch, "30000\t60999\n")
     for _ in range(20):
         start = cluster.free_port_block(4)
-        assert cluster.LOWEST_PORT <= start and start + 4 <= 40000
+        assert cluster.LOWEST_PORT <= start and start + 4 <= 30000
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", start + 3))
 
 
-def test_blocks_handed_out_do_not_overlap():
-    blocks = [set(range(start, start + 8)) for start in (cluster.free_port_block(8) for _ in range(30))]
-    assert sum(map(len, blocks)) == len(set().union(*blocks))
+def test_a_block_handed_out_is_not_handed_out_again(monkeypatch):
+    start = cluster.free_port_block(8)
+    monkeypatch.setattr(cluster, "_choosable_ports", lambda count: (start - 7, start + 8))  # every block overlaps
+    with pytest.raises(XbenchError, match=f"found no 8 free consecutive local ports in {start - 7}"):
+        cluster.free_port_block(8, attempts=50)
 
 
 def test_a_port_in_use_is_not_handed_out(monkeypatch):
@@ -36,10 +47,10 @@ def test_a_port_in_use_is_not_handed_out(monkeypatch):
             cluster.free_port_block(1, attempts=5)
 
 
-def test_an_unreadable_or_unusual_setting_falls_back(monkeypatch, tmp_path):
+def test_an_unreadable_or_low_setting_still_draws_below_it(monkeypatch, tmp_path):
     monkeypatch.setattr(cluster, "EPHEMERAL_RANGE", str(tmp_path / "absent"))
-    assert cluster._choosable_ports(2) == (cluster.LOWEST_PORT, 32766)
-    setting = tmp_path / "low"
-    setting.write_text("1024 65535")
-    monkeypatch.setattr(cluster, "EPHEMERAL_RANGE", str(setting))
-    assert cluster._choosable_ports(2) == (1024, 65534)
+    assert cluster._choosable_ports(2) == (cluster.LOWEST_PORT, 32767)
+    _range_file(tmp_path, monkeypatch, "8000 60999")
+    assert cluster._choosable_ports(2) == (1024, 7999)
+    _range_file(tmp_path, monkeypatch, "1024 65535")
+    assert cluster._choosable_ports(2) == (1024, 65535)

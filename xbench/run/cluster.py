@@ -313,16 +313,19 @@ _HANDED_OUT: dict[int, float] = {}
 _PORT_DRAWS = random.SystemRandom()  # not the global generator, which a seed would make repeat
 _PORTS_LOCK = threading.Lock()
 HOLD_PORTS_S = 300.0
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+LOWEST_PORT = 10000  # above the well-known ports and the common services' (8080, 9090)
+FEWEST_PORTS = 1000  # below that many to draw from, a lower start
 
 
 def free_port_block(count: int, attempts: int = 200) -> int:
     """A port p such that p .. p+count-1 can be bound on this host now and were not handed
     to another job of this process (jobs may start side by side).
 
-    Drawn below the kernel's ephemeral range: a port from there (what binding port 0 gives)
-    can be taken by any process's outgoing connection or bind(0) between this choice and the
-    workers' bind (EADDRINUSE, seen in CI with gloo runs side by side); one below it only by
-    an explicit bind."""
+    Drawn below the kernel's ephemeral range (`_choosable_ports`): a port from there (what
+    binding port 0 gives) can be taken by any process's outgoing connection or bind(0)
+    between this choice and the workers' bind (EADDRINUSE, seen in CI with gloo runs side by
+    side); one below it only by an explicit bind."""
     low, high = _choosable_ports(count)
     with _PORTS_LOCK:
         now = time.monotonic()
@@ -334,25 +337,23 @@ def free_port_block(count: int, attempts: int = 200) -> int:
             if not any(p in _HANDED_OUT for p in block) and all(map(_bindable, block)):
                 _HANDED_OUT.update(dict.fromkeys(block, now))
                 return start
-    raise XbenchError(f"found no {count} free consecutive local ports for the spmd job")
-
-
-EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
-LOWEST_PORT = 10000  # above the well-known and most registered service ports
+    raise XbenchError(f"found no {count} free consecutive local ports in {low}..{high + count - 2} for the spmd job")
 
 
 def _choosable_ports(count: int) -> tuple[int, int]:
-    """[low, high) for a block's first port: under the ephemeral range (Linux's setting; 32768,
-    where Linux's default and macOS's 49152 both start above it, elsewhere)."""
+    """[low, high) for a block's first port, its block ending under the ephemeral range
+    (Linux's setting; elsewhere 32768, where Linux's default starts, below macOS's 49152):
+    from LOWEST_PORT up, else from 1024 up where the range starts that low, else anywhere."""
     try:
         with open(EPHEMERAL_RANGE) as f:
             ephemeral_low = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         ephemeral_low = 32768
-    high = ephemeral_low - count
-    if high - LOWEST_PORT < 1000:  # an unusual setting: the range reaches down to here
-        return 1024, 65536 - count
-    return LOWEST_PORT, high
+    high = ephemeral_low - count + 1
+    for low in (LOWEST_PORT, 1024):
+        if high - low >= FEWEST_PORTS:
+            return low, high
+    return 1024, 65536 - count + 1
 
 
 def _bindable(port: int) -> bool:
