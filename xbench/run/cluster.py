@@ -324,8 +324,8 @@ def free_port_block(count: int, attempts: int = 200) -> int:
 
     Drawn below the kernel's ephemeral range (`_choosable_ports`): a port from there (what
     binding port 0 gives) can be taken by any process's outgoing connection or bind(0)
-    between this choice and the workers' bind (EADDRINUSE, seen in CI with gloo runs side by
-    side); one below it only by an explicit bind."""
+    between this choice and the workers' bind (EADDRINUSE, seen in CI with multi-process
+    tests side by side); one below it only by an explicit bind."""
     low, high = _choosable_ports(count)
     with _PORTS_LOCK:
         now = time.monotonic()
