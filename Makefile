@@ -25,10 +25,10 @@ compare: $(VENV)/.installed-all
 # (1,063 s) with two workers, both cores busy for 94 % of it; a third worker that computes too
 # was slower. With the waiting lane (2026-12-05): 1,004 s and 1,064 s in two runs, against 1,080 s
 # for two workers without it right after the second: the suite is CPU-bound, and the lane fills
-# only the cores' idle time. One thread per framework operation (tests/conftest.py, 2026-12-06, a day the
-# machine ran ~1.6x slower): 1,418 s and 1,446 s against 1,682 s with the frameworks' own thread pools.
-# pytest-xdist is held below 4: the lane's scheduler extends its
-# LoadFileScheduling (tests/support/waiting_lane.py). The slowest tests are listed at the end.
+# only the cores' idle time (these with the frameworks' own thread pools). One thread per framework
+# operation (tests/conftest.py), on 2026-12-06, a day the machine ran ~1.6x slower: 1,418 s and
+# 1,446 s against 1,682 s without it. pytest-xdist is held below 4: the lane's scheduler extends
+# its LoadFileScheduling (tests/support/waiting_lane.py). The slowest tests are listed at the end.
 TEST_WORKERS ?= 2  # the workers that compute, a number (the lane comes on top; 1: one process, no lane)
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
@@ -38,7 +38,7 @@ test: $(VENV)/.installed-dev
 		--durations=15 $(PYTEST_ARGS)
 
 # The inner loop: lint, types and tests/unit, which start no process and import no framework
-# (tests/unit/conftest.py holds them to it): well under a minute.
+# (tests/unit/conftest.py holds them to it): about a minute.
 check: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
 	$(BIN)/mypy

@@ -8,40 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from xbench.run import registry
-
-ROOT = Path(__file__).resolve().parent.parent
-# jax's persistent compilation cache, for every program however quick to compile (jax's defaults
-# keep only programs of a second or more)
-JAX_CACHE_SETTINGS = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                      "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
-_jax_cache_made: list[str] = []
-# One thread per operation in every framework the tests start (the pools of operations run side
-# by side, TensorFlow's inter-op among them, keep theirs): the suite runs two computing workers
-# and their children on two cores, where each framework's own pool of a thread per core only
-# contends with the others'. Measured on the 2-core machine (2026-12-06): the tf families module
-# beside two jax modules, 170 s of wall and 331 s of CPU against 179 s and 349 s with the
+# One thread per operation in every framework the tests start: the suite runs two computing
+# workers and their children on two cores, where each framework's own pool of a thread per core
+# only contends with the others'. The pools that run operations side by side keep theirs
+# (TensorFlow's inter-op pool: MirroredStrategy's collectives need it), and torch's spmd ranks
+# set their own share of the cores. Measured on the 2-core machine (2026-12-06): the tf families
+# module beside two jax modules, 170 s of wall and 331 s of CPU against 179 s and 349 s with the
 # frameworks' defaults; `make test` on a fresh clone, 1,418 s and 1,446 s against 1,682 s, every
 # module's share smaller (the numpy fakes' process tests too: OpenBLAS). A user's own setting wins.
 ONE_THREAD_PER_OP = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                      "TF_NUM_INTRAOP_THREADS": "1"}
 XLA_ONE_THREAD_PER_OP = "--xla_cpu_multi_thread_eigen"
-
-
-def pytest_configure(config):
-    """One jax compilation cache for the whole test run, in a directory of its own (removed at
-    the end; a user's JAX_COMPILATION_CACHE_DIR wins): the test processes, pytest-xdist's
-    workers (started after this) and every worker process a test starts compile the same small
-    programs over and over, and reuse them instead. Measured on the 2-core machine:
-    tests/backends/jax/test_families_jax.py 284 s against 382 s, the shard-loss and probe
-    tests 53 s against 62 s. Nothing tested depends on it: no test times a compilation."""
-    one_thread_per_op()
-    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
-        return
-    path = tempfile.mkdtemp(prefix="xbench-tests-jax-cache-")
-    _jax_cache_made.append(path)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
-    os.environ.update(JAX_CACHE_SETTINGS)
 
 
 def one_thread_per_op() -> None:
@@ -52,6 +29,33 @@ def one_thread_per_op() -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if not any(token.split("=", 1)[0] == XLA_ONE_THREAD_PER_OP for token in flags.split()):
         os.environ["XLA_FLAGS"] = f"{flags} {XLA_ONE_THREAD_PER_OP}=false".strip()
+
+
+one_thread_per_op()  # before numpy loads (the xbench import): OpenBLAS reads its count once
+
+from xbench.run import registry  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+# jax's persistent compilation cache, for every program however quick to compile (jax's defaults
+# keep only programs of a second or more)
+JAX_CACHE_SETTINGS = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                      "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+_jax_cache_made: list[str] = []
+
+
+def pytest_configure(config):
+    """One jax compilation cache for the whole test run, in a directory of its own (removed at
+    the end; a user's JAX_COMPILATION_CACHE_DIR wins): the test processes, pytest-xdist's
+    workers (started after this) and every worker process a test starts compile the same small
+    programs over and over, and reuse them instead. Measured on the 2-core machine:
+    tests/backends/jax/test_families_jax.py 284 s against 382 s, the shard-loss and probe
+    tests 53 s against 62 s. Nothing tested depends on it: no test times a compilation."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    path = tempfile.mkdtemp(prefix="xbench-tests-jax-cache-")
+    _jax_cache_made.append(path)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ.update(JAX_CACHE_SETTINGS)
 
 
 def pytest_addoption(parser):

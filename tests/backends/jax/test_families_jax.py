@@ -200,12 +200,14 @@ def test_wrong_build_fails_verification(on_devices, monkeypatch, model, variant,
     """Two correct builds (the data-parallel and the plain program) agree; the wrong one
     fails the real checks. A preset name runs as `xbench verify` does (its batch, ten steps);
     the ResNet in float64, verify's precision for it (the correct builds' float64 runs are
-    test_nnx_and_jnp_models_agree's)."""
+    mostly test_nnx_and_jnp_models_agree's)."""
     full = model in presets()
     spec = preset_model(model, batch_sizes=(VERIFY_BATCH,)) if full else TINY[model]
     float64 = verification_precision(spec) == "fp64"
-    sizes = dict(batch=VERIFY_BATCH, steps=VERIFY_STEPS) if full else {}
-    sizes.update(variant=variant, **(dict(precision="fp64") if float64 else {}))
+    sizes: dict = dict(batch=VERIFY_BATCH, steps=VERIFY_STEPS) if full else {}
+    sizes["variant"] = variant
+    if float64:
+        sizes["precision"] = "fp64"
     refs = {("jax", 1, spec.name): correct_reference(on_devices, spec, **sizes),
             ("jax-plain", 1, spec.name): correct_reference(on_devices, spec, program=PLAIN, **sizes)}
     monkeypatch.setattr(module, constant, wrong)
