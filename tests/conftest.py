@@ -23,7 +23,8 @@ XLA_ONE_THREAD_PER_OP = "--xla_cpu_multi_thread_eigen"
 
 def one_thread_per_op() -> None:
     """ONE_THREAD_PER_OP and XLA's own flag for it, in this process's environment (inherited by
-    pytest-xdist's workers and every process a test starts), each unless already set."""
+    pytest-xdist's workers and every process a test starts), each unless already set. (The jax
+    backend's `default_xla_flag` does the same for XLA_FLAGS, but importing it loads numpy.)"""
     for name, value in ONE_THREAD_PER_OP.items():
         os.environ.setdefault(name, value)
     flags = os.environ.get("XLA_FLAGS", "")

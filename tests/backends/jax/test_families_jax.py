@@ -316,7 +316,7 @@ def test_nnx_and_jnp_models_agree(on_devices, family):
     gradients and ten steps agree within verify's tolerances (the ResNet's in float64, as
     verify runs it: in fp32 its ReLU kinks amplify rounding past 1e-4 in a few steps)."""
     model = TINY[family]
-    float64 = family == "cnn"
+    float64 = verification_precision(model) == "fp64"
     sizes = dict(precision="fp64") if float64 else {}
     refs = {("jax", 1, model.name): correct_reference(on_devices, model, **sizes),
             ("jax+jnp", 1, model.name): correct_reference(on_devices, model, variant=JNP, **sizes),
