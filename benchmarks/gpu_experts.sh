@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runs of issue 24 ("the programs experts write"), as run on the device machine: one
+# The GPU runs of "the programs experts write", as run on the device machine: one
 # step per call, each within the machine's 10-minute limit, everything it writes packed into
 # $OUT/results.tgz (only a few files come back from that machine).
 #   benchmarks/gpu_experts.sh gpt2             expert loops on GPT-2 small, then verify on GPU

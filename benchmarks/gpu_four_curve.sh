@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Four GPUs, the curve past two (issue 44), in calls of at most 9.5 minutes on one machine:
+# Four GPUs, the curve past two, in calls of at most 9.5 minutes on one machine:
 #
 #   part a: the all-reduce at 2 GPUs beside a plain NCCL loop (jax, torch; 4 GPUs: the first
 #           four-GPU call, results/2026-11-27-h100x4-first-four); the MLP sweeps that

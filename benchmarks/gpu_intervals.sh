@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runs of issue 25 ("answers a user can act on"), as run on the device machine: one step
+# The GPU runs of "answers a user can act on", as run on the device machine: one step
 # per call, each within the machine's 10-minute limit, everything it writes packed into
 # $OUT/results.tgz (only a few files come back from that machine).
 #   benchmarks/gpu_intervals.sh seed [NAME [ARGS]]  the seed study's 1-device half (jax, torch), timed; where a

@@ -29,7 +29,19 @@ def brief(value: Any, limit: int = 60) -> str:
     """A value for a one-line error: its repr, cut short where a long one would bury the
     message (a typo, a damaged file or an environment variable may hold anything), with the
     length of a string that was cut."""
-    text = repr(value)
+    return _cut(repr(value), limit, len(value) if isinstance(value, str) else None)
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """Someone else's words (a framework's error, a plugin's reason, a log line) as one line,
+    cut short with the length of what was cut."""
+    flat = " ".join(str(text).split())
+    return _cut(flat, limit, len(flat))
+
+
+def _cut(text: str, limit: int, length: int | None) -> str:
+    """The one way xbench shortens what it echoes: the first `limit` characters, then "...",
+    then the whole length where it is known."""
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}... ({len(value)} characters)" if isinstance(value, str) else f"{text[:limit]}..."
+    return f"{text[:limit]}... ({length:,} characters)" if length is not None else f"{text[:limit]}..."

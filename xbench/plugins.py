@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from xbench.errors import XbenchError
+from xbench.errors import XbenchError, brief, one_line
 
 TIMEOUT_VARIABLE = "XBENCH_PROBE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 20.0  # a plugin reads metadata and must not import its framework: generous
@@ -32,7 +32,7 @@ def plugin_timeout() -> float:
         seconds = math.nan
     if not 0 < seconds <= MAX_TIMEOUT_S:  # also refuses nan
         raise XbenchError(f"{TIMEOUT_VARIABLE} must be a positive number of seconds up to {MAX_TIMEOUT_S:g}, "
-                          f"got {text!r}")
+                          f"got {brief(text)}")
     return seconds
 
 
@@ -72,15 +72,7 @@ def call_all(calls: Mapping[str, Callable[[], Any]], timeout: float) -> dict[str
 MAX_REASON = 300  # characters of a plugin's own words that xbench shows
 
 
-def clipped(text: str) -> str:
-    """A plugin's words (an error, a probe's reason) as one line of reasonable length."""
-    one_line = " ".join(str(text).split())
-    if len(one_line) <= MAX_REASON:
-        return one_line
-    return f"{one_line[:MAX_REASON]}... ({len(one_line):,} characters)"
-
-
 def described(error: BaseException) -> str:
     """`Type: message` on one line of reasonable length, e.g. "SystemExit: 3"."""
-    message = clipped(str(error))
+    message = one_line(str(error), MAX_REASON)
     return f"{type(error).__name__}: {message}" if message else type(error).__name__

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Union, get_ar
 import numpy as np
 
 from xbench.contract import Process, Trial
-from xbench.errors import XbenchError
+from xbench.errors import XbenchError, brief, one_line
 from xbench.stats import relative_errors
 
 WIRE_VERSION = 4  # raise it with any change to the messages below
@@ -194,7 +194,7 @@ def decode_event(line: str | bytes) -> Event:
     kind = raw.pop("event", None)
     if kind not in EVENT_TYPES:
         known = ", ".join(EVENT_TYPES)
-        said = "has no kind ('event' field)" if kind is None else f"kind {_shown(kind)} is unknown"
+        said = "has no kind ('event' field)" if kind is None else f"kind {brief(kind)} is unknown"
         raise WireError(f"event {said} (known: {known})")
     return _decode(EVENT_TYPES[kind], raw, f"{kind!r} event")
 
@@ -232,9 +232,9 @@ def _parsed(text: str | bytes, what: str) -> dict[str, Any]:
         raw = json.loads(text)
     except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8
         shown = text.decode(errors="replace") if isinstance(text, bytes) else text
-        raise WireError(f"{what} is not JSON ({_one_line(str(err))}): {_shown(shown.strip())}") from None
+        raise WireError(f"{what} is not JSON ({one_line(str(err))}): {brief(shown.strip())}") from None
     if not isinstance(raw, dict):
-        raise WireError(f"{what} is not a JSON object: {_shown(raw)}")
+        raise WireError(f"{what} is not a JSON object: {brief(raw)}")
     return raw
 
 
@@ -244,7 +244,7 @@ def _versioned(raw: dict[str, Any], what: str) -> dict[str, Any]:
     if version is None:
         raise WireError(f"{what} carries no wire version ('wire' field)")
     if version != WIRE_VERSION:
-        raise WireError(f"{what} is of wire version {_shown(version)}, this xbench speaks {WIRE_VERSION} "
+        raise WireError(f"{what} is of wire version {brief(version)}, this xbench speaks {WIRE_VERSION} "
                         "(xbench and its worker come from different installations)")
     return raw
 
@@ -317,20 +317,11 @@ def _trial(value: Any, what: str, path: str) -> Trial:
         return Trial.from_dict(value)
     except (TypeError, KeyError, ValueError) as err:
         raise WireError(f"{what}: field {path!r} is not a trial ({type(err).__name__}: "
-                        f"{_one_line(str(err))})") from None
+                        f"{one_line(str(err))})") from None
 
 
 def _wrong(value: Any, expected: str, what: str, path: str) -> WireError:
-    return WireError(f"{what}: field {path!r} must be {expected}, got {type(value).__name__} {_shown(value)}")
-
-
-def _shown(value: Any, most: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= most else text[: most - 3] + "..."
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    return WireError(f"{what}: field {path!r} must be {expected}, got {type(value).__name__} {brief(value)}")
 
 
 # -- verification arrays ---------------------------------------------------------------------

@@ -324,7 +324,8 @@ class JaxPmapBackend:
             params=sum(int(np.prod(a.shape[1:])) for a in jax.tree.leaves(replicated[0])),
             weights_hash=hash_weights(readback),
             precision=precision_info(trial),
-            # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
+            # Simulated CPU devices can deadlock when collective steps are queued back to back
+            # (the all-reduce's rendezvous hangs, then aborts the process): wait for every call.
             sync_every_call=self.devices[0].platform == "cpu",
             notes=(*program_notes(trial, "jax.pmap, a lax.pmean of the gradients"), *model.notes),
             settings=kernel_settings(),

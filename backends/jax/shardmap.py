@@ -102,7 +102,8 @@ class _MeshBackend(JaxPmapBackend):
                 params=sum(int(a.size) for a in jax.tree.leaves(state[0])),
                 weights_hash=hash_weights(self.canonical_arrays(model.in_order(state[0]), replica=0)),
                 precision=precision_info(trial),
-                # Pitfall 3: back-to-back collective steps can deadlock on simulated CPU devices.
+                # Simulated CPU devices can deadlock when collective steps are queued back to back
+                # (the all-reduce's rendezvous hangs, then aborts the process): wait for every call.
                 sync_every_call=self.devices[0].platform == "cpu",
                 notes=(*program_notes(trial, self.runner), *program_notes_, *model.notes),
                 settings=kernel_settings(),
@@ -209,7 +210,7 @@ class JaxShardMapBackend(_MeshBackend):
     runner: ClassVar[str] = "jax.jit(jax.shard_map), a lax.pmean of the gradients"
 
     def to_varying(self, params):
-        """Pitfall 2: under shard_map's type checking (check_vma), the gradient with respect
+        """Under shard_map's type checking (check_vma), the gradient with respect
         to a replicated (invariant) value comes out already summed over "d", N times the
         single-device one. Marking the params as varying first keeps it per device, so the
         explicit pmean below is the only reduction."""

@@ -18,3 +18,31 @@ def test_a_huge_value_is_echoed_in_a_line_a_reader_can_read(raw):
         build_spec(raw)
     message = str(err.value)
     assert len(message) < 400 and "\n" not in message, message[:500]
+
+
+HUGE = "9" * 50_000 + "x"  # a pasted file, say: invalid for every parser below
+
+
+def _option_parsers():
+    from xbench.cli.diff_cmd import parse_threshold
+    from xbench.cli.options import backend_options, integers, p2p_list
+    from xbench.results.allreduce import parse_size
+    from xbench.run.cluster import expand_nodelist, parse_address
+
+    return {
+        "--devices": lambda: integers([HUGE], "--devices"),
+        "--option": lambda: backend_options([HUGE]),
+        "--p2p": lambda: p2p_list([HUGE]),
+        "--threshold": lambda: parse_threshold(HUGE),
+        "--sizes": lambda: parse_size(HUGE),
+        "--coordinator": lambda: parse_address(HUGE),
+        "SLURM_NODELIST": lambda: expand_nodelist(f"node[{HUGE}]"),
+    }
+
+
+@pytest.mark.parametrize("option", list(_option_parsers()))
+def test_every_parser_echoes_a_huge_value_clipped(option):
+    with pytest.raises(Exception) as err:
+        _option_parsers()[option]()
+    message = str(err.value)
+    assert len(message) < 500 and "\n" not in message and "..." in message, message[:600]

@@ -160,7 +160,7 @@ BAD_ENVIRONMENTS = [
     ({**SLURM, "SLURM_NODELIST": "n1"}, "SLURM_NODELIST='n1'", "names 1 host(s), but SLURM_NNODES says 2 nodes"),
     ({**SLURM, "SLURM_STEP_NODELIST": "n[1-x]"}, "SLURM_STEP_NODELIST='n[1-x]'", "not a SLURM host list"),
     ({**TORCHRUN, "WORLD_SIZE": "abc"}, "WORLD_SIZE='abc'", "integer >= 1"),
-    ({**TORCHRUN, "WORLD_SIZE": "9" * 5000}, "WORLD_SIZE='9999", "(5000 characters)"),
+    ({**TORCHRUN, "WORLD_SIZE": "9" * 5000}, "WORLD_SIZE='9999", "(5,000 characters)"),
     ({**TORCHRUN, "RANK": "-1"}, "RANK='-1'", "integer >= 0"),
     ({**TORCHRUN, "RANK": "2"}, "RANK='2'", "node rank in 0..1 (WORLD_SIZE says 2 nodes)"),
     ({**TORCHRUN, "GROUP_RANK": "x"}, "GROUP_RANK='x'", "integer >= 0"),

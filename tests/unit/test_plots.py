@@ -43,13 +43,15 @@ def test_a_framework_keeps_one_colour_and_a_device_count_one_line_style():
     rows = _rows(VARIANTS, "large")
     ax = plots.throughput_figure(rows, "large").axes[0]
     lines = _series(ax)
-    frameworks = sorted({drawing.framework(label.rsplit(", ", 1)[0]) for label in lines})
+    framework_of = {r.label: r.framework for r in rows}  # as the workers named it
+    assert set(framework_of.values()) == {"jax", "torch"}  # jax, jax-shardmap and torch's variants
+    frameworks = sorted(set(framework_of.values()))
     for label, line in lines.items():
         program, devices = label.rsplit(", ", 1)
-        assert line.get_color() == drawing.COLOURS[frameworks.index(drawing.framework(program))], label
+        assert line.get_color() == drawing.COLOURS[frameworks.index(framework_of[program])], label
         assert line.get_linestyle() == {"1 device": "-", "2 devices": "--"}[devices], label
-    jax = {lines[n].get_marker() for n in lines if drawing.framework(n) == "jax" and n.endswith("2 devices")}
-    assert len(jax) == len([n for n in lines if drawing.framework(n) == "jax" and n.endswith("2 devices")])
+    jax = [n for n in lines if framework_of[n.rsplit(", ", 1)[0]] == "jax" and n.endswith("2 devices")]
+    assert len(jax) > 1 and len({lines[n].get_marker() for n in jax}) == len(jax)
 
 
 def test_throughput_bars_are_the_rows_intervals_on_a_log_axis_with_nothing_at_or_below_zero():
@@ -126,10 +128,20 @@ def test_figures_save_as_png_with_the_legend_outside(tmp_path):
     assert width > drawing.FIGSIZE[0] * drawing.DPI  # the legend right of the axes widens the image
 
 
-def test_frameworks_of_series_labels():
-    assert drawing.framework("jax-shardmap plain+fused") == "jax"
-    assert drawing.framework("torch plain+compile (spmd)") == "torch"
-    assert drawing.framework("tf") == "tf"
-    style = drawing.style_of(["jax", "jax plain", "numpy"], [1, 2], drawing.DEVICE_DASHES)
-    assert style.colours["jax"] == style.colours["jax plain"] != style.colours["numpy"]
-    assert style.markers["jax"] != style.markers["jax plain"] and style.dashes == {1: "-", 2: "--"}
+def _row(backend, framework="", program="data-parallel"):
+    from xbench.results.rows import Row
+
+    return Row(backend=backend, model="m", devices=1, global_batch=8, per_device_batch=8, scaling_mode="strong",
+               status="ok", reason=None, params=None, replicates=(), throughput=None, step_ms=None,
+               first_call_s=None, scaling=None, framework=framework, program=program)
+
+
+def test_a_framework_is_what_its_workers_named_else_the_backend():
+    rows = [_row("jax", "jax"), _row("jax", "jax", program="plain"), _row("jax-shardmap", "jax"),
+            _row("tf", "tensorflow"), _row("numpy")]  # numpy: no worker reported (a test's record)
+    assert [r.framework_key for r in rows] == ["jax", "jax", "jax", "tensorflow", "numpy"]
+    style = drawing.style_of(drawing.frameworks_of(rows), [1, 2], drawing.DEVICE_DASHES)
+    assert style.colours["jax"] == style.colours["jax plain"] == style.colours["jax-shardmap"]
+    assert len({style.colours[label] for label in ("jax", "tf", "numpy")}) == 3
+    assert len({style.markers[label] for label in ("jax", "jax plain", "jax-shardmap")}) == 3
+    assert style.dashes == {1: "-", 2: "--"}

@@ -15,6 +15,7 @@ from xbench.cli.consoles import data_console, status_console
 from xbench.cli.layout import table_or_stacked
 from xbench.cli.options import Platform
 from xbench.contract import launchers_of, programs_of, variants_of
+from xbench.results.schema import LOG_FILE
 from xbench.run import probes
 from xbench.run.registry import discover
 
@@ -73,7 +74,7 @@ def _details(line: tuple[str, ...]) -> list[str]:
 
 
 def _devices(target: str, platform: str, tmp: Path, launchers: tuple[str, ...]) -> str:
-    answer = probes.describe(target, platform, tmp / "workers.log")
+    answer = probes.describe(target, platform, tmp / LOG_FILE)
     if "reason" in answer:
         return f"[red]{escape(answer['reason'])}[/]"
     info = answer["device_info"]

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.stored_runs import note_torn_records
-from xbench.errors import XbenchError
+from xbench.errors import XbenchError, brief
 from xbench.results.control import Movement, movements, read_controls
 from xbench.results.diff import TOO_NOISY, UNDERPOWERED, Diff, diff_runs
 from xbench.results.records import read_records
@@ -157,5 +157,5 @@ def parse_threshold(text: str) -> float:
     except ValueError:
         value = -1.0
     if not 0 <= value < 1:
-        raise XbenchError(f"--threshold takes a fraction such as 5% or 0.05, got {text!r}")
+        raise XbenchError(f"--threshold takes a fraction such as 5% or 0.05, got {brief(text)}")
     return value

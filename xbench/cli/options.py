@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from xbench.errors import SpecError, XbenchError
+from xbench.errors import SpecError, XbenchError, brief
 from xbench.experiment import COMPILE_CACHES, MAX_SECONDS, PLATFORMS, PRECISIONS, SCALINGS, SINGLE_DEVICE
 from xbench.results.links import P2P_CHOICES
 from xbench.run.cluster import LAUNCHER_CHOICES
@@ -65,7 +65,7 @@ def p2p_list(values: list[str] | None) -> list[bool]:
     words = names(values) or ["on"]
     bad = [w for w in words if w not in P2P_CHOICES]
     if bad:
-        raise SpecError(f"--p2p takes on, off or both (on off); got {' '.join(bad)}")
+        raise SpecError(f"--p2p takes on, off or both (on off); got {brief(' '.join(bad))}")
     return [w == "on" for w in dict.fromkeys(words)]
 
 
@@ -97,7 +97,7 @@ def integers(values: list[str] | None, flag: str) -> list[int] | None:
     try:
         return [int(w) for w in words]
     except ValueError:
-        raise SpecError(f"{flag} takes integers such as 1,2; got {' '.join(values or [])}") from None
+        raise SpecError(f"{flag} takes integers such as 1 2; got {brief(' '.join(values or []))}") from None
 
 
 def backend_options(values: list[str] | None) -> dict[str, dict[str, str]] | None:
@@ -109,6 +109,6 @@ def backend_options(values: list[str] | None) -> dict[str, dict[str, str]] | Non
         target, sep, setting = v.partition("=")
         backend, dot, key = target.partition(".")
         if not (sep and dot and backend and key):
-            raise SpecError(f"--option takes BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl; got {v!r}")
+            raise SpecError(f"--option takes BACKEND.KEY=VALUE, e.g. tf.cross_device_ops=nccl; got {brief(v)}")
         options.setdefault(backend, {})[key] = setting
     return options

@@ -14,7 +14,7 @@ from rich.table import Table
 from xbench import stats
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import Precision, names, value
-from xbench.errors import XbenchError
+from xbench.errors import XbenchError, brief
 from xbench.models.model_spec import preset_model
 from xbench.report.terminal import bound_text
 from xbench.report.words import USABLE_SPAN, interval_text, rate_text, ratio_text, too_uncertain
@@ -141,7 +141,7 @@ def _question(model, params, flops, family, batch, devices) -> Question:
         try:
             spec = preset_model(model)
         except KeyError:
-            raise XbenchError(f"unknown model {model!r}; `xbench models` lists the presets") from None
+            raise XbenchError(f"unknown model {brief(model)}; `xbench models` lists the presets") from None
         return Question(spec.params, spec.training_flops_per_sample, spec.family, batches, devices or 0, spec.unit,
                         spec.units_per_sample)
     if not params > 0 or (flops is not None and not flops > 0):

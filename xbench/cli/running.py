@@ -21,6 +21,7 @@ from xbench.report.words import busy_text
 from xbench.results.conditions import busy_host
 from xbench.results.control import read_controls
 from xbench.results.records import RECORDS_FILE, RUN_FILE, finished_trials, iter_records, last_line_torn
+from xbench.results.schema import LOG_FILE
 from xbench.results.summary import Row, rows_from_records
 from xbench.run import compare
 from xbench.run.adaptive import reached
@@ -138,7 +139,7 @@ def _finish(err: Console, comparison: Comparison, outcome: compare.Outcome, wide
         console.print(bottom_line_text(found))
     if outcome.failures:
         err.print(f"[red]{outcome.failures} trial(s) or all-reduce measurement(s) failed or did not pass "
-                  f"verification[/]; reasons in the tables, verify.json and {comparison.run_dir / 'workers.log'}")
+                  f"verification[/]; reasons in the tables, verify.json and {comparison.run_dir / LOG_FILE}")
         return 1
     return 0
 

@@ -10,7 +10,7 @@ import typer
 from xbench.cli.consoles import data_console, status_console
 from xbench.cli.options import P2pOption, Precision, integers, names, p2p_value, value
 from xbench.cli.running import check_resume_alone, run_comparison, run_dir_option
-from xbench.errors import SpecError, XbenchError
+from xbench.errors import SpecError, XbenchError, brief
 from xbench.experiment import load_raw
 from xbench.experiment.sweep import DEFAULT_BATCHES, DEFAULT_PARAMS, sweep_spec
 from xbench.results.allreduce import sizes_for
@@ -110,7 +110,7 @@ def _parameter_count(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise SpecError(f"--params takes parameter counts such as 1e6 or 250000, not {text!r}") from None
+        raise SpecError(f"--params takes parameter counts such as 1e6 or 250000, not {brief(text)}") from None
 
 
 def _announce(comparison, platform: str) -> str:

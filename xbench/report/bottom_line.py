@@ -134,14 +134,10 @@ def contests(rows: Sequence[Row]) -> list[Contest]:
     for (devices, batch, kind), group in sorted(groups.items(), key=lambda item: (*item[0][:2], item[0][2] != PLAIN)):
         ranked = sorted(group, key=geomean_rate, reverse=True)  # the ratio's own scale
         best = ranked[0]
-        rival = next((r for r in ranked if framework(r) != framework(best)), None)
+        rival = next((r for r in ranked if r.framework_key != best.framework_key), None)
         if rival is not None:
             found.append(Contest(devices, batch, best, rival, ratio_of(best, rival), kind))
     return found
-
-
-def framework(row: Row) -> str:
-    return row.framework or row.backend
 
 
 def framework_names(rows: Sequence[Row]) -> dict[str, str]:
@@ -149,7 +145,7 @@ def framework_names(rows: Sequence[Row]) -> dict[str, str]:
     for tensorflow, "jax" for jax, jax-shardmap and jax-auto), else the framework's own name."""
     backends: dict[str, set[str]] = {}
     for row in rows:
-        backends.setdefault(framework(row), set()).add(row.backend)
+        backends.setdefault(row.framework_key, set()).add(row.backend)
     names = {}
     for name, mine in backends.items():
         shortest = min(mine, key=len)
@@ -174,13 +170,13 @@ def _fastest_sentence(found: list[Contest], lead: str, names: dict[str, str]) ->
         return ""
     wins: dict[str, list[Contest]] = {}
     for c in found:
-        wins.setdefault(framework(c.best), []).append(c)
+        wins.setdefault(c.best.framework_key, []).append(c)
     leader = max(wins, key=lambda f: (len(wins[f]), _geomean(c.margin.ratio for c in wins[f])))
     mine, name = wins[leader], names[leader]
     head = (f"{lead}: {name} leads in {len(mine)} of {_plural(len(found), 'configuration')}"
             f"{_programs(mine, name)}, by {_span(c.margin.ratio for c in mine)} over the next framework")
     text = head + _lead_strength(mine)
-    others = [c for c in found if framework(c.best) != leader]
+    others = [c for c in found if c.best.framework_key != leader]
     if others:
         text += "; elsewhere " + _listed(f"{c.best.label} leads at {c.where} ({_margin(c)})" for c in others)
     return text + "."

@@ -7,13 +7,13 @@ named in the margin, and a legend outside the axes. `plots` draws the figures wi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xbench.contract import backend_of_implementation
 from xbench.results.records import write_atomic
+from xbench.results.rows import Row
 
 DPI = 110
 FIGSIZE = (7.2, 4.4)  # inches, the axes and labels; the legend adds its width on the right
@@ -45,11 +45,6 @@ def pyplot():
     return plt
 
 
-def framework(label: str) -> str:
-    """The framework of a series label: "jax-shardmap plain+fused" -> "jax", "torch (spmd)" -> "torch"."""
-    return backend_of_implementation(label).split("-")[0].split("_")[0]
-
-
 @dataclass(frozen=True)
 class Style:
     """Colour and marker per series label, line style per level (device count or batch)."""
@@ -63,17 +58,23 @@ class Style:
                 "linewidth": 1.5, "markersize": 6}
 
 
-def style_of(labels: Iterable[str], levels: Iterable[int], fixed: dict[int, Any] | None = None) -> Style:
-    """One colour per framework, one marker per label within its framework, one line style
-    per level (`fixed` ones first: a device count keeps its style from figure to figure)."""
-    names = sorted(set(labels))
-    frameworks = sorted({framework(name) for name in names})
+def frameworks_of(rows: Iterable[Row]) -> dict[str, str]:
+    """Each series label's framework, as `Row.framework_key` gives it."""
+    return {row.label: row.framework_key for row in rows}
+
+
+def style_of(framework_of: Mapping[str, str], levels: Iterable[int], fixed: dict[int, Any] | None = None) -> Style:
+    """One colour per framework (`framework_of`: each series label's), one marker per label
+    within its framework, one line style per level (`fixed` ones first: a device count keeps its
+    style from figure to figure)."""
+    names = sorted(framework_of)
+    frameworks = sorted(set(framework_of.values()))
     by_framework = {f: COLOURS[i % len(COLOURS)] for i, f in enumerate(frameworks)}
     markers: dict[str, str] = {}
     for f in frameworks:
-        mine = [name for name in names if framework(name) == f]
+        mine = [name for name in names if framework_of[name] == f]
         markers.update({name: MARKERS[i % len(MARKERS)] for i, name in enumerate(mine)})
-    return Style({name: by_framework[framework(name)] for name in names}, markers, dashes_for(levels, fixed or {}))
+    return Style({name: by_framework[framework_of[name]] for name in names}, markers, dashes_for(levels, fixed or {}))
 
 
 def dashes_for(levels: Iterable[int], fixed: dict[int, Any]) -> dict[int, Any]:

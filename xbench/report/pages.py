@@ -50,10 +50,8 @@ from xbench.results.records import (
     recorded_trials,
     write_atomic,
 )
+from xbench.results.schema import REPORT_HTML, REPORT_MD, VERIFY_FILE
 from xbench.results.summary import Row, fastest_rows, full_rows, rows_from_records
-
-REPORT_MD = "report.md"
-REPORT_HTML = "report.html"
 
 
 def write_report(run_dir: Path, html: bool = True, plots: bool = True) -> list[Path]:
@@ -216,7 +214,7 @@ def verification_cost(run_dir: Path | None, records: Sequence[Record]) -> str:
     trial's start to the last one's end), and its largest run's framework peak memory beside
     the timed programs' (GPUs); "" where verify.json does not say."""
     try:
-        stored = json.loads((run_dir / "verify.json").read_text(encoding="utf-8")) if run_dir else {}
+        stored = json.loads((run_dir / VERIFY_FILE).read_text(encoding="utf-8")) if run_dir else {}
         wall = stored["wall_s"]
     except (OSError, ValueError, KeyError, TypeError):
         return ""

@@ -34,6 +34,7 @@ from xbench.report.drawing import (
     batch_axis,
     devices_name,
     draw_every_series,
+    frameworks_of,
     interval_bars,
     interval_notes,
     legend_outside,
@@ -56,7 +57,7 @@ def _measured(rows: Sequence[Row]) -> list[Row]:
 def _row_style(rows: Sequence[Row]) -> Style:
     """The style of a model's figures, from all its measured rows: the same in each figure."""
     measured = _measured(rows)
-    return style_of([r.label for r in measured], [r.devices for r in measured], DEVICE_DASHES)
+    return style_of(frameworks_of(measured), [r.devices for r in measured], DEVICE_DASHES)
 
 
 def _series(rows: Sequence[Row]) -> dict[Key, list[Row]]:
@@ -165,7 +166,7 @@ def scaling_figure(rows: Sequence[Row], model: str):
     fig, (ax, eff) = new_figure(f"Scaling with device count, model {model}", "devices", "", panels=2)
     ax.set_ylabel("speedup (× the 1-device throughput)")
     eff.set_ylabel("scaling efficiency (speedup / devices)")
-    style = style_of([k[0] for k in series], [k[1] for k in series])
+    style = style_of(frameworks_of(r for group in series.values() for r in group), [k[1] for k in series])
     speed = {key: _scaling_points(group, efficiency=False) for key, group in series.items()}
     share = {key: _scaling_points(group, efficiency=True) for key, group in series.items()}
     clipped = _speedup_panel(fig, ax, speed, style, [1, *counts])
@@ -289,7 +290,9 @@ def busbw_figure(results: Sequence[AllReduceResult], collective: str = ALL_REDUC
     fig, ax = new_figure(f"{TITLES[collective].capitalize()} bus bandwidth", size, "busbw (GB/s, median time)")
     _size_axis(ax, [r.nbytes for group in groups.values() for r in group])
     log_y_axis(ax, *axis_limits(all_values(series), log=True, estimates=all_estimates(series)), lambda v: f"{v:g}")
-    style = style_of([k[0] for k in series], [k[1] for k in series], DEVICE_DASHES)
+    # All-reduce records name no framework: a colour per backend.
+    style = style_of({r.label: r.backend for group in groups.values() for r in group}, [k[1] for k in series],
+                     DEVICE_DASHES)
     clipped = draw_every_series(fig, ax, series, style, lambda label, devices: f"{label}, {devices} devices")
     notes = ["bars: the median time's 95% interval" + (CLIPPED if clipped else "")] \
         if any(p.bars() for p in series.values()) else []

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from xbench import stats
 from xbench.contract import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, backend_label
+from xbench.errors import brief
 from xbench.results.records import AllReduceRecord
 
 _UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
@@ -29,10 +30,10 @@ def parse_size(text: str) -> int:
     """'1GiB', '64MiB', '4KiB', '217612' -> bytes (a multiple of 4: float32 elements)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*", text, flags=re.IGNORECASE)
     if not match:
-        raise ValueError(f"not a size: {text!r} (use e.g. 4KiB, 64MiB, 1GiB or bytes)")
+        raise ValueError(f"not a size: {brief(text)} (use e.g. 4KiB, 64MiB, 1GiB or bytes)")
     nbytes = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
     if nbytes < 4:
-        raise ValueError(f"size {text!r} is smaller than one float32")
+        raise ValueError(f"size {brief(text)} is smaller than one float32")
     return nbytes - nbytes % 4
 
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CONTROL_FILE = "control.jsonl"
+from xbench.results.schema import CONTROL_FILE
+
 WORKLOADS = {"host_loop_s": "host dispatch loop", "matmul_s": "host matmul"}
 MOVED = 0.05  # a control that moved less than this between runs did not move
 

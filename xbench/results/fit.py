@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xbench.errors import one_line
 from xbench.models.memory import GiB, MemoryEstimate, estimate
 from xbench.models.model_spec import ModelSpec
 from xbench.results.records import MemoryFacts, Record
@@ -26,7 +27,7 @@ MARGIN = 0.05  # of the device's memory, kept for what the estimate leaves out (
 # of memory"), XLA's RESOURCE_EXHAUSTED ("Out of memory while trying to allocate"), TF's
 # ResourceExhaustedError ("OOM when allocating" comes with "resource exhausted").
 OUT_OF_MEMORY_SIGNS = ("out of memory", "outofmemory", "resource_exhausted", "resource exhausted")
-REASON_CHARS = 300  # of a framework's error kept in a measured does-not-fit reason
+REASON_CHARS = 280  # of a framework's error kept in a measured does-not-fit reason
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,8 @@ def out_of_memory(text: str | None) -> bool:
 def measured_reason(global_batch: int, devices: int, error: str) -> str:
     """The reason of a trial that ran out of memory: the same kind of row as one the estimate
     kept from launching, with the framework's words."""
-    said = error if len(error) <= REASON_CHARS else error[:REASON_CHARS - 1] + "…"
     return (f"{DOES_NOT_FIT}: out of memory at batch {global_batch // devices} per device on {devices} "
-            f"device(s) (measured): {said}")
+            f"device(s) (measured): {one_line(error, REASON_CHARS)}")
 
 
 def fit_or_not(record: Record) -> Record:

@@ -22,6 +22,7 @@ from xbench.results.records import (
     read_records,
     write_json,
 )
+from xbench.results.schema import FIT_FILE
 from xbench.results.step_model import (
     Fit,
     FitError,
@@ -37,7 +38,6 @@ from xbench.results.step_model import (
 from xbench.results.summary import rows_from_records
 from xbench.wire import utc_now
 
-FIT_FILE = "fit.json"
 FIT_SCHEMA = 1
 
 

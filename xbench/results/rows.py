@@ -87,6 +87,12 @@ class Row:
                         self.variant, self.program)
 
     @property
+    def framework_key(self) -> str:
+        """What rows of one framework share (a plot's colour, a contest's sides): the framework
+        as its worker named it, else the backend's name (a row no worker reported on)."""
+        return self.framework or self.backend
+
+    @property
     def implementation(self) -> str:
         return implementation(self.backend, self.variant, self.program)
 

@@ -31,6 +31,16 @@ SCHEMA_VERSION = 5
 RECORDS_FILE: Final = "records.jsonl"
 ALLREDUCE_FILE: Final = "allreduce.jsonl"  # the all-reduce microbenchmark, one record per size
 RUN_FILE = "run.json"
+# The run directory's other files, named here only: the verification phase's outcome, every
+# worker's output, the drift control, the reports, and `xbench sweep`'s step-model fit.
+VERIFY_FILE = "verify.json"
+LOG_FILE = "workers.log"
+CONTROL_FILE = "control.jsonl"
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+FIT_FILE = "fit.json"
+# What a run leaves in its directory; any of them means the directory holds (part of) a run.
+RUN_FILES = (RUN_FILE, RECORDS_FILE, ALLREDUCE_FILE, VERIFY_FILE, LOG_FILE, REPORT_MD, CONTROL_FILE)
 
 
 # Required keys and optional ones live in two classes (a base, and a `total=False` subclass)

@@ -26,10 +26,10 @@ def checked_line(line: str, path: Path, number: int) -> dict[str, Any]:
         raise XbenchError(f"{where} is {type(record).__name__}, not a record; the file was edited or damaged")
     schema = record.get("schema")
     if not _is_int(schema) or schema < 1:
-        raise XbenchError(f"{where} has record schema {schema!r}, not a version of xbench's records (1 to "
+        raise XbenchError(f"{where} has record schema {brief(schema)}, not a version of xbench's records (1 to "
                           f"{SCHEMA_VERSION}); the file was edited or damaged")
     if schema > SCHEMA_VERSION:
-        raise XbenchError(f"{where} has record schema {schema!r}, newer than this xbench understands "
+        raise XbenchError(f"{where} has record schema {brief(schema)}, newer than this xbench understands "
                           f"({SCHEMA_VERSION}); upgrade xbench")
     problem = (_record_problem if path.name != ALLREDUCE_FILE else _allreduce_problem)(record)
     if problem:

@@ -121,7 +121,7 @@ def parse_address(address: str) -> tuple[str, int]:
     # ASCII digits only: str.isdigit() also passes '²', which int() refuses.
     if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) <= HIGHEST_BASE_PORT:
         raise XbenchError(f"--coordinator must be HOST:PORT with a port up to {HIGHEST_BASE_PORT} "
-                          f"(jobs use the {JOB_PORTS + PORT_STRIDE} ports after it), got {address!r}")
+                          f"(jobs use the {JOB_PORTS + PORT_STRIDE} ports after it), got {brief(address)}")
     return host, int(port)
 
 
@@ -274,10 +274,11 @@ def _expand_item(item: str) -> list[str]:
     for part in match.group(1).split(","):
         bounds = re.fullmatch(r"\s*([0-9]{1,9})\s*(?:-\s*([0-9]{1,9})\s*)?", part)
         if bounds is None:
-            raise ValueError(f"[{match.group(1)}] holds {part!r}, not a number or a range such as 01-04")
+            raise ValueError(f"{brief('[' + match.group(1) + ']')} holds {brief(part)}, "
+                             "not a number or a range such as 01-04")
         first, last = bounds.group(1), bounds.group(2) or bounds.group(1)
         if int(last) < int(first):
-            raise ValueError(f"range {part!r} runs downwards")
+            raise ValueError(f"range {brief(part)} runs downwards")
         if len(names) + int(last) - int(first) >= MAX_HOSTS:
             raise ValueError(f"more than {MAX_HOSTS} hosts")
         names += [f"{head}{number:0{len(first)}d}" for number in range(int(first), int(last) + 1)]

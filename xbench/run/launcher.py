@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from xbench.contract import Process, Trial
-from xbench.errors import XbenchError
+from xbench.errors import XbenchError, one_line
 from xbench.results.fit import fit_or_not
 from xbench.results.records import ProcessFacts, Record
+from xbench.results.schema import LOG_FILE
 from xbench.run.bounds import EXIT_GRACE_S, STARTUP_OPTION, TRIAL_OPTION, Deadline
 from xbench.run.cluster import Launch, job_ports
 from xbench.run.plan import Group
@@ -39,7 +40,6 @@ from xbench.wire import Done, Job, Ready, Result, SetupFailed, Start, Unavailabl
 from xbench.wire import utc_now as _now
 
 STARTUP_TIMEOUT_S = 300.0  # importing a framework and finding devices
-LOG_FILE = "workers.log"
 
 
 class Listener(Protocol):
@@ -407,7 +407,7 @@ class Gang:
         except OSError:
             return "(no log)"
         meaningful = [line.strip() for line in lines if line.strip() and not line.startswith("=== ")]
-        return meaningful[-1][:300] if meaningful else "(none)"
+        return one_line(meaningful[-1], 300) if meaningful else "(none)"
 
     def done_with(self, trials: list[Trial], records: list[Record]) -> bool:
         """Whether every member ran all of `trials` well, so ends its job (none waits in a collective)."""

@@ -23,7 +23,7 @@ from xbench.contract import (
     reduction_buffers_of,
     variants_of,
 )
-from xbench.errors import BackendError, XbenchError
+from xbench.errors import BackendError, XbenchError, brief
 from xbench.experiment import ALL_VARIANTS, Spec, resolve_protocol
 from xbench.run import launcher, links, probes, zygote
 from xbench.run.cluster import Launch
@@ -115,13 +115,13 @@ def choose_lineups(spec: Spec, entries: Sequence[BackendEntry]) -> dict[str, Lin
             continue
         backend, _, variant = item.partition(":")
         if backend not in by_name:
-            raise XbenchError(f"variant {item!r} names backend {backend!r}, which this run does not time; "
+            raise XbenchError(f"variant {brief(item)} names backend {brief(backend)}, which this run does not time; "
                               f"add it to --backends or drop the variant")
         known = variants_of(by_name[backend].backend)
         if variant not in known:
             listed = ", ".join(known) or "none"
             program = "; plain is a program, not a variant: --single-device plain or both" if variant == PLAIN else ""
-            raise XbenchError(f"backend {backend!r} has no variant {variant!r}; its variants: {listed}{program}")
+            raise XbenchError(f"backend {backend!r} has no variant {brief(variant)}; its variants: {listed}{program}")
         wanted[backend].append(variant)
     lineups = {}
     for name, entry in by_name.items():

@@ -27,9 +27,9 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from xbench.contract import Availability, Backend, missing_methods
-from xbench.errors import BackendError
+from xbench.errors import BackendError, brief, one_line
+from xbench.plugins import MAX_REASON, described, plugin_timeout
 from xbench.plugins import TIMEOUT_VARIABLE as TIMEOUT_VARIABLE  # re-exported: tests and docs name it here
-from xbench.plugins import clipped, described, plugin_timeout
 
 GROUP = "xbench.backends"
 
@@ -194,7 +194,7 @@ def _entry(attempt: _Attempt, timeout: float) -> BackendEntry:
         return _unavailable(point, f"probe returned {type(attempt.availability).__name__}, not an Availability")
     availability = attempt.availability
     if availability.reason:  # a plugin's words, shown in one-line errors: one line, of sane length
-        availability = replace(availability, reason=clipped(availability.reason))
+        availability = replace(availability, reason=one_line(availability.reason, MAX_REASON))
     return BackendEntry(point.name, point.value, attempt.backend, availability)
 
 
@@ -227,7 +227,7 @@ def resolve(names: list[str] | tuple[str, ...]) -> list[BackendEntry]:
     for name in names:
         if name not in registry:
             known = ", ".join(registry) or "none registered"
-            raise BackendError(f"unknown backend {name!r}; available: {known}")
+            raise BackendError(f"unknown backend {brief(name)}; available: {known}")
     loaded = registry.load(names)
     for name in names:
         if not loaded[name].usable:

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from xbench.errors import XbenchError
+from xbench.results.schema import LOG_FILE, RUN_FILE, RUN_FILES
 
 LOCK_FILE = ".xbench.lock"
-# What a run leaves in its directory; any of them means the directory holds (part of) a run.
-RUN_FILES = ("run.json", "records.jsonl", "allreduce.jsonl", "verify.json", "workers.log", "report.md", "control.jsonl")
 
 
 class RunDirLock:
@@ -110,7 +109,7 @@ def run_files(run_dir: Path) -> list[str]:
 def present_run_files(run_dir: Path) -> frozenset[str]:
     """The run files and workers' per-member logs `run_dir` holds now, by name."""
     run_dir = Path(run_dir)
-    return frozenset([*run_files(run_dir), *(p.name for p in run_dir.glob("workers.log.*"))])
+    return frozenset([*run_files(run_dir), *(p.name for p in run_dir.glob(f"{LOG_FILE}.*"))])
 
 
 def discard_run_files(run_dir: Path, keep: Iterable[str] = ()) -> None:
@@ -133,7 +132,7 @@ def _command_of(run_dir: Path) -> str:
     """The xbench command that started the run in `run_dir` (run.json's), "compare" where it
     does not say: a sweep resumes as a sweep, to be fitted at its end."""
     try:
-        started = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8")).get("command", "")
+        started = json.loads((Path(run_dir) / RUN_FILE).read_text(encoding="utf-8")).get("command", "")
     except (OSError, ValueError, AttributeError):
         return "compare"
     return "sweep" if str(started).startswith("xbench sweep") else "compare"

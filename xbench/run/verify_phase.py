@@ -15,13 +15,12 @@ from typing import Any
 from xbench.results.checks import verification_precision
 from xbench.results.full_size import sizes_checked
 from xbench.results.records import RECORDS_FILE, iter_records, read_run, write_json
+from xbench.results.schema import VERIFY_FILE
 from xbench.run.comparison import Comparison, Observer
 from xbench.run.launcher import VISIBLE_GPUS
 from xbench.run.verification import Progress as VerificationProgress
 from xbench.run.verification import Verification, checks_as_dicts, verify
 from xbench.run.zygote import ForkServers
-
-VERIFY_FILE = "verify.json"
 
 
 def verify_backends(comparison: Comparison, environment: dict[str, Any],

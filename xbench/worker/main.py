@@ -39,6 +39,7 @@ from xbench.contract import (
 )
 from xbench.contract.timing import window_protocol
 from xbench.contract.work import Work, build_work
+from xbench.errors import one_line
 from xbench.wire import (
     AllReduce,
     Done,
@@ -78,7 +79,7 @@ def main() -> int:
         emit(Unavailable(str(err)))
         return 0
     except Exception as err:
-        emit(SetupFailed(_one_line(err)))
+        emit(SetupFailed(failure(err)))
         traceback.print_exc()
         return 1
     emit(Ready(asdict(info)))
@@ -232,7 +233,7 @@ def run_trial(backend: Backend, trial: Trial, works: dict[tuple, Work], emit: Em
         return
     except Exception as err:
         traceback.print_exc()
-        emit(Result(trial.id, "failed", _now(), reason=_one_line(err)))
+        emit(Result(trial.id, "failed", _now(), reason=failure(err)))
         return
     emit(Result(trial.id, "ok", _now(),
                 work={"params": work.params, "weights_hash": work.weights_hash, "data_hash": work.data_hash},
@@ -357,7 +358,7 @@ def run_allreduce(backend: Backend, nbytes: int, options: dict[str, Any], emit: 
         return "unsupported"
     except Exception as err:
         traceback.print_exc()
-        emit(AllReduce(nbytes, "failed", reason=_one_line(err), collective=collective))
+        emit(AllReduce(nbytes, "failed", reason=failure(err), collective=collective))
         return "failed"
     emit(AllReduce(nbytes, "ok", timing=timing, collective=collective))
     return "ok"
@@ -431,9 +432,9 @@ def _emitter(stream: IO[str]) -> Emit:
     return emit
 
 
-def _one_line(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}".strip()
-    return " ".join(text.split())[:500]
+def failure(err: BaseException) -> str:
+    """An exception as the one line a Result or SetupFailed carries."""
+    return one_line(f"{type(err).__name__}: {err}".strip(), 500)
 
 
 def load_target(target: str) -> Backend:

@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     try:
         preload(target)
     except Exception as err:  # the launcher falls back to plain worker processes and says why
-        send(channel, {"failed": worker._one_line(err)})
+        send(channel, {"failed": worker.failure(err)})
         return 1
     send(channel, {"ready": os.getpid()})
     serve(channel)
