@@ -353,7 +353,7 @@ def test_recommend_prefers_this_machines_fits(run_cli, tmp_path):
     assert code == 0, err
     out = " ".join(out.split())
     assert f"answering from {tmp_path / 'here' / FIT_FILE}" in out and "no fit was measured" not in out
-    assert f"also covering this question, not used: {tmp_path / 'elsewhere' / FIT_FILE} (8 x Other GPU)" in out
+    assert f"also covering this question, not used: {tmp_path / 'elsewhere' / FIT_FILE} (8 x Other GPU, fitted " in out
 
 
 def test_machines_of_one_kind_match_whatever_their_count():

@@ -25,8 +25,9 @@ def test_every_option_that_takes_a_list_takes_its_values_after_one_flag():
             found.append(flag)
             assert expand_variadic([name, flag, "a", "b"]) == [name, flag, "a", flag, "b"], (name, flag)
             parser = command.make_parser(command.make_context(name, [], resilient_parsing=True))
-            values, rest, _ = parser.parse_args(expand_variadic([flag, "a", "b"]))
-            assert list(values[param.name]) == ["a", "b"] and not rest, (name, flag)
+            for written in ([flag, "a", "b"], [f"{flag}=a", "b"]):  # both forms a user types
+                values, rest, _ = parser.parse_args(expand_variadic(written))
+                assert list(values[param.name]) == ["a", "b"] and not rest, (name, written)
     assert {"--backends", "--variants", "--option", "--model", "--devices"} <= set(found) <= variadic_options()
 
 
@@ -54,6 +55,22 @@ def test_an_on_off_flag_says_no_value_type_in_any_help(capsys):
         assert "<bool>" not in capsys.readouterr().out, name
 
 
+def test_every_on_off_flag_parses_alone_and_refuses_a_value():
+    """As its help says (no value type): `--html` turns it on, `--html true` is an extra argument."""
+    for name, command in command_line().commands.items():
+        for param in command.params:
+            if not getattr(param, "is_flag", False) or getattr(param, "count", False) or param.opts[0] == "--help":
+                continue
+            for flag in (*param.opts, *param.secondary_opts):
+                parser = command.make_parser(command.make_context(name, [], resilient_parsing=True))
+                values, rest, _ = parser.parse_args([flag])
+                assert isinstance(values[param.name], bool) and not rest, (name, flag)
+                values, rest, _ = parser.parse_args([flag, "true"])  # "true": left over, or a positional's
+                assert isinstance(values[param.name], bool), (name, flag)
+                positional = [values.get(p.name) for p in command.params if p.param_type_name == "argument"]
+                assert "true" in [*rest, *positional], (name, flag)
+
+
 def test_a_warning_is_one_clean_line_without_python_s_source_location():
     """Python prints a warning as `formatwarning` formats it: during a command, one line."""
     import warnings
@@ -65,3 +82,6 @@ def test_a_warning_is_one_clean_line_without_python_s_source_location():
         text = warnings.formatwarning(message, RuntimeWarning, "registry.py", 97, "return Registry(...)")
     assert text == "warning: xbench backend 'jax' from my.plugin:Jax is ignored: 'jax' is a built-in backend\n"
     assert "registry.py" in warnings.formatwarning(message, RuntimeWarning, "registry.py", 97)  # restored after
+    with one_line_warnings():
+        text = warnings.formatwarning("plugin " + "x" * 100_000, RuntimeWarning, "registry.py", 97)
+    assert len(text) < 600 and text.endswith("(100,007 characters)\n")

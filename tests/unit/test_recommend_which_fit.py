@@ -103,7 +103,8 @@ def test_two_fits_of_this_machine_give_one_answer_naming_which(run_cli, here, tm
     assert code == 0, err
     text = words(out)
     assert text.startswith(f"answering from {new} ({CPU}, fitted 2026-11-25T04:18:43+00:00) ")
-    assert f"also covering this question, not used: {old} ({CPU}); `--fits PATH` answers" in text
+    assert (f"also covering this question, not used: {old} ({CPU}, fitted 2026-11-25T04:13:36+00:00); "
+            "`--fits PATH` answers") in text
     assert text.count("global batch 64") == 1 and text.count("jax (fp32): use one device") == 1
     assert text.count("2 devices beat 1 (jax, fp32)") == 1 and "from 3.28e+05 params" in text
     code, out, err = run_cli(*README_EXAMPLE, "--fits", str(old))  # the other, when asked for
@@ -116,7 +117,7 @@ def test_this_machines_fit_answers_before_a_newer_one_of_another(run_cli, here, 
     here(CPU)
     code, out, err = run_cli(*README_EXAMPLE, "--fits", str(tmp_path / "fits"))
     assert code == 0 and words(out).startswith(f"answering from {mine} ")
-    assert "(2 x NVIDIA H200); `--fits PATH`" in words(out)
+    assert "(2 x NVIDIA H200, fitted 2026-12-01T00:00:00+00:00); `--fits PATH`" in words(out)  # the newer, named
 
 
 @pytest.mark.parametrize("args, outside, sweep", [

@@ -29,7 +29,7 @@ from xbench.cli import (
     verify_cmd,
 )
 from xbench.cli.consoles import guarded_stdout
-from xbench.errors import Interrupted, XbenchError
+from xbench.errors import Interrupted, XbenchError, one_line
 from xbench.results.records import ResultsNotWritten
 
 BAD_INPUT, NOT_WRITTEN, INTERRUPTED = 2, 3, 130
@@ -96,13 +96,15 @@ def _without_type(get_help_option: Any) -> Any:
 
 
 def expand_variadic(argv: list[str]) -> list[str]:
-    """Rewrite `--backends tf jax` as `--backends tf --backends jax` for the parser."""
+    """Rewrite `--backends tf jax` (or `--backends=tf jax`) as `--backends tf --backends jax`
+    for the parser."""
     variadic = variadic_options()
     out: list[str] = []
     option = None
     for token in argv:
         if token.startswith("-"):
-            option = token if token in variadic else None
+            flag = token.partition("=")[0]
+            option = flag if flag in variadic else None
             out.append(token)
         elif option and out[-1] != option:
             out += [option, token]
@@ -154,16 +156,19 @@ def _run_command(args: list[str], errors: Console) -> int:
     return code if isinstance(code, int) else 0
 
 
+WARNING_CHARS = 500  # a warning names entry points and values a plugin chose: any length
+
+
 @contextlib.contextmanager
 def one_line_warnings() -> Iterator[None]:
     """Warnings (a plugin shadowing a built-in backend, one that fails to load) as one clean
     line each, without Python's source location and echo of the line that raised them. Only
     their format changes: whoever records warnings (`catch_warnings(record=True)`) still does."""
-    def one_line(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
-        return f"warning: {' '.join(str(message).split())}\n"
+    def formatted(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
+        return f"warning: {one_line(str(message), WARNING_CHARS)}\n"
 
     saved = warnings.formatwarning
-    warnings.formatwarning = one_line
+    warnings.formatwarning = formatted
     try:
         yield
     finally:

@@ -115,7 +115,7 @@ def _print_choice(choice: Choice, here: str) -> None:
              f"{stored.path} (fitted {stored.created}) — run `{sweep_command(choice.answer.fits)}` here for a fit "
              "of your own")
     if choice.others:
-        others = ", ".join(f"{c.stored.path} ({c.stored.machine})" for c in choice.others)
+        others = ", ".join(f"{c.stored.path} ({c.stored.machine}, fitted {c.stored.created})" for c in choice.others)
         _say(f"also covering this question, not used: {others}; `--fits PATH` answers from one of them instead")
 
 
@@ -183,8 +183,8 @@ def _fit_sets(runs: list[Path] | None, places: list[Path] | None) -> list[Stored
 
 def _no_fit_message(question: Question, places: list[Path]) -> str:
     where = ", ".join(map(str, places))
-    sweep = ("xbench sweep --backends jax torch" if question.family == "mlp"
-             else "xbench sweep --backends jax torch --model <presets of that family>")
+    sweep = ("xbench sweep --backends <backends>" if question.family == "mlp"
+             else "xbench sweep --backends <backends> --model <presets of that family>")
     return f"no stored fit for the {question.family} family (looked in {where}); measure one with `{sweep}`"
 
 
