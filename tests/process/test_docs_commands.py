@@ -1,4 +1,4 @@
-"""The example commands of docs/*.md are accepted as written, and the cheap ones run (issue 43).
+"""The example commands of docs/*.md are accepted as written, and the cheap ones run.
 
 Every `xbench ...` and `python ...` line of a shell code block (```sh, or an untagged block) in
 docs/*.md is a command; a line ending in `\\` continues on the next. test_readme_commands.py

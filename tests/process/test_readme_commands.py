@@ -1,5 +1,4 @@
-"""The README's commands run as written on a fresh clone, and the docs' links lead somewhere
-(issue 26).
+"""The README's commands run as written on a fresh clone, and the docs' links lead somewhere.
 
 Every line of a ```sh block in README.md that starts with `xbench ` or `python ` is a command:
 each runs here, in the README's order, as its own process, in a scratch directory that holds

@@ -59,8 +59,9 @@ def test_every_on_off_flag_parses_alone_and_refuses_a_value():
     """As its help says (no value type): `--html` turns it on, `--html true` is an extra argument."""
     for name, command in command_line().commands.items():
         for param in command.params:
-            if not getattr(param, "is_flag", False) or getattr(param, "count", False) or param.opts[0] == "--help":
+            if not _takes_a_bool(param) or param.opts[0] == "--help":
                 continue
+            assert param.is_flag, (name, param.opts)  # a bool option that would take `true`
             for flag in (*param.opts, *param.secondary_opts):
                 parser = command.make_parser(command.make_context(name, [], resilient_parsing=True))
                 values, rest, _ = parser.parse_args([flag])
@@ -69,6 +70,14 @@ def test_every_on_off_flag_parses_alone_and_refuses_a_value():
                 assert isinstance(values[param.name], bool), (name, flag)
                 positional = [values.get(p.name) for p in command.params if p.param_type_name == "argument"]
                 assert "true" in [*rest, *positional], (name, flag)
+
+
+def _takes_a_bool(param) -> bool:
+    """Whether a parameter's annotation is a bool (or an optional one): typer's own record of it."""
+    from typing import get_args
+
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    return annotation is bool or bool in get_args(annotation)
 
 
 def test_a_warning_is_one_clean_line_without_python_s_source_location():

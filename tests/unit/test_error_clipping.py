@@ -26,6 +26,7 @@ HUGE = "9" * 50_000 + "x"  # a pasted file, say: invalid for every parser below
 def _option_parsers():
     from xbench.cli.diff_cmd import parse_threshold
     from xbench.cli.options import backend_options, integers, p2p_list
+    from xbench.cli.recommend_cmd import _batches, _question
     from xbench.results.allreduce import parse_size
     from xbench.run.cluster import expand_nodelist, parse_address
 
@@ -34,6 +35,8 @@ def _option_parsers():
         "--option": lambda: backend_options([HUGE]),
         "--p2p": lambda: p2p_list([HUGE]),
         "--threshold": lambda: parse_threshold(HUGE),
+        "recommend --global-batch": lambda: _batches(["64", HUGE]),
+        "recommend --model": lambda: _question(HUGE, None, None, "mlp", ["64"], None),
         "--sizes": lambda: parse_size(HUGE),
         "--coordinator": lambda: parse_address(HUGE),
         "SLURM_NODELIST": lambda: expand_nodelist(f"node[{HUGE}]"),
@@ -46,3 +49,14 @@ def test_every_parser_echoes_a_huge_value_clipped(option):
         _option_parsers()[option]()
     message = str(err.value)
     assert len(message) < 500 and "\n" not in message and "..." in message, message[:600]
+
+
+@pytest.mark.parametrize("family, hint", [("mlp", "`xbench sweep`"),
+                                          ("cnn", "`xbench sweep --model <cnn presets>`")])
+def test_the_no_fit_hint_is_a_command_that_measures_one(family, hint):
+    from pathlib import Path
+
+    from xbench.cli.recommend_cmd import Question, _no_fit_message
+
+    message = _no_fit_message(Question(1e6, None, family, (64,), 0), [Path("results")])
+    assert message == f"no stored fit for the {family} family (looked in results); measure one with {hint}"

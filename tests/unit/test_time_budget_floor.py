@@ -1,4 +1,4 @@
-"""The default time budget on a slower machine (issue 43, item 7): where the planned replicates
+"""The default time budget on a slower machine: where the planned replicates
 use up most of it, the adaptive rounds still get as long as they took; a budget the user gave
 is kept."""
 

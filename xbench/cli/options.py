@@ -97,7 +97,16 @@ def integers(values: list[str] | None, flag: str) -> list[int] | None:
     try:
         return [int(w) for w in words]
     except ValueError:
-        raise SpecError(f"{flag} takes integers such as 1 2; got {brief(' '.join(values or []))}") from None
+        bad = next(w for w in words if not is_integer(w))
+        raise SpecError(f"{flag} takes integers such as 1 2; got {brief(bad)}") from None
+
+
+def is_integer(word: str) -> bool:
+    try:
+        int(word)
+    except ValueError:
+        return False
+    return True
 
 
 def backend_options(values: list[str] | None) -> dict[str, dict[str, str]] | None:

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from xbench import stats
 from xbench.cli.consoles import data_console, status_console
-from xbench.cli.options import Precision, names, value
+from xbench.cli.options import Precision, is_integer, names, value
 from xbench.errors import XbenchError, brief
 from xbench.models.model_spec import preset_model
 from xbench.report.terminal import bound_text
@@ -156,7 +156,8 @@ def _batches(batch: list[str]) -> tuple[int, ...]:
     try:
         values = tuple(int(w) for w in words)
     except ValueError:
-        raise XbenchError(f"--global-batch takes whole numbers such as 64, got {' '.join(words)}") from None
+        bad = next(w for w in words if not is_integer(w))
+        raise XbenchError(f"--global-batch takes whole numbers such as 64, got {brief(bad)}") from None
     if min(values) < 1:
         raise XbenchError(f"--global-batch must be positive, got {min(values)}")
     return values
@@ -183,8 +184,8 @@ def _fit_sets(runs: list[Path] | None, places: list[Path] | None) -> list[Stored
 
 def _no_fit_message(question: Question, places: list[Path]) -> str:
     where = ", ".join(map(str, places))
-    sweep = ("xbench sweep --backends <backends>" if question.family == "mlp"
-             else "xbench sweep --backends <backends> --model <presets of that family>")
+    # `xbench sweep` measures every installed backend unless --backends narrows it.
+    sweep = "xbench sweep" if question.family == "mlp" else f"xbench sweep --model <{question.family} presets>"
     return f"no stored fit for the {question.family} family (looked in {where}); measure one with `{sweep}`"
 
 

@@ -121,7 +121,8 @@ class PreparedInfo:
     params: int  # counted from the framework's own variables
     weights_hash: str  # hash_weights of the initial weights read back from the framework
     precision: dict[str, Any]  # the matmul-precision settings as read back from the framework
-    sync_every_call: bool = False  # True when each compiled call is waited for (see pitfalls)
+    # True when each compiled call is waited for (simulated devices can deadlock otherwise)
+    sync_every_call: bool = False
     notes: tuple[str, ...] = ()
     # Settings in force that change which kernels run (autotuning, cuDNN benchmark mode,
     # compiler flags, the compilation cache), read back from the framework; recorded with

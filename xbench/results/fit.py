@@ -27,7 +27,7 @@ MARGIN = 0.05  # of the device's memory, kept for what the estimate leaves out (
 # of memory"), XLA's RESOURCE_EXHAUSTED ("Out of memory while trying to allocate"), TF's
 # ResourceExhaustedError ("OOM when allocating" comes with "resource exhausted").
 OUT_OF_MEMORY_SIGNS = ("out of memory", "outofmemory", "resource_exhausted", "resource exhausted")
-REASON_CHARS = 280  # of a framework's error kept in a measured does-not-fit reason
+REASON_CHARS = 280  # of a framework's error kept in a measured does-not-fit reason: the whole under 400
 
 
 @dataclass(frozen=True)

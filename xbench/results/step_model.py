@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from xbench.contract import backend_label, implementation
-from xbench.errors import XbenchError
+from xbench.errors import XbenchError, brief
 
 GRADIENT_BYTES_PER_PARAM = 4  # float32 gradients, whatever the matmul precision
 BOOTSTRAP_SAMPLES = 100
@@ -328,9 +328,9 @@ def fit_problem(fit: Fit) -> str | None:
     fit's and its bootstrap's) within the bounds the fitter searches, finite numbers elsewhere.
     A hand-edited or damaged fit.json would otherwise answer with NaN or complex numbers."""
     if not (math.isfinite(fit.layout.flops_ref) and fit.layout.flops_ref > 0):
-        return f"has flops_ref {fit.layout.flops_ref!r}"
+        return f"has flops_ref {brief(fit.layout.flops_ref)}"
     if not fit.layout.devices or any(not isinstance(p, int) or p < 1 for p in fit.layout.devices):
-        return f"has devices {list(fit.layout.devices)!r}"
+        return f"has devices {brief(list(fit.layout.devices))}"
     low, high = _bounds(fit.layout, 0), _bounds(fit.layout, 1)
     for name, theta in (("theta", fit.theta), *(("a bootstrap theta", b) for b in fit.bootstrap)):
         vector = np.asarray(theta, dtype=float)
@@ -343,7 +343,7 @@ def fit_problem(fit: Fit) -> str | None:
         ("size_law", fit.size_law))
     for name, values in ranges:
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
-            return f"has {name} {list(values)!r}"
+            return f"has {name} {brief(list(values))}"
     if fit.residual_sd < 0 or min(fit.params_range) <= 0 or min(fit.batch_range) <= 0:
         return "has a negative spread or a range below 1"
     return None

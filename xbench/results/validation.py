@@ -59,12 +59,12 @@ def _record_problem(record: Mapping[str, Any]) -> str | None:
         if not ok(trial.get(key)):
             return f"has trial.{key} {brief(trial.get(key))}"
     if not isinstance(record.get("trial_id"), str) or not record["trial_id"]:
-        return f"lacks a trial_id (has {record.get('trial_id')!r})"
+        return f"lacks a trial_id (has {brief(record.get('trial_id'))})"
     problem = _protocol_problem(trial.get("protocol"))
     if problem:
         return problem
     if record.get("status") not in STATUSES:
-        return f"has status {record.get('status')!r}, not one of {', '.join(STATUSES)}"
+        return f"has status {brief(record.get('status'))}, not one of {', '.join(STATUSES)}"
     if record["status"] == "ok":
         return _timing_problem(record.get("timing"))
     return None
@@ -135,7 +135,7 @@ def run_problem(run: Any) -> str | None:
     required: tuple[tuple[str, type], ...] = (("run_id", str), ("command", str), ("spec", dict))
     for key, kind in required:
         if not isinstance(run.get(key), kind):
-            return f"has {key} {run.get(key)!r}" if key in run else f"lacks {key}"
+            return f"has {key} {brief(run.get(key))}" if key in run else f"lacks {key}"
     optional: tuple[tuple[str, type], ...] = (("launch", dict), ("devices", dict), ("resumed", list),
                                               ("breakdown", bool))
     for key, kind in optional:

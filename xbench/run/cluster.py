@@ -64,7 +64,7 @@ def resolve_launch(launcher: str = "auto", nproc_per_node: int | None = None, nn
     environment; one-line errors for inconsistent values."""
     env = os.environ if env is None else env
     if launcher not in LAUNCHER_CHOICES:
-        raise XbenchError(f"--launcher must be one of {', '.join(LAUNCHER_CHOICES)}, got {launcher!r}")
+        raise XbenchError(f"--launcher must be one of {', '.join(LAUNCHER_CHOICES)}, got {brief(launcher)}")
     spmd_flags = any(v is not None for v in (nproc_per_node, nnodes, node_rank, coordinator))
     if spmd_flags and launcher != "spmd":
         raise XbenchError("--nproc-per-node, --nnodes, --node-rank and --coordinator need --launcher spmd")
@@ -274,7 +274,7 @@ def _expand_item(item: str) -> list[str]:
     for part in match.group(1).split(","):
         bounds = re.fullmatch(r"\s*([0-9]{1,9})\s*(?:-\s*([0-9]{1,9})\s*)?", part)
         if bounds is None:
-            raise ValueError(f"{brief('[' + match.group(1) + ']')} holds {brief(part)}, "
+            raise ValueError(f"a [...] range holds {brief(part)}, "
                              "not a number or a range such as 01-04")
         first, last = bounds.group(1), bounds.group(2) or bounds.group(1)
         if int(last) < int(first):

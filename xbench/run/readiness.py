@@ -40,12 +40,13 @@ def check_options(spec: Spec, entries: list[BackendEntry]) -> None:
     registered = discover()
     for name in spec.options:
         if name not in registered:
-            raise BackendError(f"[options.{name}] names no registered backend; registered: {', '.join(registered)}")
+            raise BackendError(f"an [options.NAME] table names {brief(name)}, no registered backend; "
+                               f"registered: {', '.join(registered)}")
     for entry in entries:
         options = dict(spec.options.get(entry.name, {}))
         if not isinstance(entry.backend, ValidatesOptions):
             if options:
-                raise BackendError(f"backend {entry.name!r} takes no options, got {', '.join(options)}")
+                raise BackendError(f"backend {entry.name!r} takes no options, got {brief(', '.join(options))}")
             continue
         try:
             entry.backend.validate_options(options)

@@ -73,8 +73,9 @@ def test_verify_passes_against_pmap(shardmap_backends, run_cli):
 
 @pytest.mark.slow
 def test_grad_without_pcast_fails_verification(shardmap_backends, run_cli):
-    # Pitfall 2: a 2x gradient. Adam's steps are nearly scale-free, so only the gradient
-    # check sees it; the replicas still agree (every device applies the same wrong gradient).
+    # Without the pcast, shard_map sums the gradient of replicated params: a 2x gradient.
+    # Adam's steps are nearly scale-free, so only the gradient check sees it; the replicas
+    # still agree (every device applies the same wrong gradient).
     code, out, err = run_cli("verify", "--backends", "jax-shardmap-nocast", "--devices", "2", "--model", "medium")
     assert code == 1
     assert _failed_checks(out) == {"gradients: N devices = 1 device"}, out
