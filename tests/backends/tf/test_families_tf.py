@@ -28,8 +28,10 @@ import pytest
 
 from tests.support.children import child_main, run_children
 
-# The four children start at once: 127 s on the usual 2-core machine, idle, and 251 s on one 2x slower
-# (2026-12-05); a hang fails the fixture instead of blocking CI.
+# The four children run one after another under `make test` (run_children gives each of pytest-xdist's
+# three workers its share of the 2 cores: one child at a time): 363 s in all on a day the machine ran
+# ~2.3x slower than usual (2026-12-06). Each child has its own deadline; a hang fails the fixture
+# instead of blocking CI.
 CHILD_TIMEOUT_S = 900
 STEPS = 2  # training steps after the gradients: enough to exercise train and readback
 GLOBAL_BATCH = 8

@@ -5,8 +5,9 @@ simulated CPU devices is fixed at TensorFlow's start:
 - 1 device: plain and data-parallel, each as written and with xla; an unknown variant,
 - 2 simulated devices: data-parallel, as written and with xla.
 Every run must match the plain as-written one in strict fp32 (medium MLP, dropout off, global
-batch 32): the same initial loss and gradients, and the same 10-step trajectory. Both children
-start at once; every wait has a timeout and every child is killed in a `finally`.
+batch 32): the same initial loss and gradients, and the same 10-step trajectory. The children
+run as run_children's share of the cores allows (one after another under `make test`); every
+wait has a timeout and every child is killed in a `finally`.
 """
 
 from __future__ import annotations

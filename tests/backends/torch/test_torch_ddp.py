@@ -6,8 +6,8 @@ One small fp32 verification trial (medium MLP, dropout off, global batch 32) run
 - torch on 1 process (also prepares tf32 and bf16 trials, for their precision settings),
 - torch on 2 processes (gloo on CPU): the all-reduced trial, then the compute-only twin,
 - jax on 1 CPU device (the reference backend), in its own process.
-All four processes start at once and share the machine's cores; every wait has a timeout and
-every child is killed in a `finally`.
+The 2-process run's ranks start together; the other processes as run_children's share of
+the cores allows. Every wait has a timeout and every child is killed in a `finally`.
 
 Each torch process also reports `shard_losses(prepared, 2)` (each rank's loss of its own half
 of the step's batch, gathered by rank; on 1 process the two halves one by one) for the

@@ -13,7 +13,8 @@ and cuDNN's benchmark mode) in the `channels-last` variant and in the compiled o
 
 torch runs in two child processes (this module as a script, `python tests/test_torch_tuned.py
 JOB.json`), as in test_torch_variants: the eager runs in order in one, the compiled run in the
-other, side by side. One compilation of resnet18 took 40-90 s of CPU on 2 cores; of ResNet-10, less.
+other (side by side where run_children's share of the cores allows; one after another under
+`make test`). One compilation of resnet18 took 40-90 s of CPU on 2 cores; of ResNet-10, less.
 """
 
 from __future__ import annotations
