@@ -159,7 +159,7 @@ def test_a_plugin_is_loaded_once_and_only_when_asked_for(register):
 def test_ctrl_c_in_a_plugin_is_not_swallowed(register):
     point = entry_point("interrupts", "tests.support.broken_plugins:InterruptsInProbe")
     with pytest.raises(KeyboardInterrupt):
-        registry.load_entries([point])
+        registry.load_points([point])
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf", "1e30"])

@@ -65,7 +65,7 @@ class LongReason:
 
 
 def test_a_plugins_million_character_reason_is_cut_short():
-    entries = registry.load_entries([entry_point("long", f"{__name__}:LongReason")])
+    entries = registry.load_points([entry_point("long", f"{__name__}:LongReason")])
     reason = entries["long"].availability.reason
     assert len(reason) < 400 and "1,000,000 characters" in reason
 

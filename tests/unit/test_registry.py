@@ -12,36 +12,36 @@ def test_builtin_backends_are_registered_as_entry_points():
 
 
 def test_a_plugin_entry_point_is_loaded_and_probed():
-    entries = registry.load_entries([entry_point("numpy", "tests.support.fakes:NumpyBackend")])
+    entries = registry.load_points([entry_point("numpy", "tests.support.fakes:NumpyBackend")])
     assert entries["numpy"].usable and entries["numpy"].availability.version
 
 
 def test_a_broken_plugin_is_unavailable_with_its_reason():
     with pytest.warns(RuntimeWarning, match="'ghost'.*failed to load"):
-        entries = registry.load_entries([entry_point("ghost", "no_such_module_xyz:Backend")])
+        entries = registry.load_points([entry_point("ghost", "no_such_module_xyz:Backend")])
     entry = entries["ghost"]
     assert not entry.usable and "ModuleNotFoundError" in entry.availability.reason
 
 
 def test_a_plugin_missing_part_of_the_contract_is_unavailable():
     with pytest.warns(RuntimeWarning, match="lacks run"):
-        entries = registry.load_entries([entry_point("incomplete", "tests.support.fakes:IncompleteBackend")])
+        entries = registry.load_points([entry_point("incomplete", "tests.support.fakes:IncompleteBackend")])
     assert not entries["incomplete"].usable
 
 
 def test_a_plugin_registered_under_another_name_is_refused():
     with pytest.warns(RuntimeWarning, match="registered as 'other'"):
-        entries = registry.load_entries([entry_point("other", "tests.support.fakes:NumpyBackend")])
+        entries = registry.load_points([entry_point("other", "tests.support.fakes:NumpyBackend")])
     assert not entries["other"].usable
 
 
 def test_duplicate_registrations_keep_the_first():
     with pytest.warns(RuntimeWarning, match="registered twice"):
-        entries = registry.load_entries([
+        points = registry.unique_points([
             entry_point("numpy", "tests.support.fakes:NumpyBackend"),
             entry_point("numpy", "tests.support.fakes:MissingFrameworkBackend"),
         ])
-    assert entries["numpy"].target == "tests.support.fakes:NumpyBackend"
+    assert registry.Registry(list(points.values()))["numpy"].target == "tests.support.fakes:NumpyBackend"
 
 
 def test_resolve_unknown_and_not_installed(fake_backends):

@@ -12,7 +12,7 @@ GPT2_XL = 1_557_611_200
 
 def test_one_device_moves_nothing():
     assert step_traffic(GPT2_XL, "bf16", sharded=True, devices=1) == StepTraffic()
-    assert step_traffic(GPT2_XL, "fp32", sharded=False, devices=1).sent_per_device(1) == 0
+    assert step_traffic(GPT2_XL, "fp32", sharded=False, devices=1) == StepTraffic()
 
 
 def test_a_replicated_step_all_reduces_its_float32_gradients_whatever_the_compute_dtype():
@@ -26,13 +26,6 @@ def test_a_sharded_step_gathers_twice_in_the_compute_dtype_and_reduce_scatters_f
     assert bf16 == StepTraffic(all_gather=2 * 2 * GPT2_XL, reduce_scatter=4 * GPT2_XL, gathers=2)
     fp32 = step_traffic(1000, "fp32", sharded=True, devices=4, gathers=1)  # kept from forward to backward
     assert (fp32.all_gather, fp32.reduce_scatter, fp32.all_reduce) == (4000, 4000, 0)
-
-
-@pytest.mark.parametrize(("devices", "replicated", "sharded"), [(2, 4000, 0.5 * 12000), (4, 6000, 0.75 * 12000)])
-def test_bytes_sent_per_device_follow_the_busbw_factors(devices, replicated, sharded):
-    # fp32, 1000 parameters: all-reduce 4000 B; sharded, 2 gathers of 4000 B and a 4000 B reduce-scatter
-    assert step_traffic(1000, "fp32", False, devices).sent_per_device(devices) == pytest.approx(replicated)
-    assert step_traffic(1000, "fp32", True, devices).sent_per_device(devices) == pytest.approx(sharded)
 
 
 def test_an_unknown_precision_is_named():

@@ -30,12 +30,6 @@ class StepTraffic:
     reduce_scatter: int = 0
     gathers: int = 0  # all-gathers of the whole parameters a step (all_gather holds them all)
 
-    def sent_per_device(self, devices: int) -> float:
-        """Bytes each device sends in a ring: 2(n-1)/n of an all-reduce's size, (n-1)/n of an
-        all-gather's or a reduce-scatter's (nccl-tests' busbw factors)."""
-        share = (devices - 1) / devices
-        return 2 * share * self.all_reduce + share * (self.all_gather + self.reduce_scatter)
-
 
 def step_traffic(params: int, precision: str, sharded: bool, devices: int,
                  gathers: int = RESHARDED_GATHERS) -> StepTraffic:

@@ -129,11 +129,6 @@ def unique_points(points: list[EntryPoint]) -> dict[str, EntryPoint]:
     return dict(sorted(unique.items()))
 
 
-def load_entries(points: list[EntryPoint]) -> dict[str, BackendEntry]:
-    """Load and probe every plugin in `points` now."""
-    return load_points(list(unique_points(points).values()))
-
-
 def load_points(points: list[EntryPoint]) -> dict[str, BackendEntry]:
     """Load and probe each plugin in its own thread, all at once, waiting at most one timeout
     in all; failures and hangs become unavailable entries with the reason."""
