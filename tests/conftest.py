@@ -19,29 +19,20 @@ import pytest
 ONE_THREAD_PER_OP = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                      "TF_NUM_INTRAOP_THREADS": "1"}
 XLA_ONE_THREAD_PER_OP = "--xla_cpu_multi_thread_eigen"
-# XLA's backend (LLVM) optimisation off: the suite compiles hundreds of small programs, jax's
-# and TensorFlow's xla variant's, whose steps take microseconds, and LLVM's passes are about
-# half of XLA:CPU's compile time. One jax wrong-build test on the 2-core machine (2026-12-06):
-# 38-40 s of CPU, 20 s without them. The programs compute the same operations (the tests compare
-# programs with each other and with float64 referees, within tolerances that allow for
-# rounding); only their machine code is slower, which no test times. A user's own level wins.
-XLA_QUICK_BACKEND = ("--xla_backend_optimization_level", "0")
 
 
-def frugal_environment() -> None:
-    """ONE_THREAD_PER_OP, XLA's own flag for it and XLA_QUICK_BACKEND, in this process's
-    environment (inherited by pytest-xdist's workers and every process a test starts), each
-    unless already set. (The jax backend's `default_xla_flag` does the same for XLA_FLAGS, but
-    importing it loads numpy.)"""
+def one_thread_per_op() -> None:
+    """ONE_THREAD_PER_OP and XLA's own flag for it, in this process's environment (inherited by
+    pytest-xdist's workers and every process a test starts), each unless already set. (The jax
+    backend's `default_xla_flag` does the same for XLA_FLAGS, but importing it loads numpy.)"""
     for name, value in ONE_THREAD_PER_OP.items():
         os.environ.setdefault(name, value)
-    for flag, value in ((XLA_ONE_THREAD_PER_OP, "false"), XLA_QUICK_BACKEND):
-        flags = os.environ.get("XLA_FLAGS", "")
-        if not any(token.split("=", 1)[0] == flag for token in flags.split()):
-            os.environ["XLA_FLAGS"] = f"{flags} {flag}={value}".strip()
+    flags = os.environ.get("XLA_FLAGS", "")
+    if not any(token.split("=", 1)[0] == XLA_ONE_THREAD_PER_OP for token in flags.split()):
+        os.environ["XLA_FLAGS"] = f"{flags} {XLA_ONE_THREAD_PER_OP}=false".strip()
 
 
-frugal_environment()  # before numpy loads (the xbench import): OpenBLAS reads its count once
+one_thread_per_op()  # before numpy loads (the xbench import): OpenBLAS reads its count once
 
 from xbench.run import registry  # noqa: E402
 
