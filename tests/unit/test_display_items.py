@@ -128,6 +128,41 @@ def test_the_compare_table_never_cuts_a_program_name(width):
         assert any(line.startswith(row.label + " ") for line in table), row.label
 
 
+def plain_and_data_parallel_rows():
+    """Two backends' plain programs on 1 device and their data-parallel ones on 1 and 2."""
+    records = []
+    for backend, program, devices in (("a", "plain", 1), ("b", "plain", 1), ("a", "data-parallel", 1),
+                                      ("b", "data-parallel", 1), ("a", "data-parallel", 2), ("b", "data-parallel", 2)):
+        for r in range(2):
+            out = record(backend, devices, 64, r, 1e-3 * (1.5 if backend == "b" else 1.0), spread=0.01)
+            out["trial"].update(program=program)
+            records.append(out)
+    return rows_from_records(records)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_fastest_table_says_which_programs_each_row_ranks(width):
+    """On 1 device the plain programs and the data-parallel ones are ranked apart: two rows of
+    the same devices and batch, each saying which programs it ranks."""
+    text = printed(model_tables(plain_and_data_parallel_rows(), width=width), width)
+    fastest = text[text.index("fastest per configuration"):].splitlines()
+    assert "programs" in fastest[1]
+    assert [line.split()[:4] for line in fastest if re.match(r"^\s+[12]\s+64\s", line)] == [
+        ["1", "64", "plain", "a"], ["1", "64", "data-parallel", "a"], ["2", "64", "data-parallel", "a"]]
+    one_kind = printed(model_tables([r for r in plain_and_data_parallel_rows() if r.program != "plain"], width=width),
+                       width)
+    assert "fastest per configuration" in one_kind and "programs" not in one_kind
+
+
+def test_the_reports_fastest_table_says_which_programs_each_row_ranks():
+    from xbench.report.pages import fastest_section
+
+    [_, table] = fastest_section("m", plain_and_data_parallel_rows())
+    assert table.headers[2] == "programs"
+    assert [row[2] for row in table.rows] == ["plain", "data-parallel", "data-parallel"]
+    assert 0 in table.right_aligned and 2 not in table.right_aligned and 4 in table.right_aligned
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_models_never_cuts_a_preset_or_family_name(width):
     rows = preset_rows()

@@ -23,6 +23,7 @@ from xbench.report.terminal import (
 from xbench.report.words import (
     NUMERIC_COLUMNS,
     READING_NOTES,
+    both_kinds,
     busy_text,
     duration,
     fastest_cells,
@@ -263,9 +264,11 @@ def fastest_section(model: str, rows: Sequence[Row]) -> list[Block]:
     found = fastest_rows(rows)
     if not found:
         return []
+    kinds = both_kinds(found)
+    numbers = (0, 1, 3, 4, 6, 7, 8)  # dev, batch, the rates and intervals, the gain: after the PROGRAMS column
     return [Heading(f"Fastest per configuration, model {model}", 3),
-            TableBlock(fastest_headers(rows), tuple(fastest_cells(f) for f in found),
-                       right_aligned=frozenset({0, 1, 3, 4, 6, 7, 8}))]
+            TableBlock(fastest_headers(rows, kinds), tuple(fastest_cells(f, kinds) for f in found),
+                       right_aligned=frozenset(i + (kinds and i > 1) for i in numbers))]
 
 
 REPLICATE_HEADERS = ("backend", "dev", "batch", "replicate means (samples/s)", "between / within sd",

@@ -21,8 +21,10 @@ from xbench.report.bottom_line import ModelBottomLine
 from xbench.report.words import (
     INTERVAL_HEADER,
     NUMERIC_COLUMNS,
+    PROGRAMS,
     RESULT_HEADERS,
     USABLE_SPAN,
+    both_kinds,
     brief_notes,
     fastest_cells,
     fastest_headers,
@@ -275,8 +277,11 @@ def _compact_fastest_table(model: str, rows: list[Row], width: int = 120) -> Gro
     if not found:
         return None
     tuned = any(f.gain is not None for f in found)
-    headers = ("dev", "batch", "fastest", rate_header(rows), *(("tuned gain",) if tuned else ()))
-    lines = [(*(escape(c) for c in (cells[0], f"{f.global_batch:,}", cells[2], rate_with_interval(f.best))),
+    kinds = both_kinds(found)
+    headers = ("dev", "batch", *((PROGRAMS,) if kinds else ()), "fastest", rate_header(rows),
+               *(("tuned gain",) if tuned else ()))
+    lines = [(cells[0], f"{f.global_batch:,}", *((f.kind,) if kinds else ()),
+              *(escape(c) for c in (cells[2], rate_with_interval(f.best))),
               *((escape(cells[8]),) if tuned else ()), escape(cells[9]))
              for f in found if (cells := fastest_cells(f))]
     longest = max((len(name) for f in found for name in (*f.tied, *f.untested)), default=0)
@@ -284,7 +289,7 @@ def _compact_fastest_table(model: str, rows: list[Row], width: int = 120) -> Gro
     def build(tied: bool) -> Table:
         table = Table(**COMPACT_STYLE)
         for header in headers:
-            table.add_column(header, justify="left" if header == "fastest" else "right", no_wrap=True)
+            table.add_column(header, justify="left" if header in ("fastest", PROGRAMS) else "right", no_wrap=True)
         if tied:
             table.add_column(TIED, no_wrap=False, min_width=max(longest, 9), overflow="fold")
         for line in lines:
@@ -311,11 +316,12 @@ def _fastest_table(model: str, rows: list[Row]) -> Table | None:
         return None
     table = Table(title=f"model {model}: fastest per configuration", title_justify="left")
     rate = rate_header(rows)
-    for header in fastest_headers(rows):
+    kinds = both_kinds(found)
+    for header in fastest_headers(rows, kinds):
         table.add_column(header, justify="right" if header in ("dev", "batch", rate, INTERVAL_HEADER, "tuned gain")
                          else "left", no_wrap=header != "not significantly slower")
     for f in found:
-        table.add_row(*(escape(cell) for cell in fastest_cells(f)))
+        table.add_row(*(escape(cell) for cell in fastest_cells(f, kinds)))
     return table
 
 

@@ -110,8 +110,10 @@ def result_headers(rows: Sequence[Row]) -> tuple[str, ...]:
     return tuple(rate_header(rows) if h == "samples/s" else h for h in RESULT_HEADERS)
 
 
-def fastest_headers(rows: Sequence[Row]) -> tuple[str, ...]:
-    return tuple(rate_header(rows) if h == "samples/s" else h for h in FASTEST_HEADERS)
+def fastest_headers(rows: Sequence[Row], kinds: bool = False) -> tuple[str, ...]:
+    """The fastest table's headers; `kinds`: with the PROGRAMS column (`both_kinds`)."""
+    headers = tuple(rate_header(rows) if h == "samples/s" else h for h in FASTEST_HEADERS)
+    return (*headers[:2], PROGRAMS, *headers[2:]) if kinds else headers
 
 
 def model_facts(rows: Sequence[Row], brief: bool = False) -> str:
@@ -200,8 +202,19 @@ FASTEST_HEADERS = ("dev", "batch", "fastest", "samples/s", INTERVAL_HEADER, "fas
                    INTERVAL_HEADER, "tuned gain", "not significantly slower")
 
 
-def fastest_cells(f: Fastest) -> tuple[str, ...]:
-    """A configuration's fastest backend/variant/program, and the fastest as written beside it."""
+# Which programs a fastest row ranks: a configuration of 1 device has a row for the plain programs
+# and one for the data-parallel ones, and without this column the two read as one contradiction.
+PROGRAMS = "programs"
+
+
+def both_kinds(found: Sequence[Fastest]) -> bool:
+    """Whether the fastest rows rank plain programs and data-parallel ones (then they say which)."""
+    return len({f.kind for f in found}) > 1
+
+
+def fastest_cells(f: Fastest, kinds: bool = False) -> tuple[str, ...]:
+    """A configuration's fastest backend/variant/program, and the fastest as written beside it;
+    `kinds`: with the programs ranked after the batch (`fastest_headers`)."""
     best, written = f.best, f.as_written
     if f.gain is None:
         gain = "—" if written is best else ""
@@ -210,8 +223,8 @@ def fastest_cells(f: Fastest) -> tuple[str, ...]:
         gain = ratio_text(stats.Scaling(0, g.ratio, 0.0, g.p_value, g.ci_low > 1, g.ci_low, g.ci_high))
     written_cells = (written.label, *rate_cells(written)) \
         if written is not None and written.throughput is not None else ("", "", "")
-    return (str(f.devices), str(f.global_batch), best.label, *rate_cells(best), *written_cells, gain,
-            _tied_text(f))
+    where = (str(f.devices), str(f.global_batch), *((f.kind,) if kinds else ()))
+    return (*where, best.label, *rate_cells(best), *written_cells, gain, _tied_text(f))
 
 
 def _tied_text(f: Fastest) -> str:

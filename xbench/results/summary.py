@@ -329,6 +329,7 @@ class Fastest:
     gain: stats.LogRatio | None  # best over as_written (`_ratio`); None when best is as written
     tied: tuple[str, ...]  # rows whose interval of best / row holds 1: not significantly slower
     untested: tuple[str, ...] = ()  # rows that cannot be compared (no spread on a side)
+    kind: str = DATA_PARALLEL  # the programs ranked (`program_kind`): plain ones, or data-parallel ones
 
 
 def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
@@ -339,7 +340,7 @@ def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
         if row.throughput is not None:
             groups.setdefault((row.model, row.devices, row.global_batch, program_kind(row)), []).append(row)
     found = []
-    for (model, devices, batch, _), group in groups.items():
+    for (model, devices, batch, kind), group in groups.items():
         if len(group) < 2:
             continue
         ranked = sorted(group, key=geomean_rate, reverse=True)  # the scale of the ratios beside it
@@ -348,7 +349,7 @@ def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
         gain = None if written is None or written is best else ratio_of(best, written)
         untested = tuple(r.label for r in ranked[1:] if ratio_of(best, r).ci_low != ratio_of(best, r).ci_low)
         tied = tuple(r.label for r in ranked[1:] if r.label not in untested and not ratio_of(best, r).ci_low > 1)
-        found.append(Fastest(model, devices, batch, best, written, gain, tied, untested))
+        found.append(Fastest(model, devices, batch, best, written, gain, tied, untested, kind))
     return found
 
 
