@@ -103,7 +103,7 @@ def test_a_speedup_beyond_the_device_count_on_a_busy_machine_names_that_cause():
 
 
 LONG_LABELS = [("torch", "channels-last", "plain", "spmd"), ("jax-shardmap", "fused", "data-parallel", "subprocess"),
-               ("jax-shardmap", "fused", "plain", "subprocess")]
+               ("jax-shardmap", "fused", "plain", "subprocess"), ("torch", "channels-last", "data-parallel", "spmd")]
 
 
 def long_named_rows():
@@ -140,27 +140,47 @@ def plain_and_data_parallel_rows():
     return rows_from_records(records)
 
 
+def fastest_lines(text: str, title: str) -> list[list[str]]:
+    """The first words of each configuration's line in the fastest table titled `title`."""
+    lines = text[text.index(title + "\n"):].splitlines()[1:]
+    assert lines[0].split()[:3] == ["dev", "batch", "fastest"], lines[0]
+    found = []
+    for line in lines[2:]:
+        if not re.match(r"^\s+[12]\s+64\s", line):
+            break
+        found.append(line.split()[:3])
+    return found
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_the_fastest_table_says_which_programs_each_row_ranks(width):
     """On 1 device the plain programs and the data-parallel ones are ranked apart: two rows of
-    the same devices and batch, each saying which programs it ranks."""
+    the same devices and batch, in tables whose titles say which programs they rank."""
     text = printed(model_tables(plain_and_data_parallel_rows(), width=width), width)
-    fastest = text[text.index("fastest per configuration"):].splitlines()
-    assert "programs" in fastest[1]
-    assert [line.split()[:4] for line in fastest if re.match(r"^\s+[12]\s+64\s", line)] == [
-        ["1", "64", "plain", "a"], ["1", "64", "data-parallel", "a"], ["2", "64", "data-parallel", "a"]]
+    assert fastest_lines(text, "model m: fastest per configuration, plain programs") == [["1", "64", "a"]]
+    assert fastest_lines(text, "model m: fastest per configuration, data-parallel programs") == [
+        ["1", "64", "a"], ["2", "64", "a"]]
     one_kind = printed(model_tables([r for r in plain_and_data_parallel_rows() if r.program != "plain"], width=width),
                        width)
-    assert "fastest per configuration" in one_kind and "programs" not in one_kind
+    assert fastest_lines(one_kind, "model m: fastest per configuration") == [["1", "64", "a"], ["2", "64", "a"]]
+
+
+def test_the_wide_fastest_table_has_a_programs_column():
+    text = printed(model_tables(plain_and_data_parallel_rows(), wide=True), 250)
+    lines = text[text.index("model m: fastest per configuration"):].splitlines()
+    header = next(line for line in lines if "programs" in line)
+    assert header.replace("┃", " ").split()[:4] == ["dev", "batch", "programs", "fastest"]
+    cells = [[c.strip() for c in line.split("│")][1:4] for line in lines if re.match(r"^│\s+[12]\s+│\s+64", line)]
+    assert cells == [["1", "64", "plain"], ["1", "64", "data-parallel"], ["2", "64", "data-parallel"]]
 
 
 def test_the_reports_fastest_table_says_which_programs_each_row_ranks():
     from xbench.report.pages import fastest_section
 
     [_, table] = fastest_section("m", plain_and_data_parallel_rows())
-    assert table.headers[2] == "programs"
+    assert table.headers[2] == "programs" and all(len(row) == len(table.headers) for row in table.rows)
     assert [row[2] for row in table.rows] == ["plain", "data-parallel", "data-parallel"]
-    assert 0 in table.right_aligned and 2 not in table.right_aligned and 4 in table.right_aligned
+    assert table.right_aligned == {0, 1, 4, 5, 7, 8, 9}  # dev, batch, rates, intervals, tuned gain
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -265,7 +265,7 @@ def fastest_section(model: str, rows: Sequence[Row]) -> list[Block]:
     if not found:
         return []
     kinds = both_kinds(found)
-    numbers = (0, 1, 3, 4, 6, 7, 8)  # dev, batch, the rates and intervals, the gain: after the PROGRAMS column
+    numbers = (0, 1, 3, 4, 6, 7, 8)  # dev, batch, the rates, intervals and gain; one further right past PROGRAMS
     return [Heading(f"Fastest per configuration, model {model}", 3),
             TableBlock(fastest_headers(rows, kinds), tuple(fastest_cells(f, kinds) for f in found),
                        right_aligned=frozenset(i + (kinds and i > 1) for i in numbers))]

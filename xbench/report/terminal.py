@@ -21,7 +21,6 @@ from xbench.report.bottom_line import ModelBottomLine
 from xbench.report.words import (
     INTERVAL_HEADER,
     NUMERIC_COLUMNS,
-    PROGRAMS,
     RESULT_HEADERS,
     USABLE_SPAN,
     both_kinds,
@@ -272,37 +271,41 @@ def _compact_caption(rows: list[Row], below: Sequence[str] = ()) -> str:
 def _compact_fastest_table(model: str, rows: list[Row], width: int = 120) -> Group | None:
     """Per configuration, the fastest program and the rows not significantly slower; what
     tuning gained, when variants ran. Names stay whole: the rows not significantly slower wrap
-    between names, or go under the table where even their longest name does not fit."""
+    between names, or go under the table where even their longest name does not fit. Where
+    plain and data-parallel programs are both ranked, each kind has a table of its own, titled
+    (a column would cost the names their room at 80 columns)."""
     found = fastest_rows(rows)
     if not found:
         return None
     tuned = any(f.gain is not None for f in found)
-    kinds = both_kinds(found)
-    headers = ("dev", "batch", *((PROGRAMS,) if kinds else ()), "fastest", rate_header(rows),
-               *(("tuned gain",) if tuned else ()))
-    lines = [(cells[0], f"{f.global_batch:,}", *((f.kind,) if kinds else ()),
-              *(escape(c) for c in (cells[2], rate_with_interval(f.best))),
+    headers = ("dev", "batch", "fastest", rate_header(rows), *(("tuned gain",) if tuned else ()))
+    lines = [(*(escape(c) for c in (cells[0], f"{f.global_batch:,}", cells[2], rate_with_interval(f.best))),
               *((escape(cells[8]),) if tuned else ()), escape(cells[9]))
              for f in found if (cells := fastest_cells(f))]
     longest = max((len(name) for f in found for name in (*f.tied, *f.untested)), default=0)
 
-    def build(tied: bool) -> Table:
+    def build(tied: bool, chosen: Sequence[tuple[str, ...]]) -> Table:
         table = Table(**COMPACT_STYLE)
         for header in headers:
-            table.add_column(header, justify="left" if header in ("fastest", PROGRAMS) else "right", no_wrap=True)
+            table.add_column(header, justify="left" if header == "fastest" else "right", no_wrap=True)
         if tied:
             table.add_column(TIED, no_wrap=False, min_width=max(longest, 9), overflow="fold")
-        for line in lines:
+        for line in chosen:
             table.add_row(*(line if tied else line[:-1]))
         return table
 
-    narrow = build(False)
-    tied_fits = Measurement.get(_MEASURING, _MEASURING.options, narrow).maximum + 2 + max(longest, 9) <= width
-    below = [] if tied_fits else [f"d{line[0]} b{line[1].replace(',', '')}: {TIED} {line[-1]}"
-                                  for line in lines if line[-1]]
-    parts: list[Any] = [Text(f"model {model}: fastest per configuration", style="italic"),
-                        build(True) if tied_fits else narrow]
-    return Group(*parts, *(Text.from_markup(line, style="dim") for line in below))
+    tied_fits = Measurement.get(_MEASURING, _MEASURING.options, build(False, lines)).maximum + 2 + max(longest, 9) \
+        <= width
+    kinds = list(dict.fromkeys(f.kind for f in found))  # in reading order
+    parts: list[Any] = []
+    for kind in kinds:
+        chosen = [line for line, f in zip(lines, found) if f.kind == kind]
+        title = f"model {model}: fastest per configuration" + (f", {kind} programs" if len(kinds) > 1 else "")
+        below = [] if tied_fits else [f"d{line[0]} b{line[1].replace(',', '')}: {TIED} {line[-1]}"
+                                      for line in chosen if line[-1]]
+        parts += [Text(title, style="italic"), build(tied_fits, chosen),
+                  *(Text.from_markup(line, style="dim") for line in below)]
+    return Group(*parts)
 
 
 TIED = "not significantly slower"

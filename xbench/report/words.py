@@ -202,8 +202,9 @@ FASTEST_HEADERS = ("dev", "batch", "fastest", "samples/s", INTERVAL_HEADER, "fas
                    INTERVAL_HEADER, "tuned gain", "not significantly slower")
 
 
-# Which programs a fastest row ranks: a configuration of 1 device has a row for the plain programs
-# and one for the data-parallel ones, and without this column the two read as one contradiction.
+# Which programs a fastest row ranks (the report's and --wide's column; the compact terminal table
+# splits by title): a configuration of 1 device has a row for the plain programs and one for the
+# data-parallel ones, which without it read as one contradiction.
 PROGRAMS = "programs"
 
 
@@ -345,7 +346,8 @@ READING_NOTES = (
     "verification. Fastest per configuration: the row with the highest mean, the fastest as-written row beside "
     "it, the tuned gain (ratio of geometric means with its 95 % interval), and the rows whose difference from the "
     "fastest is not significant (the interval of the ratio holds 1; a row with no spread cannot be tested and "
-    "is listed as untested).",
+    "is listed as untested). Plain programs are ranked among plain ones and data-parallel programs among "
+    "data-parallel ones; where a model has both, the programs column says which a row ranks.",
     "MFU (model FLOPs utilisation): samples/s × the model's FLOPs per sample of a training step ÷ (devices × "
     "each device's dense peak at the run's precision: fp32 on the CUDA cores, tf32 and bf16 on the tensor "
     "cores, from the vendor's datasheet; `xbench.results.peaks`). FLOPs per sample count the matmuls of the forward "
