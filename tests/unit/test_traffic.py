@@ -37,7 +37,8 @@ def test_the_breakdown_says_what_each_program_moves_a_step():
     from dataclasses import replace
 
     from tests.unit.test_bottom_line import record
-    from xbench.report.terminal import TRAFFIC_NOTE, traffic_cell
+    from xbench.report.terminal import traffic_cell
+    from xbench.report.words import TRAFFIC_NOTE
     from xbench.results.summary import rows_from_records
 
     sharded = {"estimate_bytes": 2**30, "capacity_bytes": None, "sharded": True}

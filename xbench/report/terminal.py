@@ -19,9 +19,12 @@ from xbench.models.memory import COMPUTE_BYTES
 from xbench.models.traffic import step_traffic
 from xbench.report.bottom_line import ModelBottomLine
 from xbench.report.words import (
+    BREAKDOWN_NOTE,
     INTERVAL_HEADER,
     NUMERIC_COLUMNS,
     RESULT_HEADERS,
+    TELEMETRY_NOTE,
+    TRAFFIC_NOTE,
     USABLE_SPAN,
     both_kinds,
     brief_notes,
@@ -326,23 +329,6 @@ def _fastest_table(model: str, rows: list[Row]) -> Table | None:
     for f in found:
         table.add_row(*(escape(cell) for cell in fastest_cells(f, kinds)))
     return table
-
-
-BREAKDOWN_NOTE = ("compute ms: the same step without the gradient all-reduce; comm ms: exposed communication "
-                  "= step ms - compute ms (negative: within noise); comm %: of the step; busbw: the backend's "
-                  "own all-reduce of the gradient's bytes (xbench allreduce)")
-TRAFFIC_NOTE = ("moved/step: one step's collectives in nccl-tests' sizes, from the parameters: AR, the float32 "
-                "gradients all-reduced (replicated programs); sharded programs: AG, the parameters all-gathered in "
-                "the compute dtype for the forward and again for the backward (resharded after the forward), RS, "
-                "the float32 gradients reduce-scattered; each device sends 2(n−1)/n of AR, (n−1)/n of AG and RS")
-TELEMETRY_NOTE = ("GPU util %: NVML's own samples of the timed windows, averaged over devices and replicates "
-                  "(where it kept none, an untimed second of training after them); mem GiB: the framework's own "
-                  "peak counter, the trial's own where a replicate has it, else (≤) one that covers its worker "
-                  "process, where an earlier trial may have set it: a bound; without either, NVML's peak 'used'; "
-                  "est. GiB: xbench's estimate before launching (parameters, gradients, Adam state, activations at "
-                  "the batch where xbench models them: `xbench models` says '(state only)' where not), which leaves "
-                  "out the framework's own buffers; "
-                  "mJ/sample: NVML energy over the timed windows per sample")
 
 
 @dataclass(frozen=True)
