@@ -126,15 +126,19 @@ def test_the_compare_table_never_cuts_a_program_name(width):
     table = [line for line in lines if re.match(r"^\S.*\s+[12]\s+65,536\s", line)]
     for row in rows:  # each row on one line of the table, its name whole
         assert any(line.startswith(row.label + " ") for line in table), row.label
+    for kind in ("plain", "data-parallel"):  # and the fastest tables of both kinds, at every width
+        assert f"model m: fastest per configuration, {kind} programs" in text, kind
 
 
 def plain_and_data_parallel_rows():
-    """Two backends' plain programs on 1 device and their data-parallel ones on 1 and 2."""
+    """Two backends' plain programs on 1 device and their data-parallel ones on 1 and 2: b's plain
+    program is the faster plain one, a's data-parallel one the faster data-parallel one."""
     records = []
     for backend, program, devices in (("a", "plain", 1), ("b", "plain", 1), ("a", "data-parallel", 1),
                                       ("b", "data-parallel", 1), ("a", "data-parallel", 2), ("b", "data-parallel", 2)):
+        slower = (backend == "b") != (program == "plain")
         for r in range(2):
-            out = record(backend, devices, 64, r, 1e-3 * (1.5 if backend == "b" else 1.0), spread=0.01)
+            out = record(backend, devices, 64, r, 1e-3 * (1.5 if slower else 1.0), spread=0.01)
             out["trial"].update(program=program)
             records.append(out)
     return rows_from_records(records)
@@ -157,7 +161,7 @@ def test_the_fastest_table_says_which_programs_each_row_ranks(width):
     """On 1 device the plain programs and the data-parallel ones are ranked apart: two rows of
     the same devices and batch, in tables whose titles say which programs they rank."""
     text = printed(model_tables(plain_and_data_parallel_rows(), width=width), width)
-    assert fastest_lines(text, "model m: fastest per configuration, plain programs") == [["1", "64", "a"]]
+    assert fastest_lines(text, "model m: fastest per configuration, plain programs") == [["1", "64", "b"]]
     assert fastest_lines(text, "model m: fastest per configuration, data-parallel programs") == [
         ["1", "64", "a"], ["2", "64", "a"]]
     one_kind = printed(model_tables([r for r in plain_and_data_parallel_rows() if r.program != "plain"], width=width),
@@ -181,6 +185,15 @@ def test_the_reports_fastest_table_says_which_programs_each_row_ranks():
     assert table.headers[2] == "programs" and all(len(row) == len(table.headers) for row in table.rows)
     assert [row[2] for row in table.rows] == ["plain", "data-parallel", "data-parallel"]
     assert table.right_aligned == {0, 1, 4, 5, 7, 8, 9}  # dev, batch, rates, intervals, tuned gain
+    assert [row[3] for row in table.rows] == ["b plain", "a", "a"]
+    # backend a, first in the rows, has no plain program measured: the plain rows still come first
+    c_plain = [record("c", 1, 64, r, 2e-3, spread=0.01) for r in range(2)]
+    for out in c_plain:
+        out["trial"].update(program="plain")
+    rows = [r for r in plain_and_data_parallel_rows() if r.label != "a plain"] + rows_from_records(c_plain)
+    [_, table] = fastest_section("m", rows)
+    assert [row[:4] for row in table.rows] == [("1", "64", "plain", "b plain"), ("1", "64", "data-parallel", "a"),
+                                               ("2", "64", "data-parallel", "a")]
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -22,7 +22,9 @@ from xbench.report.terminal import (
 )
 from xbench.report.words import (
     NUMERIC_COLUMNS,
+    PROGRAMS,
     READING_NOTES,
+    TIED,
     both_kinds,
     busy_text,
     duration,
@@ -265,10 +267,11 @@ def fastest_section(model: str, rows: Sequence[Row]) -> list[Block]:
     if not found:
         return []
     kinds = both_kinds(found)
-    numbers = (0, 1, 3, 4, 6, 7, 8)  # dev, batch, the rates, intervals and gain; one further right past PROGRAMS
+    headers = fastest_headers(rows, kinds)
+    words = {"fastest", "fastest as written", PROGRAMS, TIED}  # the rest are numbers: aligned right
     return [Heading(f"Fastest per configuration, model {model}", 3),
-            TableBlock(fastest_headers(rows, kinds), tuple(fastest_cells(f, kinds) for f in found),
-                       right_aligned=frozenset(i + (kinds and i > 1) for i in numbers))]
+            TableBlock(headers, tuple(fastest_cells(f, kinds) for f in found),
+                       right_aligned=frozenset(i for i, header in enumerate(headers) if header not in words))]
 
 
 REPLICATE_HEADERS = ("backend", "dev", "batch", "replicate means (samples/s)", "between / within sd",

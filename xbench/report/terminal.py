@@ -24,6 +24,7 @@ from xbench.report.words import (
     NUMERIC_COLUMNS,
     RESULT_HEADERS,
     TELEMETRY_NOTE,
+    TIED,
     TRAFFIC_NOTE,
     USABLE_SPAN,
     both_kinds,
@@ -299,19 +300,16 @@ def _compact_fastest_table(model: str, rows: list[Row], width: int = 120) -> Gro
 
     tied_fits = Measurement.get(_MEASURING, _MEASURING.options, build(False, lines)).maximum + 2 + max(longest, 9) \
         <= width
-    kinds = list(dict.fromkeys(f.kind for f in found))  # in reading order
+    titled = both_kinds(found)
     parts: list[Any] = []
-    for kind in kinds:
+    for kind in dict.fromkeys(f.kind for f in found):  # in reading order: plain first
         chosen = [line for line, f in zip(lines, found) if f.kind == kind]
-        title = f"model {model}: fastest per configuration" + (f", {kind} programs" if len(kinds) > 1 else "")
+        title = f"model {model}: fastest per configuration" + (f", {kind} programs" if titled else "")
         below = [] if tied_fits else [f"d{line[0]} b{line[1].replace(',', '')}: {TIED} {line[-1]}"
                                       for line in chosen if line[-1]]
         parts += [Text(title, style="italic"), build(tied_fits, chosen),
                   *(Text.from_markup(line, style="dim") for line in below)]
     return Group(*parts)
-
-
-TIED = "not significantly slower"
 
 
 def _fastest_table(model: str, rows: list[Row]) -> Table | None:

@@ -198,8 +198,9 @@ def too_uncertain(s: stats.Scaling) -> bool:
     return s.ci_high / s.ci_low > USABLE_SPAN and s.ci_low <= 1 <= s.ci_high
 
 
+TIED = "not significantly slower"
 FASTEST_HEADERS = ("dev", "batch", "fastest", "samples/s", INTERVAL_HEADER, "fastest as written", "samples/s",
-                   INTERVAL_HEADER, "tuned gain", "not significantly slower")
+                   INTERVAL_HEADER, "tuned gain", TIED)
 
 
 # Which programs a fastest row ranks (the report's and --wide's column; the compact terminal table

@@ -318,23 +318,25 @@ def wide(row: Row) -> bool:
 
 @dataclass(frozen=True)
 class Fastest:
-    """One configuration (model, devices, global batch) across backends, variants and
-    programs: the fastest row, the fastest row as written, and what tuning gained."""
+    """One configuration (model, devices, global batch) and one kind of program (plain or
+    data-parallel) across backends and variants: the fastest row, the fastest row as written,
+    and what tuning gained."""
 
     model: str
     devices: int
     global_batch: int
+    kind: str  # the programs ranked (`program_kind`): plain ones, or data-parallel ones
     best: Row
     as_written: Row | None  # the fastest row of a backend's as-written variant
     gain: stats.LogRatio | None  # best over as_written (`_ratio`); None when best is as written
     tied: tuple[str, ...]  # rows whose interval of best / row holds 1: not significantly slower
     untested: tuple[str, ...] = ()  # rows that cannot be compared (no spread on a side)
-    kind: str = DATA_PARALLEL  # the programs ranked (`program_kind`): plain ones, or data-parallel ones
 
 
 def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
     """Per configuration with at least two measured rows of one kind of program, in reading
-    order: plain programs against plain ones, data-parallel ones against data-parallel ones."""
+    order (model, devices, batch, then plain before data-parallel): plain programs against
+    plain ones, data-parallel ones against data-parallel ones."""
     groups: dict[tuple, list[Row]] = {}
     for row in full_rows(rows):
         if row.throughput is not None:
@@ -349,8 +351,9 @@ def fastest_rows(rows: Sequence[Row]) -> list[Fastest]:
         gain = None if written is None or written is best else ratio_of(best, written)
         untested = tuple(r.label for r in ranked[1:] if ratio_of(best, r).ci_low != ratio_of(best, r).ci_low)
         tied = tuple(r.label for r in ranked[1:] if r.label not in untested and not ratio_of(best, r).ci_low > 1)
-        found.append(Fastest(model, devices, batch, best, written, gain, tied, untested, kind))
-    return found
+        found.append(Fastest(model, devices, batch, kind, best, written, gain, tied, untested))
+    order = list(dict.fromkeys(model for model, *_ in groups))  # the models as the rows met them
+    return sorted(found, key=lambda f: (order.index(f.model), f.devices, f.global_batch, f.kind != PLAIN))
 
 
 def geomean_rate(row: Row) -> float:

@@ -1,6 +1,7 @@
 """The tf backend's model families (transformer, cnn, lstm), tested directly on CPU without the
 core's CLI. TensorFlow runs in child processes (each runs this module as a script), as in
-test_tf_variants: the number of simulated CPU devices is fixed at TensorFlow's start.
+test_tf_variants: the number of simulated CPU devices is fixed at TensorFlow's start. The jobs
+below on 1 device (d1, fp64, counts) share one child, in that order; d2 has its own.
 
 - "counts": each preset's Keras model is built (no training) and its own count of trainable
   parameters must equal the core's formula, with every variable mapped by canonical name.
@@ -30,8 +31,9 @@ from tests.support.children import child_main, run_children
 
 # The two children (CHILDREN) run one after another under `make test` (run_children gives each of
 # pytest-xdist's three workers its share of the 2 cores: one child at a time). Alone on the 2-core
-# machine (2026-12-07, a day ~1.6x slower than usual): 212 s of CPU against 229 s as four children.
-# Each child has its own deadline; a hang fails the fixture instead of blocking CI.
+# machine (2026-12-07, a day ~1.6x slower than usual), two children side by side: 212 s of CPU
+# against 229 s as four children, but 150 s of wall against 127 s (three jobs one after another
+# now). Each child has its own deadline; a hang fails the fixture instead of blocking CI.
 CHILD_TIMEOUT_S = 900
 STEPS = 2  # training steps after the gradients: enough to exercise train and readback
 GLOBAL_BATCH = 8
