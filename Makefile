@@ -26,9 +26,10 @@ compare: $(VENV)/.installed-all
 # was slower. With the waiting lane (2026-12-05): 1,004 s and 1,064 s in two runs, against 1,080 s
 # for two workers without it right after the second: the suite is CPU-bound, and the lane fills
 # only the cores' idle time (these with the frameworks' own thread pools). One thread per framework
-# operation (tests/conftest.py), on 2026-12-06, a day the machine ran ~1.6x slower: 1,418 s and
-# 1,446 s against 1,682 s without it. pytest-xdist is held below 4: the lane's scheduler extends
-# its LoadFileScheduling (tests/support/waiting_lane.py). The slowest tests are listed at the end.
+# operation (tests/conftest.py), measured (2026-12-06) while the machine ran ~1.6x slower than
+# at its best: 1,418 s and 1,446 s against 1,682 s without it. pytest-xdist is held below
+# 4: the lane's scheduler extends its LoadFileScheduling (tests/support/waiting_lane.py). The
+# slowest tests are listed at the end.
 TEST_WORKERS ?= 2  # the workers that compute, a number (the lane comes on top; 1: one process, no lane)
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --quiet xbench backends tests benchmarks
