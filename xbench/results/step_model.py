@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -149,6 +150,12 @@ class Fit:
     models: tuple[str, ...]
     # p -> the all-reduce benchmark's (alpha, beta)
     benchmark: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+
+    @cached_property
+    def unpacked(self) -> tuple[dict[str, Any], ...]:
+        """The central fit's named terms, then each bootstrap fit's: unpacked once, as a
+        recommendation predicts hundreds of configurations from them."""
+        return tuple(unpack(theta, self.layout) for theta in (self.theta, *self.bootstrap))
 
 
 # ----------------------------------------------------------------------------- the model
@@ -419,7 +426,7 @@ def predict(fit: Fit, params: float, flops: float, global_batch: int, devices: i
     samples = _log_steps(fit, params, flops, local, devices)
     center = samples[0]
     spread = _half_width(samples[1:], fit.residual_sd)
-    terms = step_terms(unpack(fit.theta, fit.layout), devices, local, flops, params)
+    terms = step_terms(fit.unpacked[0], devices, local, flops, params)
     speedup = None
     if devices > 1 and global_batch <= fit.batch_range[1]:
         single = _log_steps(fit, params, flops, global_batch, 1)
@@ -433,8 +440,7 @@ def predict(fit: Fit, params: float, flops: float, global_batch: int, devices: i
 
 def _log_steps(fit: Fit, params: float, flops: float, local: float, devices: int) -> np.ndarray:
     """ln step time under the central fit, then under each bootstrap fit."""
-    return np.array([math.log(step_terms(unpack(theta, fit.layout), devices, local, flops, params).step)
-                     for theta in (fit.theta, *fit.bootstrap)])
+    return np.array([math.log(step_terms(terms, devices, local, flops, params).step) for terms in fit.unpacked])
 
 
 def _half_width(samples: np.ndarray, residual_sd: float) -> float:
