@@ -221,6 +221,8 @@ def test_backends_never_cuts_a_backend_or_plugin_name(width):
         for name in (line[0], line[7]):
             assert any(name in out for out in lines), name
         assert any(line[6] in out for out in lines) or width < 100  # the devices too, wrapped at most
+    # a line that needs no wrapping ends where its text does: nothing to strip after a copy
+    assert "    plugin: xbench_backends.torch.ddp:TorchDdpBackend" in lines or width >= 120
 
 
 # 6. The bottom line ------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ def stacked(title: str, blocks: Sequence[tuple[str, Sequence[str]]]) -> Group:
     parts: list[RenderableType] = [Text(title, style="italic")]
     for head, lines in blocks:
         parts.append(Text.from_markup(head, overflow="fold"))
-        parts += [Padding(Text.from_markup(line), (0, 0, 0, 4)) for line in lines]
+        # not expanded: a short line gets no trailing blanks out to the width
+        parts += [Padding(Text.from_markup(line), (0, 0, 0, 4), expand=False) for line in lines]
     return Group(*parts)
 
 
