@@ -225,8 +225,10 @@ def pytest_collection_modifyitems(items):
 
 
 TINY = ("--batch-sizes", "16", "--repeats", "3", "--steps", "2", "--warmup-steps", "0")
-# A short unverified protocol for runs of the numpy fakes.
-FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0", "--no-verify")
+# A short unverified protocol for runs of the numpy fakes: windows of 10 ms, not the default 100 ms
+# (about 0.3 s of CPU less per replicate, in ~280 worker processes).
+FAST = ("--model", "medium", "--repeats", "3", "--steps", "4", "--warmup-steps", "0", "--min-window", "0.01",
+        "--no-verify")
 
 
 @pytest.fixture(scope="session")
