@@ -138,6 +138,33 @@ def test_backends_command_lists_plugins_and_reasons(fake_backends, run_cli):
     assert "numpy" in out and "missing" in out and "missingframework not installed" in " ".join(out.split())
 
 
+def test_backends_command_finds_each_backends_own_devices_at_once(monkeypatch, run_cli):
+    """The backends start side by side, and each row gets its own answer: the subprocess
+    launcher's simulated devices, the spmd-only backend's processes."""
+    from tests.conftest import FAKES, ROOT
+    from xbench.run import registry
+
+    chosen = [e for e in FAKES if e.name in ("numpy", "numpy-spmd", "missing")]
+    monkeypatch.setattr(registry, "list_entry_points", lambda: chosen)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    registry.refresh()
+    try:
+        code, out, _ = run_cli("backends")
+    finally:
+        monkeypatch.undo()
+        registry.refresh()
+    rows: dict[str, str] = {}  # a backend's table row, or its block of lines when stacked
+    for line in out.splitlines()[1:]:
+        if line.strip() and not line.startswith(" "):
+            name = line.split()[0]
+        if line.strip():
+            rows[name] = rows.get(name, "") + " " + line.strip()
+    assert code == 0, out
+    assert "CPU, up to 4 simulated devices (no GPU found)" in rows["numpy"]
+    assert "CPU, up to 4 processes (no GPU found)" in rows["numpy-spmd"]
+    assert "unavailable" in rows["missing"]
+
+
 def test_ctrl_c_keeps_finished_records_and_leaves_no_worker(tmp_path):
     import signal
     import subprocess

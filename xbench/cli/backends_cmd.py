@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import RenderableType
@@ -15,9 +15,8 @@ from xbench.cli.consoles import data_console, status_console
 from xbench.cli.layout import table_or_stacked
 from xbench.cli.options import Platform
 from xbench.contract import launchers_of, programs_of, variants_of
-from xbench.results.schema import LOG_FILE
 from xbench.run import probes
-from xbench.run.registry import discover
+from xbench.run.registry import BackendEntry, discover
 
 AUTO = Platform("auto")  # GPUs when present, else the CPU
 
@@ -31,18 +30,16 @@ def backends(
     Programs are what --single-device chooses between (data-parallel, plain); variants are what
     --variants BACKEND:VARIANT turns on."""
     lines: list[tuple[str, ...]] = []
-    err = status_console()
-    with tempfile.TemporaryDirectory() as tmp, err.status("starting each backend to find its devices…"):
-        for entry in discover().values():
-            if not entry.usable:
-                lines.append((entry.name, "[red]unavailable[/]", "", "", "", "",
-                              escape(entry.availability.reason or ""), entry.target))
-                continue
-            how = launchers_of(entry.backend)
-            seen = _devices(entry.target, platform.value, Path(tmp), how) if devices else "(not probed)"
-            lines.append((entry.name, "[green]available[/]", entry.availability.version or "", ", ".join(how),
-                          ", ".join(programs_of(entry.backend)), ", ".join(variants_of(entry.backend)) or "—",
-                          seen, entry.target))
+    entries = list(discover().values())
+    seen = _all_devices([e for e in entries if e.usable], platform.value) if devices else {}
+    for entry in entries:
+        if not entry.usable:
+            lines.append((entry.name, "[red]unavailable[/]", "", "", "", "",
+                          escape(entry.availability.reason or ""), entry.target))
+            continue
+        lines.append((entry.name, "[green]available[/]", entry.availability.version or "",
+                      ", ".join(launchers_of(entry.backend)), ", ".join(programs_of(entry.backend)),
+                      ", ".join(variants_of(entry.backend)) or "—", seen.get(entry.name, "(not probed)"), entry.target))
     console = data_console()
     console.print(backends_table(lines, console.width))
     return 0
@@ -73,8 +70,15 @@ def _details(line: tuple[str, ...]) -> list[str]:
     return [*said, f"plugin: {plugin}"]
 
 
-def _devices(target: str, platform: str, tmp: Path, launchers: tuple[str, ...]) -> str:
-    answer = probes.describe(target, platform, tmp / LOG_FILE)
+def _all_devices(entries: list[BackendEntry], platform: str) -> dict[str, str]:
+    """Each backend's devices, or why it cannot start: one short worker per backend, all started
+    at once, so the command waits for the slowest start, not for their sum."""
+    with tempfile.TemporaryDirectory() as tmp, status_console().status("starting each backend to find its devices…"):
+        answers = probes.describe_all([(e.target, Path(tmp) / f"describe-{e.name}.log") for e in entries], platform)
+    return {e.name: _devices(answer, launchers_of(e.backend)) for e, answer in zip(entries, answers)}
+
+
+def _devices(answer: dict[str, Any], launchers: tuple[str, ...]) -> str:
     if "reason" in answer:
         return f"[red]{escape(answer['reason'])}[/]"
     info = answer["device_info"]

@@ -21,12 +21,23 @@ def describe(target: str, platform: str, log_path: Path,
              timeout_s: float = STARTUP_TIMEOUT_S, servers: ForkServers | None = None) -> dict[str, Any]:
     """What a backend's worker sees on one device: {"device_info": ...} or {"reason": ...};
     the worker is forked from `servers` where they have one for `target`."""
-    gang = Gang.start([(Job(target, 1, platform), {})], log_path, label=f"describe {target}", servers=servers)
+    return describe_all([(target, log_path)], platform, timeout_s, servers)[0]
+
+
+def describe_all(targets: Sequence[tuple[str, Path]], platform: str, timeout_s: float = STARTUP_TIMEOUT_S,
+                 servers: ForkServers | None = None) -> list[dict[str, Any]]:
+    """`describe` of each (target, log path), their workers started at once and waited for in
+    turn from this thread, so that Ctrl-C or an error ends them all at once."""
+    gangs: list[Gang] = []
     try:
-        ready = gang._await_ready(timeout_s)
-        return ready if "device_info" in ready else {"reason": ready["reason"]}
+        for target, log_path in targets:
+            gangs.append(Gang.start([(Job(target, 1, platform), {})], log_path, label=f"describe {target}",
+                                    servers=servers))
+        answers = [gang._await_ready(timeout_s) for gang in gangs]
+        return [ready if "device_info" in ready else {"reason": ready["reason"]} for ready in answers]
     finally:
-        gang.stop()
+        for gang in gangs:
+            gang.stop()
 
 
 def allreduce_events(target: str, devices: int, platform: str, sizes: list[int], options: dict[str, Any],
