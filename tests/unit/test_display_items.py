@@ -322,3 +322,23 @@ def test_the_report_sets_the_verifications_wall_time_beside_the_timings(tmp_path
     assert verification_cost(tmp_path, timed) == ("Verification took 2 min, timing 2 min; its largest run held "
                                                   "5.0 GiB on a device, the timed programs' largest 7.0 GiB.")
     assert verification_cost(tmp_path, []).endswith("; its largest run held 5.0 GiB on a device.")
+
+
+def test_the_report_claims_the_n_device_check_only_where_a_configuration_ran_on_n_devices():
+    """A 1-GPU machine running the default device counts (1 and 2) skips every 2-device row and
+    its verification: the report must not say that 2 devices were checked against 1."""
+    from xbench.report.pages import verification_section
+
+    def timed(devices: int, replicate: int, status: str = "ok") -> dict:
+        found = record("fast", devices, 64, replicate, 1e-3)
+        found["trial"].update(variant="as-written", program="data-parallel")
+        return {**found, "status": status}
+
+    def said(records: list) -> str:
+        return " ".join(block.text for block in verification_section(records) if hasattr(block, "text"))
+
+    one = [timed(1, r) for r in range(2)]
+    assert "on 1 and N devices" in said(one + [timed(2, r) for r in range(2)])
+    for records in (one, one + [timed(2, 0, "skipped")]):
+        assert "on 1 and N devices" not in said(records)
+        assert "No configuration ran on more than one device" in said(records)

@@ -94,7 +94,7 @@ def test_the_terminal_drops_a_column_of_unknowns_and_says_why():
         return console.export_text()
 
     def header(text):
-        return next(line for line in text.splitlines() if "backend" in line and "┃" in line)
+        return next(line for line in text.splitlines() if "program" in line and "┃" in line)
 
     cpu = terminal([gpu_record(64, r, 1e-3, simulated=True) for r in range(2)])
     assert "MFU: unknown here" in cpu and "MFU" not in header(cpu)

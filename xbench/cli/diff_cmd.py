@@ -18,7 +18,7 @@ from xbench.results.diff import TOO_NOISY, UNDERPOWERED, Diff, diff_runs
 from xbench.results.records import read_records
 from xbench.stats import SIGNIFICANCE
 
-HEADERS = ("model", "backend", "dev", "batch", "A samples/s", "B samples/s", "B/A", "95% CI", "p adj.", "detects",
+HEADERS = ("model", "program", "dev", "batch", "A samples/s", "B samples/s", "B/A", "95% CI", "p adj.", "detects",
            "reps", "change")
 UNDERPOWERED_EXIT = 4
 
@@ -88,7 +88,7 @@ def diff_table(result: Diff, a: Path, b: Path, limit: float) -> Table:
                           f"{1 + limit:.3f}; no change: not significant where detects ≤ {100 * limit:.3g}%",
                   caption_justify="left")
     for header in HEADERS:
-        table.add_column(header, justify="left" if header in ("model", "backend", "change") else "right")
+        table.add_column(header, justify="left" if header in ("model", "program", "change") else "right")
     for row in result.rows:
         backend, model, devices, batch, _, _, all_reduce = row.key
         model = model if all_reduce else f"{model} (compute-only)"

@@ -344,7 +344,7 @@ def cost_columns(rows: Sequence[Row], busbw: Busbw) -> CostColumns | None:
     telemetry = any(gpu_util_pct(r) is not None or memory_gib(r) is not None for r in rows)
     if not (breakdown or telemetry):
         return None
-    headers = ["backend", "dev", "batch", "step ms"]
+    headers = ["program", "dev", "batch", "step ms"]
     headers += ["compute ms", "comm ms", "comm %", "busbw GB/s", "moved/step"] if breakdown else []
     headers += ["GPU util %", "mem GiB", "est. GiB", "mJ/sample"] if telemetry else []
     cells = []
@@ -366,7 +366,7 @@ def _cost_table(model: str, rows: list[Row], busbw: Busbw, compact: bool = False
     table = Table(title=f"model {model}: where the time goes", title_justify="left",
                   caption="\n".join(columns.notes), caption_justify="left", **(COMPACT_STYLE if compact else {}))
     for header in columns.headers:
-        table.add_column(header, justify="left" if header == "backend" else "right", no_wrap=True)
+        table.add_column(header, justify="left" if header == "program" else "right", no_wrap=True)
     for line in columns.rows:
         table.add_row(*line)
     return table
@@ -384,7 +384,7 @@ def _model_table(model: str, rows: list[Row]) -> Table:
     headers = result_headers(rows)
     for index in shown:
         table.add_column(headers[index], justify="right" if index in NUMERIC_COLUMNS else "left",
-                         no_wrap=RESULT_HEADERS[index] not in ("backend", "notes"))
+                         no_wrap=RESULT_HEADERS[index] not in ("program", "notes"))
     for row in full_rows(rows):
         cells = _cells(row)
         table.add_row(*(cells[i] for i in shown))

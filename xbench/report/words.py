@@ -27,7 +27,7 @@ from xbench.results.summary import (
 )
 
 INTERVAL_HEADER = "95% interval"
-RESULT_HEADERS = ("backend", "dev", "batch", "samples/s", INTERVAL_HEADER, "step ms", "MFU", "1st call s", "speedup",
+RESULT_HEADERS = ("program", "dev", "batch", "samples/s", INTERVAL_HEADER, "step ms", "MFU", "1st call s", "speedup",
                   "eff.", "vs plain", "verdict", "reps", "notes")
 NUMERIC_COLUMNS = frozenset(range(1, 11)) | {12}
 
