@@ -84,6 +84,8 @@ def _run_locked(comparison: Comparison, no_verify: bool, resumed: bool, command:
         return _report_complete(err, comparison, wide)
     for name, info in comparison.devices.items():
         err.print(devices_line(name, info, comparison.launchers.get(name, "subprocess")))
+    if comparison.left_out:
+        err.print(left_out_line(comparison.left_out, comparison.spec.devices))
     done = finished_trials(comparison.run_dir) if resumed else set()
     if resumed:
         _announce_resume(err, comparison, done)
@@ -99,6 +101,13 @@ def _run_locked(comparison: Comparison, no_verify: bool, resumed: bool, command:
     except KeyboardInterrupt:
         raise Interrupted(_interrupted_message(comparison.run_dir, command)) from None
     return _finish(err, comparison, outcome, wide)
+
+
+def left_out_line(left_out: tuple[int, ...], kept: tuple[int, ...]) -> str:
+    counts = " and ".join(str(n) for n in left_out)
+    why = ("; only 1-device rows run, so this run can say which framework is fastest, not whether more devices "
+           "help" if kept == (1,) else "")
+    return f"{counts} devices: left out, no backend here has that many{why}"
 
 
 def _announce_resume(err: Console, comparison: Comparison, done: set[str]) -> None:

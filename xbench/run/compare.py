@@ -48,6 +48,7 @@ from xbench.run.readiness import (
     choose_lineups,
     ready_with_fork_servers,
     resolved,
+    within_the_machine,
 )
 from xbench.run.registry import resolve
 from xbench.run.rounds import execute, run_fork_servers
@@ -64,8 +65,11 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, break
         ready, servers = ready_with_fork_servers(spec, Path(tmp), strict_devices, launch, startup_timeout_s)
         with zygote.closed_on_error(servers):
             spec = resolved(spec, ready.devices, launch)
+            spec, left_out = (spec, ()) if strict_devices else within_the_machine(spec, ready.devices,
+                                                                                  ready.launchers, launch)
             comparison = Comparison(spec, tuple(ready.entries), ready.devices, Path(), new_run_id(), breakdown,
-                                    launch, ready.launchers, ready.lineups, startup_timeout_s, fork_servers=servers)
+                                    launch, ready.launchers, ready.lineups, startup_timeout_s, fork_servers=servers,
+                                    left_out=left_out)
             comparison = claim_new_run_dir(comparison, Path(run_dir) if run_dir else None)
         try:
             append_logs(Path(tmp), comparison.run_dir / launcher.LOG_FILE, servers)

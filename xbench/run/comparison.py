@@ -43,6 +43,7 @@ class Comparison:
     lock: RunDirLock | None = None  # held from prepare/resume until `release`
     created: bool = False  # this run made run_dir (so it may remove it while it holds nothing of a run)
     found: frozenset[str] = frozenset()  # run files run_dir held when this run claimed it: never its to delete
+    left_out: tuple[int, ...] = ()  # device counts asked by default or by a spec file that no backend here has
     # Started to find the devices, then forked from for the run's workers: one import per backend.
     fork_servers: ForkServers | None = None
 

@@ -255,6 +255,17 @@ def _per_node(info: dict[str, Any], launcher: str, launch: Launch) -> dict[str, 
     return {**info, "available": info["available"] * launch.nnodes}
 
 
+def within_the_machine(spec: Spec, devices: Mapping[str, Mapping[str, Any]], launchers: Mapping[str, str],
+                       launch: Launch) -> tuple[Spec, tuple[int, ...]]:
+    """The spec without the device counts no backend here has, and those counts: for counts
+    the user did not insist on (the default 1 and 2, a spec file's list), so that a 1-GPU
+    machine plans, estimates and starts no 2-device run only to skip it. The smallest count
+    stays whatever the machine has, so that its rows say why they cannot run."""
+    most = max(_per_node(dict(info), launchers[name], launch)["available"] for name, info in devices.items())
+    kept = tuple(n for n in spec.devices if n <= most) or spec.devices[:1]
+    return replace(spec, devices=kept), tuple(n for n in spec.devices if n not in kept)
+
+
 def resolved(spec: Spec, devices: Mapping[str, Mapping[str, Any]], launch: Launch) -> Spec:
     """The spec with what it left open decided for this machine: replicates (GPUs vary most
     between processes) and the seed of the run order: random, so that independent runs do not
