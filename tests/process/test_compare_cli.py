@@ -84,6 +84,9 @@ def test_devices_from_a_config_beyond_the_machine_are_left_out_and_said(fake_bac
     assert "8 devices: left out, no backend here has that many" in " ".join(err.split())
     assert sorted({r["trial"]["devices"] for r in records.values()}) == [1]
     assert all(r["status"] == "ok" for r in records.values())
+    # what the run was asked, on disk: run.json and the report say which counts it left out
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["devices_left_out"] == [8]
+    assert "8 devices: left out, no backend here has that many" in (tmp_path / "run" / "report.md").read_text()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -157,6 +160,7 @@ def test_backends_command_finds_each_backends_own_devices_at_once(monkeypatch, r
         monkeypatch.undo()
         registry.refresh()
     rows: dict[str, str] = {}  # a backend's table row, or its block of lines when stacked
+    name = ""
     for line in out.splitlines()[1:]:
         if line.strip() and not line.startswith(" "):
             name = line.split()[0]

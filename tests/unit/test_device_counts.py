@@ -3,9 +3,9 @@ backend on this machine has are left out before planning, and the run says so in
 
 from __future__ import annotations
 
-from xbench.cli.running import left_out_line
 from xbench.experiment import Spec
 from xbench.models.model_spec import preset_model
+from xbench.report.words import left_out_line
 from xbench.run.cluster import Launch
 from xbench.run.readiness import within_the_machine
 

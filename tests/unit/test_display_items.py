@@ -342,3 +342,17 @@ def test_the_report_claims_the_n_device_check_only_where_a_configuration_ran_on_
     for records in (one, one + [timed(2, 0, "skipped")]):
         assert "on 1 and N devices" not in said(records)
         assert "No configuration ran on more than one device" in said(records)
+
+
+def test_the_report_describes_gpu_to_gpu_links_only_where_there_are_two_gpus_or_more():
+    from xbench.report.pages import environment_section
+
+    def links_said(gpus: int) -> list[str]:
+        env = {"gpus": [{"index": i, "name": "H100"} for i in range(gpus)], "links": {"p2p": True},
+               "gpu_topology": {"matrix": {"available": True, "gpus": ["GPU0", "GPU1"],
+                                           "links": {"GPU0": {"GPU1": "NV18"}}}}}
+        [_, bullets] = environment_section([{**record("fast", 1, 64, 0, 1e-3), "environment": env}])
+        return [item for item in bullets.items if "link" in item]
+
+    assert links_said(0) == [] and links_said(1) == []
+    assert links_said(2)[0] == "GPU links (nvidia-smi topo -m): GPU0–GPU1: NV18"

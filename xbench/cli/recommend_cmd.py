@@ -330,9 +330,9 @@ def _validate(run_dirs: list[Path]) -> int:
         raise FitError("nothing could be held out: a model needs 3+ per-device batches, or a family 3+ model sizes "
                        "(xbench sweep measures them); " + (problems[0] if problems else ""))
     table = Table(title=f"held-out predictions ({measured.machine})", title_justify="left")
-    for header in ("held out", "backend", "precision", "model", "devices", "global batch", "predicted", "measured",
+    for header in ("held out", "program", "precision", "model", "devices", "global batch", "predicted", "measured",
                    "error"):
-        table.add_column(header, justify="left" if header in ("held out", "backend", "model") else "right")
+        table.add_column(header, justify="left" if header in ("held out", "program", "model") else "right")
     for h in sorted(held, key=lambda h: (h.scheme, h.key.label, h.model, h.devices, h.global_batch)):
         table.add_row(h.scheme, h.key.label, h.key.precision, h.model, str(h.devices), f"{h.global_batch:,}",
                       f"{h.predicted:,.0f}", f"{h.measured:,.0f}", f"{100 * h.error:+.1f} %")

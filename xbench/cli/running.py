@@ -17,7 +17,7 @@ from xbench.errors import Interrupted, XbenchError
 from xbench.experiment import Spec
 from xbench.report.bottom_line import bottom_line
 from xbench.report.terminal import bottom_line_text, busbw_by_size, devices_line, model_tables
-from xbench.report.words import busy_text
+from xbench.report.words import busy_text, left_out_line
 from xbench.results.conditions import busy_host
 from xbench.results.control import read_controls
 from xbench.results.records import RECORDS_FILE, RUN_FILE, finished_trials, iter_records, last_line_torn
@@ -51,7 +51,8 @@ def print_plan(spec: Spec, launch: Launch, breakdown: bool, no_verify: bool) -> 
     console = data_console()
     backends = ", ".join(resolved_spec.backends)
     console.print(escape(f"dry run: {backends} on {'/'.join(map(str, resolved_spec.devices))} device(s); "
-                         "nothing started (device counts are checked when the run finds the devices)"),
+                         "nothing started (once a run finds the devices, a count no backend has is left out, "
+                         "or refused if --devices asked for it)"),
                   soft_wrap=True)
     for line in plan_lines(found, resolved_spec.protocol.replicates or 1):
         console.print(escape(line), soft_wrap=True)
@@ -101,13 +102,6 @@ def _run_locked(comparison: Comparison, no_verify: bool, resumed: bool, command:
     except KeyboardInterrupt:
         raise Interrupted(_interrupted_message(comparison.run_dir, command)) from None
     return _finish(err, comparison, outcome, wide)
-
-
-def left_out_line(left_out: tuple[int, ...], kept: tuple[int, ...]) -> str:
-    counts = " and ".join(str(n) for n in left_out)
-    why = ("; only 1-device rows run, so this run can say which framework is fastest, not whether more devices "
-           "help" if kept == (1,) else "")
-    return f"{counts} devices: left out, no backend here has that many{why}"
 
 
 def _announce_resume(err: Console, comparison: Comparison, done: set[str]) -> None:

@@ -30,6 +30,7 @@ from xbench.report.words import (
     duration,
     fastest_cells,
     fastest_headers,
+    left_out_line,
     model_facts,
     result_cells,
     result_headers,
@@ -111,6 +112,8 @@ def build_report(records: Sequence[Record], run: RunInfo | None,
     blocks: list[Block] = [Heading(_title(records, run), 1)]
     if run:
         blocks.append(Paragraph(f"Command: `{run.get('command', '?')}` — started {run.get('started_at', '?')}."))
+        if run.get("devices_left_out"):
+            blocks.append(Paragraph(left_out_line(run["devices_left_out"], run["spec"]["devices"]) + "."))
     blocks += incomplete_section(run, run_dir)
     blocks += bottom_line_section(rows, read_controls(run_dir) if run_dir is not None else ())
     blocks += environment_section(records)
@@ -174,13 +177,8 @@ def environment_section(records: Sequence[Record]) -> list[Block]:
         "GPUs: " + ("; ".join(f"{g.get('index')}: {g.get('name')}, driver {g.get('driver_version')}, "
                               f"{g.get('memory.total')}" for g in gpus) if gpus else "none found by nvidia-smi"),
     ]
-    matrix = ((env.get("gpu_topology") or {}).get("matrix")) or {}
-    if matrix.get("available"):
-        pairs = [f"{a}–{b}: {matrix['links'][a][b]}" for i, a in enumerate(matrix["gpus"])
-                 for b in matrix["gpus"][i + 1:]]
-        items.append("GPU links (nvidia-smi topo -m): " + ", ".join(pairs))
-    said = notes(env.get("links") or {})
-    items += said or (["GPU-to-GPU links: the machine's own (P2P on)"] if env.get("links") else [])
+    if len(gpus) > 1:  # a CPU, or one GPU, has no GPU-to-GPU links to describe
+        items += _links(env)
     for backend, info in _devices_by_backend(records).items():
         kind = ("simulated CPU devices (one CPU split; not a multi-GPU measurement)" if info["simulated"]
                 else f"{info['platform'].upper()}: {', '.join(info['device_names'])}")
@@ -189,6 +187,18 @@ def environment_section(records: Sequence[Record]) -> list[Block]:
     if busy is not None:
         items.append(busy_text(busy))
     return [Heading("Environment"), Bullets(tuple(items))]
+
+
+def _links(env: Mapping[str, Any]) -> list[str]:
+    """The GPU-to-GPU links: nvidia-smi's matrix, and what the run's collectives were allowed."""
+    items = []
+    matrix = ((env.get("gpu_topology") or {}).get("matrix")) or {}
+    if matrix.get("available"):
+        pairs = [f"{a}–{b}: {matrix['links'][a][b]}" for i, a in enumerate(matrix["gpus"])
+                 for b in matrix["gpus"][i + 1:]]
+        items.append("GPU links (nvidia-smi topo -m): " + ", ".join(pairs))
+    said = notes(env.get("links") or {})
+    return items + (said or (["GPU-to-GPU links: the machine's own (P2P on)"] if env.get("links") else []))
 
 
 def verification_section(records: Sequence[Record], run_dir: Path | None = None) -> list[Block]:

@@ -385,3 +385,12 @@ TELEMETRY_NOTE = ("GPU util %: NVML's own samples of the timed windows, averaged
                   "the batch where xbench models them: `xbench models` says '(state only)' where not), which leaves "
                   "out the framework's own buffers; "
                   "mJ/sample: NVML energy over the timed windows per sample")
+
+
+def left_out_line(left_out: Sequence[int], kept: Sequence[int]) -> str:
+    """The device counts a run left out (`readiness.within_the_machine`), and what that leaves it
+    able to say."""
+    counts = " and ".join(str(n) for n in left_out)
+    why = ("; only 1-device rows run, so this run can say which framework is fastest, not whether more devices "
+           "help" if tuple(kept) == (1,) else "")
+    return f"{counts} devices: left out, no backend here has that many{why}"

@@ -352,6 +352,7 @@ class RunInfo(_RunInfoBase, total=False):
     resumed: list[Resumption]  # each --resume of the run
     fork_server_off: str  # why the fork servers were turned off mid-run, if they were
     planned: list[str]  # the trial ids of the plan, so that a report can tell an incomplete run
+    devices_left_out: list[int]  # device counts asked by default or a spec file that no backend here had
 
 RETRIED_STATUSES = ("failed", "crashed", "timeout", "skipped")
 STATUSES = ("ok", "unsupported", *RETRIED_STATUSES)

@@ -65,8 +65,11 @@ def prepare(spec: Spec, run_dir: Path | None, strict_devices: bool = True, break
         ready, servers = ready_with_fork_servers(spec, Path(tmp), strict_devices, launch, startup_timeout_s)
         with zygote.closed_on_error(servers):
             spec = resolved(spec, ready.devices, launch)
-            spec, left_out = (spec, ()) if strict_devices else within_the_machine(spec, ready.devices,
-                                                                                  ready.launchers, launch)
+            # Across nodes every node must plan alike, whatever devices it found: no trimming.
+            spec, left_out = ((spec, ()) if strict_devices or launch.multi_node
+                              else within_the_machine(spec, ready.devices, ready.launchers, launch))
+            if left_out:
+                choose_lineups(spec, list(ready.entries))  # a variant named for a program no longer timed: refused
             comparison = Comparison(spec, tuple(ready.entries), ready.devices, Path(), new_run_id(), breakdown,
                                     launch, ready.launchers, ready.lineups, startup_timeout_s, fork_servers=servers,
                                     left_out=left_out)
@@ -142,6 +145,8 @@ def start_run(comparison: Comparison, no_verify: bool = False,
     }
     # The plan's trial ids, so that a report of a run that never finished can say what is missing.
     run["planned"] = [t.id for t in planned_trials(comparison)]
+    if comparison.left_out:
+        run["devices_left_out"] = list(comparison.left_out)
     write_json(path, run)
     return environment
 

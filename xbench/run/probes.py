@@ -27,7 +27,9 @@ def describe(target: str, platform: str, log_path: Path,
 def describe_all(targets: Sequence[tuple[str, Path]], platform: str, timeout_s: float = STARTUP_TIMEOUT_S,
                  servers: ForkServers | None = None) -> list[dict[str, Any]]:
     """`describe` of each (target, log path), their workers started at once and waited for in
-    turn from this thread, so that Ctrl-C or an error ends them all at once."""
+    turn from this thread, so that Ctrl-C or an error ends them all at once. Each may take
+    `timeout_s` from when its turn comes (so its record's "timed out after" holds): a start-up
+    that hangs costs its timeout once, and k that hang cost k of them."""
     gangs: list[Gang] = []
     try:
         for target, log_path in targets:

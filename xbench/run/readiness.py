@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -57,18 +56,15 @@ def check_options(spec: Spec, entries: list[BackendEntry]) -> None:
 def probe_devices(entries: list[BackendEntry], platform: str, log_dir: Path,
                   startup_timeout_s: float = launcher.STARTUP_TIMEOUT_S,
                   servers: ForkServers | None = None) -> dict[str, dict[str, Any]]:
-    """Start one short worker per backend, in parallel, to learn which devices it sees; each
+    """Start one short worker per backend, all at once, to learn which devices it sees; each
     writes its output to log_dir/describe-NAME.log. With `servers` (the run's), each is forked
     from its backend's fork server, started here, which the run's workers then fork from too."""
     if servers is not None:  # from this thread: the describing threads start none (`ForkServers.fork`)
         servers.start([e.target for e in entries], worker_environment(), PER_WORKER)
 
-    def describe(entry: BackendEntry) -> dict[str, Any]:
-        return probes.describe(entry.target, platform, log_dir / f"describe-{entry.name}.log", startup_timeout_s,
-                               servers)
-
-    with ThreadPoolExecutor(max_workers=max(1, len(entries))) as pool:
-        results = dict(zip((e.name for e in entries), pool.map(describe, entries)))
+    answers = probes.describe_all([(e.target, log_dir / f"describe-{e.name}.log") for e in entries], platform,
+                                  startup_timeout_s, servers)
+    results = dict(zip((e.name for e in entries), answers))
     for name, answer in results.items():
         if "reason" in answer:
             raise BackendError(f"backend {name!r} cannot start on platform {platform!r}: {answer['reason']}")
@@ -262,7 +258,7 @@ def within_the_machine(spec: Spec, devices: Mapping[str, Mapping[str, Any]], lau
     machine plans, estimates and starts no 2-device run only to skip it. The smallest count
     stays whatever the machine has, so that its rows say why they cannot run."""
     most = max(_per_node(dict(info), launchers[name], launch)["available"] for name, info in devices.items())
-    kept = tuple(n for n in spec.devices if n <= most) or spec.devices[:1]
+    kept = tuple(n for n in spec.devices if n <= most) or (min(spec.devices),)
     return replace(spec, devices=kept), tuple(n for n in spec.devices if n not in kept)
 
 

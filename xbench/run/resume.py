@@ -73,7 +73,8 @@ def _resumed(run_dir: Path, lock: RunDirLock, startup_timeout_s: float) -> Compa
             launchers = {**ready.launchers, **saved.get("launch", {}).get("backends", {})}
             return Comparison(spec, tuple(ready.entries), ready.devices, run_dir, saved["run_id"],
                               bool(saved.get("breakdown", False)), launch, launchers, ready.lineups,
-                              startup_timeout_s, lock, fork_servers=servers)
+                              startup_timeout_s, lock, fork_servers=servers,
+                              left_out=tuple(saved.get("devices_left_out", ())))
 
 
 def _as_recorded(spec: Spec, saved: Mapping[str, Any], run_dir: Path, launch: Launch, lock: RunDirLock,
