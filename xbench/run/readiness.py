@@ -59,7 +59,7 @@ def probe_devices(entries: list[BackendEntry], platform: str, log_dir: Path,
     """Start one short worker per backend, all at once, to learn which devices it sees; each
     writes its output to log_dir/describe-NAME.log. With `servers` (the run's), each is forked
     from its backend's fork server, started here, which the run's workers then fork from too."""
-    if servers is not None:  # from this thread: the describing threads start none (`ForkServers.fork`)
+    if servers is not None:  # all at once, from this thread, before any describing worker forks from them
         servers.start([e.target for e in entries], worker_environment(), PER_WORKER)
 
     answers = probes.describe_all([(e.target, log_dir / f"describe-{e.name}.log") for e in entries], platform,
