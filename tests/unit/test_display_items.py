@@ -324,24 +324,37 @@ def test_the_report_sets_the_verifications_wall_time_beside_the_timings(tmp_path
     assert verification_cost(tmp_path, []).endswith("; its largest run held 5.0 GiB on a device.")
 
 
-def test_the_report_claims_the_n_device_check_only_where_a_configuration_ran_on_n_devices():
-    """A 1-GPU machine running the default device counts (1 and 2) skips every 2-device row and
-    its verification: the report must not say that 2 devices were checked against 1."""
+def test_the_report_claims_the_n_device_check_only_where_it_ran(tmp_path):
+    """A 1-GPU machine running the default device counts verifies and times no 2-device run:
+    the report must not say that 2 devices were checked against 1. verify.json decides where
+    there is one (a 2-device check that passed while the 2-device timing failed still ran);
+    a --no-verify run claims no check at all."""
+    import json
+
     from xbench.report.pages import verification_section
 
-    def timed(devices: int, replicate: int, status: str = "ok") -> dict:
+    def timed(devices: int, replicate: int, status: str = "ok", verification: dict | None = None) -> dict:
         found = record("fast", devices, 64, replicate, 1e-3)
         found["trial"].update(variant="as-written", program="data-parallel")
-        return {**found, "status": status}
+        return {**found, "status": status, "verification": verification or {"status": "passed", "checks": 3}}
 
-    def said(records: list) -> str:
-        return " ".join(block.text for block in verification_section(records) if hasattr(block, "text"))
+    def said(records: list, run_dir=None) -> str:
+        return " ".join(block.text for block in verification_section(records, run_dir) if hasattr(block, "text"))
 
     one = [timed(1, r) for r in range(2)]
     assert "on 1 and N devices" in said(one + [timed(2, r) for r in range(2)])
     for records in (one, one + [timed(2, 0, "skipped")]):
         assert "on 1 and N devices" not in said(records)
-        assert "No configuration ran on more than one device" in said(records)
+        assert "No run on more than one device was verified" in said(records)
+    # verify.json, where there is one, says what verification ran
+    checks = [{"keys": [["fast", 1, "m"], ["fast", 2, "m"]], "subject": "m: fast d2 vs fast d1", "passed": True}]
+    (tmp_path / "verify.json").write_text(json.dumps({"checks": checks, "wall_s": 5.0}))
+    assert "on 1 and N devices" in said(one + [timed(2, 0, "failed")], tmp_path)
+    one_device_only = [{**checks[0], "keys": [["fast", 1, "m"], ["slow", 1, "m"]]}]
+    (tmp_path / "verify.json").write_text(json.dumps({"checks": one_device_only, "wall_s": 5.0}))
+    assert "did not run" in said(one + [timed(2, r) for r in range(2)], tmp_path)
+    unverified = [timed(d, 0, verification={"status": "skipped", "reason": "--no-verify"}) for d in (1, 2)]
+    assert "This run timed its programs without verifying them first (--no-verify)" in said(unverified)
 
 
 def test_the_report_describes_gpu_to_gpu_links_only_where_there_are_two_gpus_or_more():

@@ -215,19 +215,47 @@ def verification_section(records: Sequence[Record], run_dir: Path | None = None)
                   "unverifiable": result.get("reason", "")}.get(status, "; ".join(result.get("failed", [])))
         items.append(f"`{backend}`: {status}" + (f" — {detail}" if detail else ""))
     cost = verification_cost(run_dir, records)
-    return [Heading("Identical work"), Paragraph(_what_was_checked(records) + (f" {cost}" if cost else "")),
+    return [Heading("Identical work"), Paragraph(_what_was_checked(records, run_dir) + (f" {cost}" if cost else "")),
             Bullets(tuple(items))]
 
 
-def _what_was_checked(records: Sequence[Record]) -> str:
-    """What verification checks, without claiming the N-device check where no configuration
-    ran on more than one device (a 1-GPU machine running the default device counts)."""
-    if any(r["trial"]["devices"] > 1 and r.get("status") == "ok" for r in records):
-        return ("Before timing, xbench checks that each backend starts from the same weights, computes the same "
-                "gradients on 1 and N devices, and trains the same way (details in verify.json).")
-    return ("Before timing, xbench checks that each backend starts from the same weights, computes the same "
-            "gradients, and trains the same way (details in verify.json). No configuration ran on more than one "
-            "device, so the check that N devices compute what 1 does did not run.")
+CHECKS = ("Before timing, xbench checks that each backend starts from the same weights, computes the same "
+          "gradients{across}, and trains the same way (details in verify.json).")
+
+
+def _what_was_checked(records: Sequence[Record], run_dir: Path | None) -> str:
+    """What verification checked: nothing under --no-verify; the 1-vs-N-device check only where
+    verify.json holds a check of a run on more than one device (else, without one, where a
+    configuration ran on more than one device)."""
+    if records and all(_unverified(r) for r in records):
+        return ("This run timed its programs without verifying them first (--no-verify): nothing here checks "
+                "that they did the same work.")
+    checked = _checked_on_many_devices(run_dir)
+    if checked is None:
+        checked = any(r["trial"]["devices"] > 1 and r.get("status") == "ok" for r in records)
+    if checked:
+        return CHECKS.format(across=" on 1 and N devices")
+    return CHECKS.format(across="") + (" No run on more than one device was verified, so the check that N devices "
+                                       "compute what 1 does did not run.")
+
+
+def _unverified(record: Record) -> bool:
+    """Whether a record was timed under --no-verify (`verify_phase.unverified`'s reason)."""
+    outcome: Mapping[str, Any] = record.get("verification") or {}
+    return outcome.get("reason") == "--no-verify"
+
+
+def _checked_on_many_devices(run_dir: Path | None) -> bool | None:
+    """Whether verify.json holds a check of a run on more than one device (its checks' keys:
+    [program, devices, model]); None where there is no readable verify.json."""
+    try:
+        checks = json.loads((run_dir / VERIFY_FILE).read_text(encoding="utf-8"))["checks"] if run_dir else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(checks, list):
+        return None
+    return any(isinstance(key, list) and len(key) > 1 and isinstance(key[1], int) and key[1] > 1
+               for check in checks if isinstance(check, dict) for key in check.get("keys") or [])
 
 
 def verification_cost(run_dir: Path | None, records: Sequence[Record]) -> str:
