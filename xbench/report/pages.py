@@ -54,7 +54,7 @@ from xbench.results.records import (
     recorded_trials,
     write_atomic,
 )
-from xbench.results.schema import REPORT_HTML, REPORT_MD, VERIFY_FILE
+from xbench.results.schema import NO_VERIFY, REPORT_HTML, REPORT_MD, VERIFY_FILE
 from xbench.results.summary import Row, fastest_rows, full_rows, rows_from_records
 
 
@@ -214,8 +214,9 @@ def verification_section(records: Sequence[Record], run_dir: Path | None = None)
                   "skipped": result.get("reason", ""),
                   "unverifiable": result.get("reason", "")}.get(status, "; ".join(result.get("failed", [])))
         items.append(f"`{backend}`: {status}" + (f" — {detail}" if detail else ""))
-    cost = verification_cost(run_dir, records)
-    return [Heading("Identical work"), Paragraph(_what_was_checked(records, run_dir) + (f" {cost}" if cost else "")),
+    stored = read_verify(run_dir)
+    cost = verification_cost(run_dir, records, stored)
+    return [Heading("Identical work"), Paragraph(_what_was_checked(records, stored) + (f" {cost}" if cost else "")),
             Bullets(tuple(items))]
 
 
@@ -223,14 +224,23 @@ CHECKS = ("Before timing, xbench checks that each backend starts from the same w
           "gradients{across}, and trains the same way (details in verify.json).")
 
 
-def _what_was_checked(records: Sequence[Record], run_dir: Path | None) -> str:
+def read_verify(run_dir: Path | None) -> dict[str, Any] | None:
+    """verify.json of a run directory, or None where there is none or it cannot be read."""
+    try:
+        stored = json.loads((run_dir / VERIFY_FILE).read_text(encoding="utf-8")) if run_dir else None
+    except (OSError, ValueError):
+        return None
+    return stored if isinstance(stored, dict) else None
+
+
+def _what_was_checked(records: Sequence[Record], stored: Mapping[str, Any] | None) -> str:
     """What verification checked: nothing under --no-verify; the 1-vs-N-device check only where
     verify.json holds a check of a run on more than one device (else, without one, where a
     configuration ran on more than one device)."""
     if records and all(_unverified(r) for r in records):
         return ("This run timed its programs without verifying them first (--no-verify): nothing here checks "
                 "that they did the same work.")
-    checked = _checked_on_many_devices(run_dir)
+    checked = _checked_on_many_devices(stored)
     if checked is None:
         checked = any(r["trial"]["devices"] > 1 and r.get("status") == "ok" for r in records)
     if checked:
@@ -242,33 +252,29 @@ def _what_was_checked(records: Sequence[Record], run_dir: Path | None) -> str:
 def _unverified(record: Record) -> bool:
     """Whether a record was timed under --no-verify (`verify_phase.unverified`'s reason)."""
     outcome: Mapping[str, Any] = record.get("verification") or {}
-    return outcome.get("reason") == "--no-verify"
+    return outcome.get("reason") == NO_VERIFY
 
 
-def _checked_on_many_devices(run_dir: Path | None) -> bool | None:
+def _checked_on_many_devices(stored: Mapping[str, Any] | None) -> bool | None:
     """Whether verify.json holds a check of a run on more than one device (its checks' keys:
     [program, devices, model]); None where there is no readable verify.json."""
-    try:
-        checks = json.loads((run_dir / VERIFY_FILE).read_text(encoding="utf-8"))["checks"] if run_dir else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    checks = stored.get("checks") if stored is not None else None
     if not isinstance(checks, list):
         return None
     return any(isinstance(key, list) and len(key) > 1 and isinstance(key[1], int) and key[1] > 1
                for check in checks if isinstance(check, dict) for key in check.get("keys") or [])
 
 
-def verification_cost(run_dir: Path | None, records: Sequence[Record]) -> str:
-    """The verification's wall time (verify.json's) beside the timing's (from the first timed
-    trial's start to the last one's end), and its largest run's framework peak memory beside
-    the timed programs' (GPUs); "" where verify.json does not say."""
-    try:
-        stored = json.loads((run_dir / VERIFY_FILE).read_text(encoding="utf-8")) if run_dir else {}
-        wall = stored["wall_s"]
-    except (OSError, ValueError, KeyError, TypeError):
+def verification_cost(run_dir: Path | None, records: Sequence[Record],
+                      stored: Mapping[str, Any] | None = None) -> str:
+    """The verification's wall time (verify.json's, `stored` where the caller read it) beside
+    the timing's (from the first timed trial's start to the last one's end), and its largest
+    run's framework peak memory beside the timed programs' (GPUs); "" where verify.json does
+    not say."""
+    stored = stored if stored is not None else read_verify(run_dir)
+    if stored is None or not isinstance(stored.get("wall_s"), (int, float)):
         return ""
-    if not isinstance(wall, (int, float)):
-        return ""
+    wall = stored["wall_s"]
     stamps = [(r["started_at"], r["finished_at"]) for r in records if r.get("started_at") and r.get("finished_at")]
     said = f"Verification took {duration(wall)}"
     if stamps:

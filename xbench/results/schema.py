@@ -354,5 +354,7 @@ class RunInfo(_RunInfoBase, total=False):
     planned: list[str]  # the trial ids of the plan, so that a report can tell an incomplete run
     devices_left_out: list[int]  # device counts asked by default or a spec file that no backend here had
 
+NO_VERIFY = "--no-verify"  # the verification outcome's reason in every record of a run timed unverified
+
 RETRIED_STATUSES = ("failed", "crashed", "timeout", "skipped")
 STATUSES = ("ok", "unsupported", *RETRIED_STATUSES)

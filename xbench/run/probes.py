@@ -1,5 +1,5 @@
 """The worker jobs that are not trials: a backend's description of the devices it sees on one
-device (`describe`, before a run), and its all-reduce microbenchmark (`allreduce_events`,
+device (`describe_all`, before a run), and its all-reduce microbenchmark (`allreduce_events`,
 `xbench allreduce` and --breakdown), each in a gang of its own with a deadline for every wait."""
 
 from __future__ import annotations
@@ -17,17 +17,11 @@ from xbench.run.zygote import ForkServers
 from xbench.wire import AllReduce, Done, Job, SetupFailed, Unavailable, WireError
 
 
-def describe(target: str, platform: str, log_path: Path,
-             timeout_s: float = STARTUP_TIMEOUT_S, servers: ForkServers | None = None) -> dict[str, Any]:
-    """What a backend's worker sees on one device: {"device_info": ...} or {"reason": ...};
-    the worker is forked from `servers` where they have one for `target`."""
-    return describe_all([(target, log_path)], platform, timeout_s, servers)[0]
-
-
 def describe_all(targets: Sequence[tuple[str, Path]], platform: str, timeout_s: float = STARTUP_TIMEOUT_S,
                  servers: ForkServers | None = None) -> list[dict[str, Any]]:
-    """`describe` of each (target, log path), their workers started at once and waited for in
-    turn from this thread, so that Ctrl-C or an error ends them all at once. Each may take
+    """What each (target, log path)'s worker sees on one device: {"device_info": ...} or
+    {"reason": ...}, forked from `servers` where they have one. The workers start at once and
+    are waited for in turn from this thread, so that Ctrl-C or an error ends them all at once. Each may take
     `timeout_s` from when its turn comes (so its record's "timed out after" holds): a start-up
     that hangs costs its timeout once, and k that hang cost k of them."""
     gangs: list[Gang] = []

@@ -15,7 +15,7 @@ from typing import Any
 from xbench.results.checks import verification_precision
 from xbench.results.full_size import sizes_checked
 from xbench.results.records import RECORDS_FILE, iter_records, read_run, write_json
-from xbench.results.schema import VERIFY_FILE
+from xbench.results.schema import NO_VERIFY, VERIFY_FILE
 from xbench.run.comparison import Comparison, Observer
 from xbench.run.launcher import VISIBLE_GPUS
 from xbench.run.verification import Progress as VerificationProgress
@@ -115,7 +115,7 @@ def started_without_verify(run_dir: Path) -> bool:
         return saved["no_verify"] is True
     if not (run_dir / RECORDS_FILE).exists():
         return False
-    return any(r.get("verification") == unverified("--no-verify") for r in iter_records(run_dir / RECORDS_FILE))
+    return any(r.get("verification") == unverified(NO_VERIFY) for r in iter_records(run_dir / RECORDS_FILE))
 
 
 def verifies(run_dir: Path, implementations: Collection[str], no_verify: bool, resumed: bool) -> bool:
@@ -147,7 +147,7 @@ def verification_outcome(comparison: Comparison, environment: dict[str, Any], ob
         return {name: unverified("multi-node run: run xbench verify on one node")
                 for name in comparison.implementations}
     if no_verify:
-        return {name: unverified("--no-verify") for name in comparison.implementations}
+        return {name: unverified(NO_VERIFY) for name in comparison.implementations}
     # A resumed run times the programs its start verified: the spec and devices are the same
     # (run.json), so the verification would be repeated to the same end (minutes for large models).
     saved = saved_outcomes(comparison.run_dir, comparison.implementations) if resumed else None
